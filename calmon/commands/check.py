@@ -1,0 +1,123 @@
+"""``calmon check``: calibration report of a file of predictions with outcomes."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Any
+
+from calmon import __version__
+from calmon.algorithms.ece import reliability, summary
+from calmon.io import Dataset, read_input
+from calmon.stats.model import ModelStats
+from calmon.testers import CalibrationData, run_tester
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("check", help="report calibration metrics and tests of a file",
+                       description="Calibration report of JSONL events, CSV or NPZ (use - for standard input).")
+    p.add_argument("input", help="file (.jsonl, .csv, .npz) or - for standard input")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the readable report")
+    p.add_argument("--model", default=None, help="model to check when the events hold several")
+    p.add_argument("--tests", default="", help="comma-separated testers to run, e.g. tcal,smce,ldtc,lp")
+    p.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default 0.05)")
+    p.add_argument("--mc", type=int, default=2000, help="Monte Carlo draws for simulated critical values")
+    p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws")
+    p.add_argument("--bins", type=int, default=4096, help="cells of the fine grid (power of two)")
+    p.add_argument("--reliability-bins", type=int, default=15, help="bins of the reliability diagram")
+    p.add_argument("--skip-invalid", action="store_true",
+                   help="skip invalid JSONL events (counted by reason) instead of stopping at the first")
+    p.set_defaults(func=run)
+
+
+def build_stats(ds: Dataset, bins: int = 4096) -> ModelStats:
+    """Statistics of a dataset, exactly as the agent would build them from the same events."""
+    if bins < 2 or bins & (bins - 1):
+        raise ValueError(f"--bins must be a power of two >= 2, got {bins}")
+    if ds.probs is not None:
+        stats = ModelStats(ds.classes, bins=bins, reservoir=0)
+        stats.update(probs=ds.probs, labels=ds.labels)
+    else:
+        stats = ModelStats(2, bins=bins, reservoir=0)
+        stats.update(score=ds.z, labels=ds.y.astype("int64"))
+    return stats
+
+
+def report(ds: Dataset, args: argparse.Namespace) -> dict[str, Any]:
+    stats = build_stats(ds, args.bins)
+    doc: dict[str, Any] = {
+        "calmon_version": __version__, "input": ds.source, "model": ds.model, "n": ds.n,
+        "classes": ds.classes, "kind": ds.kind, "metrics": summary(stats, top_label=ds.top_label_only),
+        "reliability": reliability(stats.ece.copy() if args.reliability_bins == 15 else stats.fine,
+                                   None if args.reliability_bins == 15 else args.reliability_bins),
+    }
+    if ds.model is not None:
+        doc["join"] = {"unjoined_predictions": ds.unjoined_predictions, "orphan_outcomes": ds.orphan_outcomes}
+    if ds.skipped:
+        doc["skipped"] = ds.skipped
+    names = [t.strip() for t in args.tests.split(",") if t.strip()]
+    if names:
+        data = CalibrationData(n=ds.n, grid=stats.fine, z=ds.z, y=ds.y, probs=ds.probs, labels=ds.labels,
+                               levelset=None, raw_is_complete=True)
+        doc["tests"] = {name: run_tester(name, data, alpha=args.alpha, mc=args.mc, seed=args.seed)
+                        for name in names}
+    return doc
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.2f} %"
+
+
+def render(doc: dict[str, Any]) -> str:
+    m = doc["metrics"]
+    what = {"binary": "binary", "top-label": "top-label confidence"}.get(doc["kind"], f"{doc['classes']} classes")
+    lines = [f"{doc['input']}: {doc['n']} labeled predictions ({what})"
+             + (f", model {doc['model']}" if doc.get("model") else "")]
+    if "join" in doc and (doc["join"]["unjoined_predictions"] or doc["join"]["orphan_outcomes"]):
+        lines.append(f"  join: {doc['join']['unjoined_predictions']} predictions without outcome, "
+                     f"{doc['join']['orphan_outcomes']} outcomes without prediction")
+    lines.append(f"  accuracy            {_pct(m.get('accuracy'))}")
+    if "base_rate" in m:
+        lines.append(f"  base rate           {_pct(m['base_rate'])}")
+    lines.append(f"  mean confidence     {_pct(m.get('mean_confidence'))}")
+    lines.append(f"  Brier score         {m.get('brier', float('nan')):.5f}")
+    lines.append(f"  ECE (15 bins, l1)   {_pct(m.get('ece'))}")
+    if "classwise_ece" in m:
+        lines.append(f"  class-wise ECE      {_pct(m['classwise_ece'])}")
+    lines.append(f"  l2-ECE^2 at {m.get('l2_bins')} bins: plug-in {m.get('ece_l2_plugin', float('nan')):.3e}, "
+                 f"debiased {m.get('ece_l2_debiased', float('nan')):.3e}")
+    lines.append("  reliability (bin: events, mean score -> mean outcome):")
+    for b in doc["reliability"]:
+        if b["events"]:
+            lines.append(f"    [{b['bin']:.3f}, {b['hi']:.3f}): {b['events']:>8d}  "
+                         f"{b['mean_score']:.3f} -> {b['mean_outcome']:.3f}")
+    for name, res in doc.get("tests", {}).items():
+        p = res.get("p_value")
+        ptxt = "n/a" if p is None else f"{p:.4g}"
+        lines.append(f"  test {name}: {res['decision']} (statistic {res.get('statistic')!s:.10}, p = {ptxt}, "
+                     f"method {res.get('method')})")
+    return "\n".join(lines)
+
+
+def _clean(x: Any) -> Any:
+    """JSON has no NaN: write null instead."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _clean(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_clean(v) for v in x]
+    return x
+
+
+def run(args: argparse.Namespace) -> int:
+    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
+    doc = report(ds, args)
+    if args.json:
+        json.dump(_clean(doc), sys.stdout, indent=2, allow_nan=False)
+        sys.stdout.write("\n")
+    else:
+        print(render(doc))
+    return 0

@@ -1,0 +1,407 @@
+"""Event model: decode and validate batches of raw JSON records into per-model columns.
+
+Three event types share one JSON schema (one object per line in files, per message in Kafka)::
+
+    {"type": "prediction", "id": "r-17", "model": "fraud", "ts": "2026-11-21T10:00:00Z", "score": 0.83}
+    {"type": "outcome",    "id": "r-17", "model": "fraud", "ts": 1763719200.5, "label": 1}
+    {"type": "labeled",    "id": "r-18", "model": "digits", "probs": [0.1, 0.7, 0.2], "label": 1}
+
+* ``type`` may be omitted: with a label and a score/probs it is ``labeled``, with only a label an
+  ``outcome``, with only a score/probs a ``prediction``.
+* ``ts``: RFC 3339 string or epoch seconds (numbers above 1e11 are rejected as probable
+  milliseconds); optional (NaN), in which case the agent uses the arrival time.
+* ``score`` is P(y = 1) of a binary model; ``probs`` are the K class probabilities of a
+  multiclass model (a binary model may send ``probs`` of length 2; ``score = probs[1]``).
+* ``label`` is the class index (0/1 for binary models).
+* ``segment``: optional string (e.g. a country); model and segment names are at most 128
+  characters of ``[A-Za-z0-9_.:/-]``.
+
+Every rejected record gets one reason code from :data:`REASONS` and a detail message.
+Decoding uses msgspec with a typed schema (the fastest decoder measured, see README);
+records msgspec cannot type are re-read with the standard json module only to name the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+import numpy as np
+
+REASONS: tuple[str, ...] = (
+    "not_json", "not_object", "missing_field", "bad_type", "bad_timestamp", "non_finite", "out_of_range",
+    "probs_sum", "label_range", "k_mismatch", "unknown_type", "too_many_models", "too_many_segments",
+)
+KINDS: tuple[str, ...] = ("prediction", "outcome", "labeled")
+PREDICTION, OUTCOME, LABELED = 0, 1, 2
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
+_MAX_EPOCH = 1e11
+
+
+class _Event(msgspec.Struct):
+    type: str | None = None
+    id: str | int | None = None
+    model: str | None = None
+    ts: float | str | None = None
+    score: float | None = None
+    probs: list[float] | None = None
+    label: int | None = None
+    segment: str | None = None
+
+
+_struct_decoder = msgspec.json.Decoder(_Event)
+
+
+@dataclass
+class Rejection:
+    """A record that failed validation: its index in the batch, reason code and detail."""
+
+    index: int
+    reason: str
+    detail: str
+    origin: str | None = None
+
+
+@dataclass
+class ModelBatch:
+    """Accepted events of one model, as columns (see the module docstring for the fields)."""
+
+    model: str
+    classes: int
+    kind: np.ndarray
+    ids: np.ndarray
+    ts: np.ndarray
+    segment: np.ndarray
+    label: np.ndarray
+    score: np.ndarray | None = None
+    probs: np.ndarray | None = None
+    index: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return int(self.kind.size)
+
+    def select(self, mask: np.ndarray) -> ModelBatch:
+        """The events where ``mask`` is true."""
+        return ModelBatch(self.model, self.classes, self.kind[mask], self.ids[mask], self.ts[mask],
+                          self.segment[mask], self.label[mask],
+                          None if self.score is None else self.score[mask],
+                          None if self.probs is None else self.probs[mask], self.index[mask])
+
+
+@dataclass
+class DecodedBatch:
+    models: dict[str, ModelBatch]
+    rejected: list[Rejection]
+    total: int
+
+    @property
+    def accepted(self) -> int:
+        return self.total - len(self.rejected)
+
+    def reason_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rejected:
+            out[r.reason] = out.get(r.reason, 0) + 1
+        return out
+
+
+class InvalidEvent(ValueError):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def parse_timestamp(ts: float | str | None) -> float:
+    """Epoch seconds from an RFC 3339 string or a number; NaN for ``None``.
+
+    >>> parse_timestamp("2026-01-01T00:00:00Z")
+    1767225600.0
+    >>> parse_timestamp(1767225600)
+    1767225600.0
+    """
+    if ts is None:
+        return math.nan
+    if isinstance(ts, str):
+        try:
+            dt = datetime.fromisoformat(ts.replace("z", "Z").replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidEvent("bad_timestamp", f"ts {ts[:40]!r} is not RFC 3339") from None
+        if dt.tzinfo is None:
+            raise InvalidEvent("bad_timestamp", f"ts {ts[:40]!r} has no UTC offset")
+        return dt.timestamp()
+    value = float(ts)
+    if not math.isfinite(value) or value < 0 or value > _MAX_EPOCH:
+        raise InvalidEvent("bad_timestamp", f"ts {value!r} is not epoch seconds (milliseconds are not accepted)")
+    return value
+
+
+class Decoder:
+    """Decode raw JSON records into validated per-model columns.
+
+    Parameters
+    ----------
+    models
+        Declared models and their number of classes (2 = binary). Undeclared models are
+        discovered from their first event (K fixed from then on) while fewer than
+        ``max_models`` are known; a model beyond the cap is rejected (``too_many_models``).
+    max_models, max_segments
+        Cardinality caps (segments counted per model) protecting the metrics backend.
+    prob_tolerance
+        Accepted deviation of ``sum(probs)`` from 1.
+    discover
+        Whether undeclared models are accepted at all.
+
+    Examples
+    --------
+    >>> dec = Decoder()
+    >>> out = dec.decode([b'{"model": "m", "score": 0.9, "label": 1}', b'{"model": "m", "score": 1.5}', b'nope'])
+    >>> len(out.models["m"]), [r.reason for r in out.rejected]
+    (1, ['out_of_range', 'not_json'])
+    """
+
+    def __init__(self, models: dict[str, int] | None = None, max_models: int = 100, max_segments: int = 50,
+                 prob_tolerance: float = 1e-3, discover: bool = True) -> None:
+        self.models: dict[str, int] = {}
+        for name, k in (models or {}).items():
+            if not _NAME_RE.match(name) or int(k) < 2:
+                raise ValueError(f"model {name!r}: needs a valid name and classes >= 2, got {k!r}")
+            self.models[name] = int(k)
+        self.declared = set(self.models)
+        self.max_models = int(max_models)
+        self.max_segments = int(max_segments)
+        self.prob_tolerance = float(prob_tolerance)
+        self.discover = discover
+        self.segments: dict[str, set[str]] = {}
+
+    # -- checkpoint state ------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"models": dict(self.models), "segments": {m: sorted(s) for m, s in self.segments.items()}}
+
+    def load_state(self, d: dict[str, Any]) -> None:
+        self.models.update({str(k): int(v) for k, v in d.get("models", {}).items()})
+        for m, segs in d.get("segments", {}).items():
+            self.segments.setdefault(m, set()).update(segs)
+
+    # -- decoding --------------------------------------------------------------------------
+    def decode(self, records: list[bytes], origins: list[str] | None = None) -> DecodedBatch:
+        """Decode and validate ``records`` (bytes or str, one JSON object each)."""
+        events: list[_Event | None] = []
+        rejected: list[Rejection] = []
+        dec = _struct_decoder.decode
+        for i, rec in enumerate(records):
+            try:
+                events.append(dec(rec))
+            except (msgspec.DecodeError, TypeError):
+                try:
+                    events.append(_slow_decode(rec))
+                except InvalidEvent as e:
+                    events.append(None)
+                    rejected.append(Rejection(i, e.reason, e.detail))
+        groups: dict[str, list[int]] = {}
+        for i, ev in enumerate(events):
+            if ev is not None:
+                groups.setdefault(ev.model if ev.model is not None else "", []).append(i)
+        out: dict[str, ModelBatch] = {}
+        for model, idx in groups.items():
+            batch = self._model_batch(model, idx, events, rejected)
+            if batch is not None and len(batch):
+                out[model] = batch
+        rejected.sort(key=lambda r: r.index)
+        if origins is not None:
+            for r in rejected:
+                r.origin = origins[r.index]
+        return DecodedBatch(out, rejected, len(records))
+
+    def _model_batch(self, model: str, idx: list[int], events: list[_Event | None],
+                     rejected: list[Rejection]) -> ModelBatch | None:
+        evs = [events[i] for i in idx]
+        index = np.asarray(idx, dtype=np.int64)
+        n = len(evs)
+        bad = np.zeros(n, dtype=np.int16)  # 0 = fine, else 1 + position in REASONS
+        details: dict[int, str] = {}
+
+        def reject(mask: np.ndarray, reason: str, detail: str) -> None:
+            new = mask & (bad == 0)
+            if new.any():
+                bad[new] = REASONS.index(reason) + 1
+                for j in np.flatnonzero(new)[:1]:
+                    details[int(j)] = detail
+                for j in np.flatnonzero(new)[1:]:
+                    details.setdefault(int(j), detail)
+
+        has_model = model != ""
+        if has_model and not _NAME_RE.match(model):
+            reject(np.ones(n, bool), "bad_type", f"model name {model[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+        has_score = np.fromiter((e.score is not None for e in evs), bool, n)
+        has_probs = np.fromiter((e.probs is not None for e in evs), bool, n)
+        label = np.fromiter((-1 if e.label is None else e.label for e in evs), np.int64, n)
+        has_label = np.fromiter((e.label is not None for e in evs), bool, n)
+        kind = np.full(n, -1, dtype=np.int8)
+        types = [e.type for e in evs]
+        if any(t is not None for t in types):
+            for j, t in enumerate(types):
+                if t is not None:
+                    kind[j] = KINDS.index(t) if t in KINDS else -2
+        inferred = np.where(has_label, np.where(has_score | has_probs, LABELED, OUTCOME), PREDICTION)
+        reject(kind == -2, "unknown_type", "type must be prediction, outcome or labeled")
+        kind = np.where(kind < 0, inferred, kind).astype(np.int8)
+        if not has_model:
+            reject(kind != OUTCOME, "missing_field", "model is required for predictions and labeled events")
+        needs_pred = kind != OUTCOME
+        reject(needs_pred & ~(has_score | has_probs), "missing_field", "score or probs is required")
+        reject(needs_pred & has_score & has_probs, "bad_type", "give score or probs, not both")
+        reject((kind != PREDICTION) & ~has_label, "missing_field", "label is required")
+        ids = np.array(["" if e.id is None else str(e.id) for e in evs], dtype=object)
+        reject((kind != LABELED) & (ids == ""), "missing_field", "id is required to join predictions and outcomes")
+        reject(label < -1, "label_range", "label must be a non-negative class index")
+
+        # number of classes of this model
+        k_seen = None
+        if has_model:
+            k_seen = self.models.get(model)
+            if k_seen is None:
+                first = next((e for e, ok in zip(evs, bad == 0) if ok and (e.score is not None or e.probs is not None)),
+                             None)
+                if first is not None:
+                    if not self.discover:
+                        reject(np.ones(n, bool), "too_many_models", f"model {model[:40]!r} is not declared")
+                    elif len(self.models) >= self.max_models:
+                        reject(np.ones(n, bool), "too_many_models", f"more than {self.max_models} models")
+                    else:
+                        k_seen = 2 if first.score is not None else len(first.probs or [])
+                        if k_seen < 2:
+                            k_seen = None
+                        else:
+                            self.models[model] = k_seen
+        classes = k_seen or 2
+
+        # scores and probabilities
+        score = None
+        probs = None
+        if classes == 2:
+            score = np.full(n, np.nan)
+            sel = np.flatnonzero(has_score)
+            if sel.size:
+                score[sel] = [evs[j].score for j in sel]
+            for j in np.flatnonzero(has_probs):
+                p = evs[j].probs
+                if len(p) != 2:
+                    reject(_one(n, j), "k_mismatch", f"model {model[:40]!r} is binary; probs has {len(p)} entries")
+                else:
+                    s = sum(p)
+                    if not all(math.isfinite(v) for v in p):
+                        reject(_one(n, j), "non_finite", "probs contains NaN or infinity")
+                    elif min(p) < 0 or max(p) > 1:
+                        reject(_one(n, j), "out_of_range", "probs must lie in [0, 1]")
+                    elif abs(s - 1.0) > self.prob_tolerance:
+                        reject(_one(n, j), "probs_sum", f"probs sum to {s:.6g}, not 1")
+                    else:
+                        score[j] = p[1]
+            finite = np.isfinite(score)
+            reject(has_score & ~finite, "non_finite", "score is NaN or infinite")
+            reject(has_score & finite & ((score < 0) | (score > 1)), "out_of_range", "score must lie in [0, 1]")
+            reject(has_label & (label > 1), "label_range", "binary label must be 0 or 1")
+        else:
+            probs = np.full((n, classes), np.nan)
+            reject(has_score, "k_mismatch", f"model {model[:40]!r} has {classes} classes; send probs, not score")
+            for j in np.flatnonzero(has_probs):
+                p = evs[j].probs
+                if len(p) != classes:
+                    reject(_one(n, j), "k_mismatch", f"model {model[:40]!r} has {classes} classes; "
+                                                     f"probs has {len(p)}")
+                else:
+                    probs[j] = p
+            rows = has_probs & (bad == 0)
+            if rows.any():
+                sub = probs[rows]
+                fin = np.isfinite(sub).all(axis=1)
+                rng = ((sub >= 0) & (sub <= 1)).all(axis=1)
+                sums = np.abs(sub.sum(axis=1) - 1.0) <= self.prob_tolerance
+                pos = np.flatnonzero(rows)
+                reject(_mask(n, pos[~fin]), "non_finite", "probs contains NaN or infinity")
+                reject(_mask(n, pos[~rng]), "out_of_range", "probs must lie in [0, 1]")
+                reject(_mask(n, pos[~sums]), "probs_sum", "probs do not sum to 1")
+            reject(has_label & (label >= classes), "label_range", f"label must be < {classes}")
+
+        # timestamps and segments
+        ts = np.full(n, np.nan)
+        for j, e in enumerate(evs):
+            if e.ts is not None and bad[j] == 0:
+                try:
+                    ts[j] = parse_timestamp(e.ts)
+                except InvalidEvent as err:
+                    reject(_one(n, j), err.reason, err.detail)
+        segment = np.array(["" if e.segment is None else e.segment for e in evs], dtype=object)
+        if has_model and (segment != "").any():
+            known = self.segments.setdefault(model, set())
+            for j in np.flatnonzero((segment != "") & (bad == 0)):
+                s = segment[j]
+                if s in known:
+                    continue
+                if not _NAME_RE.match(s):
+                    reject(_one(n, j), "bad_type", f"segment {s[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+                elif len(known) >= self.max_segments:
+                    reject(_one(n, j), "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
+                else:
+                    known.add(s)
+
+        for j in np.flatnonzero(bad):
+            rejected.append(Rejection(int(index[j]), REASONS[bad[j] - 1], details.get(int(j), "")))
+        ok = bad == 0
+        if not ok.any():
+            return None
+        return ModelBatch(model, classes, kind[ok], ids[ok], ts[ok], segment[ok], label[ok],
+                          None if score is None else score[ok], None if probs is None else probs[ok], index[ok])
+
+
+def _one(n: int, j: int) -> np.ndarray:
+    m = np.zeros(n, bool)
+    m[j] = True
+    return m
+
+
+def _mask(n: int, pos: np.ndarray) -> np.ndarray:
+    m = np.zeros(n, bool)
+    m[pos] = True
+    return m
+
+
+_FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "type": (str,), "id": (str, int), "model": (str,), "ts": (int, float, str), "score": (int, float),
+    "label": (int,), "segment": (str,),
+}
+
+
+def _slow_decode(rec: bytes | str) -> _Event:
+    """Re-read a record msgspec rejected, to accept what is valid and name the reason otherwise."""
+    try:
+        obj = json.loads(rec)
+    except (ValueError, UnicodeDecodeError, TypeError, RecursionError):
+        raise InvalidEvent("not_json", "record is not valid JSON") from None
+    if not isinstance(obj, dict):
+        raise InvalidEvent("not_object", f"record is a JSON {type(obj).__name__}, not an object")
+    for name, types in _FIELD_TYPES.items():
+        v = obj.get(name)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, types):
+            raise InvalidEvent("bad_type", f"field {name!r} has type {type(v).__name__}")
+        if isinstance(v, float) and not math.isfinite(v):
+            raise InvalidEvent("non_finite", f"field {name!r} is {v}")
+    probs = obj.get("probs")
+    if probs is not None:
+        if not isinstance(probs, list) or not all(isinstance(p, (int, float)) and not isinstance(p, bool)
+                                                  for p in probs):
+            raise InvalidEvent("bad_type", "field 'probs' must be a list of numbers")
+        if not all(math.isfinite(p) for p in probs):
+            raise InvalidEvent("non_finite", "probs contains NaN or infinity")
+    try:
+        return msgspec.convert({k: v for k, v in obj.items() if k in _Event.__struct_fields__}, _Event)
+    except msgspec.ValidationError as e:
+        raise InvalidEvent("bad_type", str(e)) from None

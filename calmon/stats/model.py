@@ -1,0 +1,170 @@
+"""All statistics the monitor keeps for one model (and segment, and time bucket)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from calmon.stats.grid import ScoreGrid
+from calmon.stats.reservoir import Reservoir
+from calmon.testers import CalibrationData
+
+FORMAT = "calmon.model_stats"
+FORMAT_VERSION = 1
+
+
+def top_label(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Top-label confidence and correctness (ties go to the lowest class index, as numpy's argmax)."""
+    pred = probs.argmax(axis=1)
+    return probs[np.arange(len(probs)), pred], (pred == labels).astype(np.float64)
+
+
+class ModelStats:
+    """Mergeable statistics of one model's labeled events.
+
+    Parameters
+    ----------
+    classes
+        2 for a binary model (``score`` = P(y = 1)), K > 2 for multiclass probabilities.
+    bins
+        Cells of the fine grid (binary score, or top-label confidence vs correct); a power of two.
+    ece_bins
+        Equal-width bins of the exact l1-ECE grid (15 as in Guo et al. and the T-Cal tables);
+        also used for the class-wise grid of multiclass models.
+    reservoir
+        Capacity of the uniform raw sample (0 disables it).
+    levelset_lambda
+        Level-set resolution for the multiclass l_p statistics (``None`` disables them).
+    seed
+        Seed of the reservoir sampler.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> s = ModelStats(classes=2, bins=64)
+    >>> s.update(score=np.array([0.2, 0.8]), labels=np.array([0, 1]))
+    >>> (s + s).count
+    4
+    """
+
+    def __init__(self, classes: int = 2, bins: int = 4096, ece_bins: int = 15, reservoir: int = 2000,
+                 levelset_lambda: int | None = None, levelset_pools: int | None = None, seed: int = 0) -> None:
+        if classes < 2:
+            raise ValueError(f"classes must be >= 2, got {classes}")
+        self.classes = int(classes)
+        self.fine = ScoreGrid(bins)
+        self.ece = ScoreGrid(ece_bins)
+        self.classwise = ScoreGrid(ece_bins, channels=classes) if classes > 2 else None
+        width = 2 if classes == 2 else classes + 1
+        self.reservoir = Reservoir(reservoir, width, seed) if reservoir else None
+        self.levelset = None
+        if levelset_lambda is not None and classes > 2:
+            from calmon.stats.levelset import LevelSetStats
+
+            self.levelset = LevelSetStats(classes, levelset_lambda, levelset_pools)
+
+    @property
+    def count(self) -> int:
+        return self.fine.count
+
+    def update(self, score: np.ndarray | None = None, probs: np.ndarray | None = None,
+               labels: np.ndarray | None = None, ids: np.ndarray | None = None) -> None:
+        """Add labeled events: ``score`` (binary) or ``probs`` (multiclass) with class ``labels``."""
+        labels = np.asarray(labels, dtype=np.int64)
+        if self.classes == 2:
+            if score is None:
+                raise ValueError("binary model: score is required")
+            z = np.asarray(score, dtype=np.float64)
+            y = labels.astype(np.float64)
+            self.fine.update(z, y)
+            self.ece.update(z, y)
+            if self.reservoir is not None:
+                self.reservoir.update(np.column_stack([z, y]))
+            return
+        if probs is None:
+            raise ValueError("multiclass model: probs is required")
+        probs = np.asarray(probs, dtype=np.float64)
+        conf, correct = top_label(probs, labels)
+        self.fine.update(conf, correct)
+        self.ece.update(conf, correct)
+        onehot = np.zeros_like(probs)
+        onehot[np.arange(len(labels)), labels] = 1.0
+        assert self.classwise is not None
+        self.classwise.update(probs, onehot)
+        if self.reservoir is not None:
+            self.reservoir.update(np.column_stack([probs, labels]))
+        if self.levelset is not None:
+            self.levelset.update(probs, labels, ids)
+
+    # -- algebra ---------------------------------------------------------------------------
+    def copy(self) -> ModelStats:
+        return ModelStats.from_dict(self.to_dict())
+
+    def merge(self, other: ModelStats, rng: np.random.Generator | None = None) -> None:
+        """Add ``other`` in place (reservoirs are merged by weighted sampling with ``rng``)."""
+        if other.classes != self.classes:
+            raise ValueError(f"cannot merge statistics of {self.classes} and {other.classes} classes")
+        self.fine.merge(other.fine)
+        self.ece.merge(other.ece)
+        if self.classwise is not None and other.classwise is not None:
+            self.classwise.merge(other.classwise)
+        if self.reservoir is not None and other.reservoir is not None:
+            self.reservoir = self.reservoir.merged(other.reservoir, rng or np.random.default_rng(self.count))
+        if self.levelset is not None and other.levelset is not None:
+            self.levelset.merge(other.levelset)
+
+    def __add__(self, other: ModelStats) -> ModelStats:
+        out = self.copy()
+        out.merge(other)
+        return out
+
+    def calibration_data(self) -> CalibrationData:
+        """What testers get from these statistics: the grid, the reservoir sample, the level-set bins."""
+        z = y = probs = labels = None
+        if self.reservoir is not None and self.reservoir.seen:
+            rows = self.reservoir.rows
+            if self.classes == 2:
+                z, y = rows[:, 0], rows[:, 1]
+            else:
+                probs, labels = rows[:, :-1], rows[:, -1].astype(np.int64)
+                z, y = top_label(probs, labels)
+        complete = self.reservoir is not None and self.reservoir.seen <= self.reservoir.capacity
+        return CalibrationData(n=self.count, grid=self.fine, z=z, y=y, probs=probs, labels=labels,
+                               levelset=self.levelset, raw_is_complete=complete)
+
+    # -- serialisation ------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": FORMAT_VERSION, "classes": self.classes,
+                "fine": self.fine.to_dict(), "ece": self.ece.to_dict(),
+                "classwise": None if self.classwise is None else self.classwise.to_dict(),
+                "reservoir": None if self.reservoir is None else self.reservoir.to_dict(),
+                "levelset": None if self.levelset is None else self.levelset.to_dict()}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> ModelStats:
+        if d.get("format") != FORMAT or d.get("version") != FORMAT_VERSION:
+            raise ValueError(f"not a {FORMAT} v{FORMAT_VERSION} document")
+        out = cls.__new__(cls)
+        out.classes = int(d["classes"])
+        out.fine = ScoreGrid.from_dict(d["fine"])
+        out.ece = ScoreGrid.from_dict(d["ece"])
+        out.classwise = None if d["classwise"] is None else ScoreGrid.from_dict(d["classwise"])
+        out.reservoir = None if d["reservoir"] is None else Reservoir.from_dict(d["reservoir"])
+        out.levelset = None
+        if d.get("levelset") is not None:
+            from calmon.stats.levelset import LevelSetStats
+
+            out.levelset = LevelSetStats.from_dict(d["levelset"])
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ModelStats) and self.to_dict() == other.to_dict()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def nbytes(self) -> int:
+        n = self.fine.nbytes() + self.ece.nbytes() + (self.classwise.nbytes() if self.classwise else 0)
+        if self.reservoir is not None:
+            n += self.reservoir._data.nbytes
+        return n

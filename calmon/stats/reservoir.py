@@ -1,0 +1,121 @@
+"""Bounded uniform sample of raw rows (Algorithm R), for methods that need raw vectors."""
+
+from __future__ import annotations
+
+import base64
+import zlib
+from typing import Any
+
+import numpy as np
+
+FORMAT = "calmon.reservoir"
+FORMAT_VERSION = 1
+
+
+class Reservoir:
+    """Uniform random sample of at most ``capacity`` rows of ``width`` floats.
+
+    One uniform draw is consumed per offered row, so the sample depends only on the seed and
+    the sequence of rows -- not on how they were split into batches (a restarted agent that
+    replays from its checkpoint rebuilds the same sample).
+
+    Parameters
+    ----------
+    capacity
+        Maximum number of rows kept.
+    width
+        Floats per row (binary: score, label; K classes: K probabilities, label).
+    seed
+        Seed of the sampling generator (its state is part of :meth:`to_dict`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> r = Reservoir(capacity=100, width=2, seed=1)
+    >>> r.update(np.column_stack([np.linspace(0, 1, 1000), np.zeros(1000)]))
+    >>> r.seen, r.rows.shape
+    (1000, (100, 2))
+
+    References
+    ----------
+    Vitter. Random sampling with a reservoir. ACM TOMS 11(1), 1985 (Algorithm R).
+    """
+
+    def __init__(self, capacity: int = 2000, width: int = 2, seed: int = 0) -> None:
+        if capacity < 1 or width < 1:
+            raise ValueError(f"capacity and width must be positive, got {capacity}, {width}")
+        self.capacity = int(capacity)
+        self.width = int(width)
+        self.seen = 0
+        self._data = np.zeros((self.capacity, self.width))
+        self._rng = np.random.default_rng(seed)
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._data[: min(self.seen, self.capacity)]
+
+    def update(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != self.width:
+            raise ValueError(f"expected rows of shape (n, {self.width}), got {rows.shape}")
+        m = rows.shape[0]
+        if m == 0:
+            return
+        u = self._rng.random(m)
+        t = self.seen + np.arange(m)  # 0-based index of each row in the stream
+        fill = t < self.capacity
+        self._data[t[fill]] = rows[fill]
+        slot = np.floor(u * (t + 1)).astype(np.int64)
+        repl = ~fill & (slot < self.capacity)
+        if repl.any():
+            slots, src = slot[repl], np.flatnonzero(repl)
+            # the last row written to a slot wins, as in the sequential algorithm
+            rev_u, rev_i = np.unique(slots[::-1], return_index=True)
+            self._data[rev_u] = rows[src[::-1][rev_i]]
+        self.seen += m
+
+    def merged(self, other: Reservoir, rng: np.random.Generator) -> Reservoir:
+        """A uniform sample of the union of both streams (counts drawn hypergeometrically)."""
+        if other.width != self.width:
+            raise ValueError(f"cannot merge reservoirs of widths {self.width} and {other.width}")
+        out = Reservoir(max(self.capacity, other.capacity), self.width)
+        out._rng = np.random.default_rng(rng.integers(2**63))
+        total = self.seen + other.seen
+        take = min(out.capacity, total)
+        if take:
+            k_a = int(rng.hypergeometric(self.seen, other.seen, take)) if self.seen and other.seen else (
+                take if self.seen else 0)
+            a = self.rows[rng.permutation(len(self.rows))[:k_a]]
+            b = other.rows[rng.permutation(len(other.rows))[: take - k_a]]
+            out._data[:take] = np.vstack([a, b])[rng.permutation(take)]
+        out.seen = total
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        raw = np.ascontiguousarray(self.rows, dtype="<f8").tobytes()
+        return {"format": FORMAT, "version": FORMAT_VERSION, "capacity": self.capacity, "width": self.width,
+                "seen": self.seen, "rows_zlib_b64": base64.b64encode(zlib.compress(raw, 6)).decode(),
+                "rng": _jsonable(self._rng.bit_generator.state)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Reservoir:
+        if d.get("format") != FORMAT or d.get("version") != FORMAT_VERSION:
+            raise ValueError(f"not a {FORMAT} v{FORMAT_VERSION} document")
+        out = cls(d["capacity"], d["width"])
+        out.seen = int(d["seen"])
+        rows = np.frombuffer(zlib.decompress(base64.b64decode(d["rows_zlib_b64"])), dtype="<f8")
+        rows = rows.reshape(-1, out.width)
+        out._data[: len(rows)] = rows
+        out._rng.bit_generator.state = d["rng"]
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, Reservoir) and self.seen == other.seen and self.width == other.width
+                and np.array_equal(self.rows, other.rows))
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: (_jsonable(v) if isinstance(v, dict) else int(v) if isinstance(v, np.integer) else v)
+            for k, v in state.items()}

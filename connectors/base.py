@@ -1,0 +1,69 @@
+"""The connector protocol: sources yield batches of raw records with their positions; sinks take rejects.
+
+A position is a JSON-serialisable dict that the agent stores in its checkpoint together with
+the statistics; ``seek(position)`` makes the source continue right after the last record the
+checkpointed state contains, so a restart neither loses nor repeats a record.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass
+class Batch:
+    """Raw records read together.
+
+    Attributes
+    ----------
+    records
+        One JSON document (bytes, UTF-8) per record; CSV sources convert rows to JSON objects.
+    position
+        The source position just after the last record of this batch.
+    source
+        Name of the source (for metrics and dead letters).
+    origins
+        Optional per-record origin (e.g. ``"file.jsonl:17"`` or ``"topic/0@1234"``) for error messages.
+    """
+
+    records: list[bytes]
+    position: dict[str, Any]
+    source: str
+    origins: list[str] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class Source(Protocol):
+    name: str
+
+    def read(self, max_records: int = 65536, timeout: float = 0.5) -> Batch | None:
+        """Next batch (at most ``max_records``), or ``None`` if nothing arrived within ``timeout`` seconds."""
+
+    @property
+    def exhausted(self) -> bool:
+        """True when a read-once source has delivered everything (never for followed files or Kafka)."""
+
+    def position(self) -> dict[str, Any]:
+        """Position after the last record returned by ``read``."""
+
+    def seek(self, position: dict[str, Any]) -> None:
+        """Continue right after ``position`` (as returned by :meth:`position`)."""
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class DeadLetterSink(Protocol):
+    def write(self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None) -> None:
+        """Record rejected raw records with their reason codes."""
+
+    def position(self) -> dict[str, Any]:
+        """Position to checkpoint with the state (so a restart can drop dead letters written after it)."""
+
+    def seek(self, position: dict[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
+
+    def close(self) -> None: ...
