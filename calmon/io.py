@@ -210,7 +210,8 @@ def _read_jsonl(name: str, data: bytes, model: str | None, skip_invalid: bool) -
     models = sorted(m for m in out.models if m)
     if model is None:
         if len(models) > 1:
-            raise InputError(f"{name}: events of {len(models)} models ({', '.join(models[:5])}); choose one with --model")
+            listed = ", ".join(models[:5])
+            raise InputError(f"{name}: events of {len(models)} models ({listed}); choose one with --model")
         if not models:
             raise InputError(f"{name}: no prediction or labeled events")
         model = models[0]
