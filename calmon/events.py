@@ -160,7 +160,8 @@ class Decoder:
     Examples
     --------
     >>> dec = Decoder()
-    >>> out = dec.decode([b'{"model": "m", "score": 0.9, "label": 1}', b'{"model": "m", "score": 1.5}', b'nope'])
+    >>> out = dec.decode([b'{"model": "m", "score": 0.9, "label": 1}', b'{"model": "m", "score": 1.5, "label": 0}',
+    ...                   b'nope'])
     >>> len(out.models["m"]), [r.reason for r in out.rejected]
     (1, ['out_of_range', 'not_json'])
     """
