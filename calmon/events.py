@@ -39,8 +39,10 @@ REASONS: tuple[str, ...] = (
 )
 KINDS: tuple[str, ...] = ("prediction", "outcome", "labeled")
 PREDICTION, OUTCOME, LABELED = 0, 1, 2
+_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
 _MAX_EPOCH = 1e11
+_CHUNK = 1024
 
 
 class _Event(msgspec.Struct):
@@ -195,19 +197,31 @@ class Decoder:
         events: list[_Event | None] = []
         rejected: list[Rejection] = []
         dec = _struct_decoder.decode
-        for i, rec in enumerate(records):
-            try:
-                events.append(dec(rec))
+        for start in range(0, len(records), _CHUNK):
+            chunk = records[start:start + _CHUNK]
+            try:  # fast path: a clean chunk decodes in one comprehension
+                events.extend([dec(rec) for rec in chunk])
+                continue
             except (msgspec.DecodeError, TypeError):
+                pass
+            for i, rec in enumerate(chunk, start):
                 try:
-                    events.append(_slow_decode(rec))
-                except InvalidEvent as e:
-                    events.append(None)
-                    rejected.append(Rejection(i, e.reason, e.detail))
+                    events.append(dec(rec))
+                except (msgspec.DecodeError, TypeError):
+                    try:
+                        events.append(_slow_decode(rec))
+                    except InvalidEvent as e:
+                        events.append(None)
+                        rejected.append(Rejection(i, e.reason, e.detail))
+        names = [None if ev is None else ("" if ev.model is None else ev.model) for ev in events]
+        distinct = set(names)
         groups: dict[str, list[int]] = {}
-        for i, ev in enumerate(events):
-            if ev is not None:
-                groups.setdefault(ev.model if ev.model is not None else "", []).append(i)
+        if len(distinct) == 1 and None not in distinct:
+            groups[names[0]] = list(range(len(names)))  # type: ignore[index]
+        else:
+            for i, name in enumerate(names):
+                if name is not None:
+                    groups.setdefault(name, []).append(i)
         out: dict[str, ModelBatch] = {}
         for model, idx in groups.items():
             batch = self._model_batch(model, idx, events, rejected)
@@ -239,16 +253,15 @@ class Decoder:
         has_model = model != ""
         if has_model and not _NAME_RE.match(model):
             reject(np.ones(n, bool), "bad_type", f"model name {model[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
-        has_score = np.fromiter((e.score is not None for e in evs), bool, n)
-        has_probs = np.fromiter((e.probs is not None for e in evs), bool, n)
-        label = np.fromiter((-1 if e.label is None else e.label for e in evs), np.int64, n)
-        has_label = np.fromiter((e.label is not None for e in evs), bool, n)
-        kind = np.full(n, -1, dtype=np.int8)
-        types = [e.type for e in evs]
-        if any(t is not None for t in types):
-            for j, t in enumerate(types):
-                if t is not None:
-                    kind[j] = KINDS.index(t) if t in KINDS else -2
+        score_col = [e.score for e in evs]
+        probs_col = [e.probs for e in evs]
+        label_col = np.array([e.label for e in evs], dtype=np.float64)  # None -> NaN
+        has_score = np.array([v is not None for v in score_col], dtype=bool)
+        has_probs = np.array([v is not None for v in probs_col], dtype=bool)
+        has_label = ~np.isnan(label_col)
+        with np.errstate(invalid="ignore"):
+            label = np.where(has_label, label_col, -1).astype(np.int64)
+        kind = np.array([-1 if e.type is None else _KIND_CODE.get(e.type, -2) for e in evs], dtype=np.int8)
         inferred = np.where(has_label, np.where(has_score | has_probs, LABELED, OUTCOME), PREDICTION)
         reject(kind == -2, "unknown_type", "type must be prediction, outcome or labeled")
         kind = np.where(kind < 0, inferred, kind).astype(np.int8)
@@ -258,9 +271,11 @@ class Decoder:
         reject(needs_pred & ~(has_score | has_probs), "missing_field", "score or probs is required")
         reject(needs_pred & has_score & has_probs, "bad_type", "give score or probs, not both")
         reject((kind != PREDICTION) & ~has_label, "missing_field", "label is required")
-        ids = np.array(["" if e.id is None else str(e.id) for e in evs], dtype=object)
+        ids = np.array(["" if v is None else v if v.__class__ is str else str(v) for v in (e.id for e in evs)],
+                       dtype=object)
         reject((kind != LABELED) & (ids == ""), "missing_field", "id is required to join predictions and outcomes")
-        reject(label < -1, "label_range", "label must be a non-negative class index")
+        reject(has_label & ((label < 0) | (label_col != label)), "label_range",
+               "label must be a non-negative class index")
 
         # number of classes of this model
         k_seen = None
@@ -286,10 +301,7 @@ class Decoder:
         score = None
         probs = None
         if classes == 2:
-            score = np.full(n, np.nan)
-            sel = np.flatnonzero(has_score)
-            if sel.size:
-                score[sel] = [evs[j].score for j in sel]
+            score = np.array(score_col, dtype=np.float64)  # None -> NaN
             for j in np.flatnonzero(has_probs):
                 p = evs[j].probs
                 if len(p) != 2:
@@ -331,13 +343,20 @@ class Decoder:
             reject(has_label & (label >= classes), "label_range", f"label must be < {classes}")
 
         # timestamps and segments
-        ts = np.full(n, np.nan)
-        for j, e in enumerate(evs):
-            if e.ts is not None and bad[j] == 0:
-                try:
-                    ts[j] = parse_timestamp(e.ts)
-                except InvalidEvent as err:
-                    reject(_one(n, j), err.reason, err.detail)
+        ts_col = [e.ts for e in evs]
+        if any(t.__class__ is str for t in ts_col):
+            ts = np.full(n, np.nan)
+            for j, t in enumerate(ts_col):
+                if t is not None and bad[j] == 0:
+                    try:
+                        ts[j] = parse_timestamp(t)
+                    except InvalidEvent as err:
+                        reject(_one(n, j), err.reason, err.detail)
+        else:
+            ts = np.array(ts_col, dtype=np.float64)  # None -> NaN
+            with np.errstate(invalid="ignore"):
+                reject((ts < 0) | (ts > _MAX_EPOCH), "bad_timestamp",
+                       "ts is not epoch seconds (milliseconds are not accepted)")
         segment = np.array(["" if e.segment is None else e.segment for e in evs], dtype=object)
         if has_model and (segment != "").any():
             known = self.segments.setdefault(model, set())
