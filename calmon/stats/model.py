@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.reservoir import Reservoir
-from calmon.testers import CalibrationData
+
+if TYPE_CHECKING:
+    from calmon.testers import CalibrationData
 
 FORMAT = "calmon.model_stats"
 FORMAT_VERSION = 1
@@ -121,6 +123,8 @@ class ModelStats:
 
     def calibration_data(self) -> CalibrationData:
         """What testers get from these statistics: the grid, the reservoir sample, the level-set bins."""
+        from calmon.testers import CalibrationData  # testers import the stats package
+
         z = y = probs = labels = None
         if self.reservoir is not None and self.reservoir.seen:
             rows = self.reservoir.rows
