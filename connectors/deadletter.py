@@ -1,0 +1,191 @@
+"""Dead-letter sink writing rejected records as JSON lines, exactly once with the checkpoint.
+
+Each rejected record becomes one line::
+
+    {"reason": "not_json", "source": "files", "origin": "events.jsonl:17", "record": "<raw text>"}
+
+When the raw bytes are not valid UTF-8 the line carries ``"record": "<base64>"`` and
+``"record_encoding": "base64"``. :meth:`FileDeadLetterSink.position` flushes (and fsyncs) and returns
+the file's size; the agent stores it in the checkpoint together with the statistics and the source
+positions, and on restart :meth:`FileDeadLetterSink.seek` truncates the file back to that size, so
+the records re-read after the restart are not written twice.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from typing import Any
+
+import msgspec
+
+__all__ = ["FileDeadLetterSink", "DEADLETTER_POSITION_VERSION"]
+
+log = logging.getLogger(__name__)
+
+DEADLETTER_POSITION_VERSION = 1
+_enc = msgspec.json.Encoder()
+
+
+class FileDeadLetterSink:
+    """Append rejected records to a JSONL file; truncate back to a checkpointed size on restart.
+
+    Parameters
+    ----------
+    path
+        The dead-letter file (created with its parent directories if missing; appended to).
+    fsync
+        Whether :meth:`position` fsyncs the file before reporting its size (default True: the
+        size in a checkpoint is then durable even across a power loss).
+    buffer_bytes
+        Lines are buffered in memory and written once this many bytes are pending (and on
+        :meth:`flush`, :meth:`position` and :meth:`close`).
+
+    Examples
+    --------
+    >>> import json, tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "dead.jsonl"
+    >>> sink = FileDeadLetterSink(p)
+    >>> sink.write([b'{"score": 2}'], ["out_of_range"], "files", ["a.jsonl:3"])
+    >>> pos = sink.position()
+    >>> sink.write([b"\\xff\\xfe"], ["not_json"], "files")
+    >>> sink.flush()
+    >>> [json.loads(x)["reason"] for x in p.read_text().splitlines()]
+    ['out_of_range', 'not_json']
+    >>> json.loads(p.read_text().splitlines()[1])["record_encoding"]
+    'base64'
+    >>> sink.seek(pos)        # restart from the checkpoint: the second dead letter is dropped
+    >>> [json.loads(x)["origin"] for x in p.read_text().splitlines()]
+    ['a.jsonl:3']
+    >>> sink.close()
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], *, fsync: bool = True, buffer_bytes: int = 1 << 20
+    ) -> None:
+        if buffer_bytes < 0:
+            raise ValueError(f"buffer_bytes must be >= 0, got {buffer_bytes}")
+        self.path = os.fspath(path)
+        self.fsync = bool(fsync)
+        self.buffer_bytes = int(buffer_bytes)
+        parent = os.path.dirname(self.path)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._pending: list[bytes] = []
+        self._pending_bytes = 0
+        self.written = 0  # records written by this process (before any seek)
+
+    def _fd_or_raise(self) -> int:
+        if self._fd is None:
+            raise ValueError(f"dead-letter sink {self.path} is closed")
+        return self._fd
+
+    def write(
+        self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None
+    ) -> None:
+        """Record rejected raw records with their reason codes.
+
+        Parameters
+        ----------
+        records
+            Raw records (bytes).
+        reasons
+            One reason code per record (e.g. ``calmon.events.REASONS``).
+        source
+            Source name.
+        origins
+            Optional per-record origins (``"file:line"``, ``"topic/partition@offset"``).
+        """
+        self._fd_or_raise()
+        if len(reasons) != len(records):
+            raise ValueError(f"{len(records)} records but {len(reasons)} reasons")
+        if origins is not None and len(origins) != len(records):
+            raise ValueError(f"{len(records)} records but {len(origins)} origins")
+        lines = []
+        for i, rec in enumerate(records):
+            if isinstance(rec, str):
+                rec = rec.encode("utf-8", "surrogateescape")
+            doc: dict[str, Any] = {"reason": str(reasons[i]), "source": source,
+                                   "origin": None if origins is None else origins[i]}
+            try:
+                doc["record"] = bytes(rec).decode("utf-8")
+            except UnicodeDecodeError:
+                doc["record"] = base64.b64encode(rec).decode("ascii")
+                doc["record_encoding"] = "base64"
+            lines.append(_enc.encode(doc))
+        if not lines:
+            return
+        blob = b"\n".join(lines) + b"\n"
+        self._pending.append(blob)
+        self._pending_bytes += len(blob)
+        self.written += len(lines)
+        if self._pending_bytes >= self.buffer_bytes:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write buffered lines to the file (to the OS; :meth:`position` also fsyncs)."""
+        fd = self._fd_or_raise()
+        if not self._pending:
+            return
+        data = memoryview(b"".join(self._pending))
+        self._pending.clear()
+        self._pending_bytes = 0
+        while data:
+            n = os.write(fd, data)
+            data = data[n:]
+
+    def position(self) -> dict[str, Any]:
+        """Flush (and fsync) and return ``{"version", "path", "dev", "ino", "size"}`` for the checkpoint."""
+        self.flush()
+        fd = self._fd_or_raise()
+        if self.fsync:
+            os.fsync(fd)
+        st = os.fstat(fd)
+        return {"version": DEADLETTER_POSITION_VERSION, "path": self.path, "dev": st.st_dev, "ino": st.st_ino,
+                "size": st.st_size}
+
+    def seek(self, position: dict[str, Any]) -> None:
+        """Drop dead letters written after ``position``: truncate the file to the checkpointed size.
+
+        Buffered lines are discarded. Nothing is truncated when the file is no longer the one
+        checkpointed (another inode: rotated or replaced), or when it is already shorter (a warning
+        is logged: lines were lost, e.g. the file was cleared by hand).
+
+        Parameters
+        ----------
+        position
+            A dict returned by :meth:`position`.
+        """
+        fd = self._fd_or_raise()
+        try:
+            size, ino = int(position["size"]), int(position["ino"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a dead-letter position: {position!r:.200}") from exc
+        if size < 0:
+            raise ValueError(f"dead-letter position size must be >= 0, got {size}")
+        self._pending.clear()
+        self._pending_bytes = 0
+        st = os.fstat(fd)
+        if st.st_ino != ino:
+            log.warning("dead-letter file %s is not the checkpointed one (inode %s != %s); not truncated",
+                        self.path, st.st_ino, ino)
+            return
+        if st.st_size > size:
+            os.ftruncate(fd, size)
+            if self.fsync:
+                os.fsync(fd)
+        elif st.st_size < size:
+            log.warning("dead-letter file %s is shorter (%d) than checkpointed (%d)",
+                        self.path, st.st_size, size)
+
+    def close(self) -> None:
+        """Flush and close the file (idempotent)."""
+        if self._fd is None:
+            return
+        try:
+            self.flush()
+        finally:
+            os.close(self._fd)
+            self._fd = None
