@@ -1,0 +1,304 @@
+"""deploy/: promtool checks and rule unit tests, Alertmanager routing, the Grafana dashboard's
+queries (parsed by promtool, restricted to the metric contract), and consistency of the
+Kubernetes and compose assets with the shipped files."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from _deploy_helpers import CONTRACT, DEPLOY, REPO, require_binary
+
+PROM = DEPLOY / "prometheus"
+RULES = PROM / "rules" / "calmon-alerts.yml"
+RULE_TESTS = PROM / "tests" / "calmon-alerts.test.yml"
+DASHBOARD = DEPLOY / "grafana" / "dashboards" / "calmon.json"
+
+GRAFANA_VARS = {
+    "$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h",
+    "${model}": "fraud", "$model": "fraud", "${segment}": "all", "$segment": "all",
+    "${window}": "1h", "$window": "1h",
+}
+
+
+def run(args: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def recorded_names() -> set[str]:
+    doc = yaml.safe_load(RULES.read_text())
+    return {r["record"] for g in doc["groups"] for r in g["rules"] if "record" in r}
+
+
+def metric_names(expr: str) -> set[str]:
+    unquoted = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)  # label values are not metric names
+    return set(re.findall(r"\bcalmon[a-zA-Z0-9_:]*", unquoted))
+
+
+def substitute(expr: str) -> str:
+    for k in sorted(GRAFANA_VARS, key=len, reverse=True):
+        expr = expr.replace(k, GRAFANA_VARS[k])
+    assert "$" not in expr.replace("$value", ""), f"unsubstituted variable in {expr!r}"
+    return expr
+
+
+def all_panels(panels: list[dict]) -> list[dict]:
+    out = []
+    for p in panels:
+        out.append(p)
+        out.extend(all_panels(p.get("panels", [])))
+    return out
+
+
+def dashboard() -> dict:
+    return json.loads(DASHBOARD.read_text())
+
+
+def dashboard_exprs() -> list[tuple[str, str]]:
+    """(where, PromQL) for every panel target, annotation and variable query of the dashboard."""
+    d = dashboard()
+    out = []
+    for p in all_panels(d["panels"]):
+        for t in p.get("targets", []):
+            out.append((f"panel {p['title']!r} target {t['refId']}", t["expr"]))
+    for a in d["annotations"]["list"]:
+        if "expr" in a:
+            out.append((f"annotation {a['name']!r}", a["expr"]))
+    for v in d["templating"]["list"]:
+        if v["type"] == "query":
+            m = re.fullmatch(r"label_values\((.*),\s*([a-zA-Z_]+)\)", v["query"]["query"])
+            assert m, f"variable {v['name']}: expected label_values(selector, label)"
+            out.append((f"variable {v['name']}", m.group(1)))
+    return out
+
+
+# ------------------------------------------------------------------------ promtool
+
+
+def test_promtool_check_rules():
+    promtool = require_binary("promtool")
+    res = run([promtool, "check", "rules", str(RULES)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+def test_promtool_check_config():
+    promtool = require_binary("promtool")
+    res = run([promtool, "check", "config", "prometheus.yml"], cwd=PROM)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 rule files found" in res.stdout
+
+
+def test_promtool_rule_unit_tests():
+    promtool = require_binary("promtool")
+    res = run([promtool, "test", "rules", str(RULE_TESTS)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "SUCCESS" in res.stdout
+
+
+@pytest.mark.parametrize("old,new", [
+    ("expr: calmon_alert_active == 1", "expr: calmon_alert_active == 2"),
+    ('calmon_ece{window="24h"} > 0.05', 'calmon_ece{window="24h"} > 0.5'),
+    ("calmon_window_events{window=\"24h\"} >= 1000", "calmon_window_events{window=\"24h\"} >= 0"),
+    ("expr: up{job=\"calmon\"} == 0\n        for: 5m", "expr: up{job=\"calmon\"} == 0\n        for: 1m"),
+])
+def test_rule_unit_tests_catch_a_broken_rule(tmp_path, old, new):
+    """The promtool unit tests are not vacuous: a mutated rule makes them fail."""
+    promtool = require_binary("promtool")
+    text = RULES.read_text()
+    assert old in text
+    (tmp_path / "rules").mkdir()
+    (tmp_path / "rules" / "calmon-alerts.yml").write_text(text.replace(old, new))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "t.yml").write_text(RULE_TESTS.read_text())
+    res = run([promtool, "test", "rules", str(tmp_path / "tests" / "t.yml")])
+    assert res.returncode != 0 and "FAILED" in res.stdout + res.stderr
+
+
+def test_rules_use_only_contract_metrics():
+    doc = yaml.safe_load(RULES.read_text())
+    recorded = recorded_names()
+    used = set()
+    for g in doc["groups"]:
+        for r in g["rules"]:
+            names = metric_names(r["expr"])
+            used |= names
+            name = r.get("alert") or r.get("record")
+            assert names <= CONTRACT | recorded, (name, names - CONTRACT - recorded)
+            if "alert" in r:
+                assert r["alert"].startswith("Calmon") and "summary" in r["annotations"]
+                assert r.get("labels", {}).get("severity") in ("warning", "critical") or \
+                    r["alert"] == "CalmonCalibrationAlert"  # carries the agent's severity label
+            else:
+                assert re.fullmatch(r"calmon:[a-z0-9_]+:[a-z0-9_]+", r["record"]), r["record"]
+    assert {"calmon_alert_active", "calmon_test_rejected", "calmon_ece"} <= used
+
+
+# ------------------------------------------------------------------------ Alertmanager
+
+
+def test_alertmanager_config_and_routing():
+    amtool = require_binary("amtool")
+    cfg = DEPLOY / "alertmanager" / "alertmanager.yml"
+    res = run([amtool, "check-config", str(cfg)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    cases = {
+        ("alertname=CalmonCalibrationAlert", "model=fraud", "severity=critical"): "ml-calibration",
+        ("alertname=CalmonECEHigh", "model=fraud"): "ml-calibration",
+        ("alertname=CalmonDown", "instance=a"): "platform",
+        ("alertname=Other",): "default",
+    }
+    for labels, receiver in cases.items():
+        res = run([amtool, "config", "routes", "test", f"--config.file={cfg}", *labels])
+        assert res.returncode == 0 and res.stdout.strip() == receiver, (labels, res.stdout, res.stderr)
+
+
+# ------------------------------------------------------------------------ Grafana dashboard
+
+
+def test_dashboard_queries_parse_as_promql(tmp_path):
+    """Every query of the dashboard (variables substituted) parses: promtool checks it as a recording rule."""
+    promtool = require_binary("promtool")
+    exprs = dashboard_exprs()
+    rules = {"groups": [{"name": "dashboard", "rules": [
+        {"record": f"dashboard:query_{i}:check", "expr": substitute(e)} for i, (_, e) in enumerate(exprs)]}]}
+    path = tmp_path / "dashboard-rules.yml"
+    path.write_text(yaml.safe_dump(rules))
+    res = run([promtool, "check", "rules", str(path)])
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(exprs)} rules found" in res.stdout
+    # and the check is real: a broken query is refused
+    broken = {"record": "dashboard:broken:check", "expr": "sum(rate(calmon_ece[5m])"}
+    rules["groups"][0]["rules"].append(broken)
+    path.write_text(yaml.safe_dump(rules))
+    assert run([promtool, "check", "rules", str(path)]).returncode != 0
+
+
+def test_dashboard_uses_only_contract_metrics():
+    recorded = recorded_names()
+    for where, expr in dashboard_exprs():
+        names = metric_names(expr)
+        assert names, f"{where}: references no calmon metric: {expr}"
+        assert names <= CONTRACT | recorded, f"{where}: not in the metric contract: {names - CONTRACT}"
+
+
+def test_dashboard_structure_and_required_panels():
+    d = dashboard()
+    panels = all_panels(d["panels"])
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), "duplicate panel ids"
+    for p in panels:
+        g = p["gridPos"]
+        assert 0 <= g["x"] and g["x"] + g["w"] <= 24 and g["h"] >= 1, p["title"]
+        if p["type"] != "row":
+            assert p["targets"], p["title"]
+            assert p["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+    names = {v["name"]: v for v in d["templating"]["list"]}
+    assert {"datasource", "model", "segment", "window"} <= set(names)
+    assert names["model"]["multi"] and names["window"]["multi"]
+
+    def panels_using(metric: str, kind: str | None = None) -> list[dict]:
+        return [p for p in panels if p["type"] != "row" and (kind is None or p["type"] == kind)
+                and any(metric in t["expr"] for t in p["targets"])]
+
+    rel = panels_using("calmon_reliability_mean_outcome", "barchart")
+    assert len(rel) == 1 and rel[0]["repeat"] == "window"
+    assert any("calmon_reliability_mean_score" in t["expr"] for t in rel[0]["targets"])
+    parent_rows = [p for p in d["panels"] if p["type"] == "row" and p.get("repeat") == "model"]
+    assert parent_rows, "reliability diagrams must repeat per model"
+    for metric, kind in [("calmon_ece{", "timeseries"), ("calmon_smce", "timeseries"),
+                         ('calmon_test_p_value{test="tcal"', "timeseries"), ("calmon_alert_active", None),
+                         ("calmon_events_total", "timeseries"), ("calmon_join_pending", "timeseries"),
+                         ("calmon_source_lag_seconds", "timeseries"), ("calmon_calibrator_version", "table")]:
+        assert panels_using(metric, kind), f"no {kind or ''} panel for {metric}"
+
+
+def test_grafana_provisioning_points_at_the_dashboard():
+    ds = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "calmon.yaml").read_text())
+    (source,) = ds["datasources"]
+    ds_var = dashboard()["templating"]["list"][0]
+    assert source["type"] == "prometheus" and source["uid"] == ds_var["current"]["value"]
+    prov = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "calmon.yaml").read_text())
+    assert prov["providers"][0]["options"]["path"] == "/var/lib/grafana/dashboards/calmon"
+    compose = (DEPLOY / "compose.yaml").read_text()
+    assert "./grafana/dashboards:/var/lib/grafana/dashboards/calmon" in compose
+
+
+# ------------------------------------------------------------------------ Kubernetes, compose, systemd
+
+
+def k8s_docs() -> list[dict]:
+    docs = []
+    for f in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        docs.extend(d for d in yaml.safe_load_all(f.read_text()) if d)
+    return docs
+
+
+def test_kubernetes_manifests_are_consistent():
+    docs = k8s_docs()
+    kinds = {d["kind"]: d for d in docs}
+    assert {"Deployment", "Service", "ConfigMap", "PrometheusRule", "ServiceMonitor"} <= set(kinds)
+    for d in docs:
+        assert d["apiVersion"] and d["metadata"]["name"], d
+    # the PrometheusRule carries exactly the shipped rules
+    assert kinds["PrometheusRule"]["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    dep, svc, mon = kinds["Deployment"], kinds["Service"], kinds["ServiceMonitor"]
+    pod = dep["spec"]["template"]
+    assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    assert svc["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    port_names = {p["name"] for p in svc["spec"]["ports"]}
+    assert {e["port"] for e in mon["spec"]["endpoints"]} <= port_names
+    assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    (container,) = pod["spec"]["containers"]
+    probes = {container["readinessProbe"]["httpGet"]["path"], container["livenessProbe"]["httpGet"]["path"]}
+    assert probes == {"/readyz", "/healthz"}
+    cfg = yaml.safe_load(kinds["ConfigMap"]["data"]["calmon.yaml"])
+    assert cfg["exporter"]["address"] == "0.0.0.0"
+    assert cfg["exporter"]["port"] == container["ports"][0]["containerPort"]
+
+
+def test_compose_and_systemd_reference_existing_files():
+    compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
+    services = compose["services"]
+    assert {"calmon", "kafka", "prometheus", "alertmanager", "grafana"} <= set(services)
+    for svc in services.values():
+        for vol in svc.get("volumes", []):
+            src = vol.split(":")[0]
+            if src.startswith("."):
+                assert (DEPLOY / src).exists(), f"compose volume source missing: {src}"
+    build = services["calmon"]["build"]
+    context = (DEPLOY / build["context"]).resolve()
+    assert context == REPO and (context / build["dockerfile"]).is_file()
+    dockerfile = (context / build["dockerfile"]).read_text()
+    for src in re.findall(r"^COPY (?!--from)(.+) \S+$", dockerfile, re.M):
+        for item in src.split():
+            assert (REPO / item).exists(), f"Dockerfile copies missing {item}"
+    unit = (DEPLOY / "systemd" / "calmon.service").read_text()
+    assert re.search(r"^ExecStart=.*calmon run -c ", unit, re.M)
+    assert "KillSignal=SIGTERM" in unit and "[Install]" in unit
+
+
+def test_shipped_agent_configurations_validate(tmp_path):
+    """The compose and Kubernetes agent configurations pass the agent's validation, alert rules included."""
+    from calmon.alerts import validate_rules
+    from calmon.config import load_config
+
+    kinds = {d["kind"]: d for d in k8s_docs()}
+    k8s_cfg = tmp_path / "calmon.yaml"
+    k8s_cfg.write_text(kinds["ConfigMap"]["data"]["calmon.yaml"])
+    for path in (DEPLOY / "calmon.compose.yaml", k8s_cfg):
+        cfg = load_config(path, env={})
+        rules = validate_rules(cfg.alerts.rules, path="alerts.rules")
+        assert rules and rules[0].kind == "test_rejected"
+        assert cfg.exporter.port == 9464 and cfg.exporter.address == "0.0.0.0"
+
+
+def test_dashboard_json_is_the_generator_output():
+    res = run([sys.executable, str(DEPLOY / "grafana" / "generate_dashboard.py")])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == DASHBOARD.read_text(), "run: python deploy/grafana/generate_dashboard.py --write"

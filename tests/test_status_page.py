@@ -1,0 +1,215 @@
+"""Status page: rendered from a synthetic snapshot built from simulated data, checked as HTML
+(self-contained, escaped, bars equal to the reliability statistics computed independently here),
+then loaded in headless Chromium for DOM assertions and a screenshot saved under artifacts/."""
+
+from __future__ import annotations
+
+import html.parser
+import math
+import os
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _deploy_helpers import ARTIFACTS, require_binary
+
+from calmon.statuspage import PAD_TOP, SIZE, reliability_svg, render
+
+EVIL = '<script>alert("x")</script>&co'
+
+
+def reliability(z: np.ndarray, y: np.ndarray, bins: int = 20) -> list[dict]:
+    """Reliability bins by a direct loop (independent of the agent's grid code)."""
+    out = []
+    for i in range(bins):
+        lo, hi = i / bins, (i + 1) / bins
+        mask = (z >= lo) & ((z < hi) if i < bins - 1 else (z <= hi))
+        k = int(mask.sum())
+        out.append({"bin": lo, "hi": hi, "events": k,
+                    "mean_score": float(z[mask].mean()) if k else None,
+                    "mean_outcome": float(y[mask].mean()) if k else None})
+    return out
+
+
+def snapshot() -> dict:
+    rng = np.random.default_rng(3)
+    evaluations = []
+    for model, shift in (("fraud", 0.0), ("churn", 0.15), (EVIL, -0.1)):
+        for window, n in (("1h", 2000), ("24h", 20000)):
+            z = rng.beta(2, 3, size=n)
+            y = (rng.random(n) < np.clip(z + shift, 0, 1)).astype(float)
+            rel = reliability(z, y)
+            ece = sum(b["events"] * abs(b["mean_score"] - b["mean_outcome"]) for b in rel if b["events"]) / n
+            evaluations.append({
+                "model": model, "segment": "all", "window": window, "n": n,
+                "metrics": {"ece": ece, "accuracy": float(y.mean()), "mean_confidence": float(z.mean()),
+                            "smce": ece / 2, "ece_l2_debiased": float("nan")},
+                "reliability": rel,
+                "tests": {"tcal": {"statistic": ece ** 2, "p_value": 0.5 if shift == 0 else 1e-4,
+                                   "decision": "calibrated" if shift == 0 else "miscalibrated",
+                                   "method": "tcal"},
+                          "smce": {"statistic": ece / 2, "p_value": None, "decision": "insufficient data",
+                                   "method": "smce"}},
+            })
+    evaluations.append({"model": "fraud", "segment": 'eu "west"', "window": "1h", "n": 0, "metrics": {},
+                        "reliability": [{"bin": i / 20, "hi": (i + 1) / 20, "events": 0, "mean_score": None,
+                                         "mean_outcome": None} for i in range(20)], "tests": {}})
+    alerts = [
+        {"alert": "CalibrationDrift", "model": "churn", "segment": "all", "window": "1h",
+         "severity": "critical", "state": "firing", "since": 1.7e9, "value": 1e-4},
+        {"alert": "CalibrationDrift", "model": EVIL, "segment": "all", "window": "24h", "severity": "warning",
+         "state": "pending", "since": 1.7e9 + 60, "value": 1e-4},
+        {"alert": "EceHigh", "model": "fraud", "segment": "all", "window": "24h", "severity": "warning",
+         "state": "resolved", "since": 1.7e9 + 120, "value": 0.01},
+    ]
+    calibrators = {"churn": {"method": "temperature", "version": 3, "published_at": 1.7e9,
+                             "evaluation": {"ece_before": 0.15, "ece_after": 0.02, "n": 20000}}}
+    return {"generated_at": 1.7e9 + 180, "version": "0.1.0", "evaluations": evaluations, "alerts": alerts,
+            "calibrators": calibrators}
+
+
+class Collector(html.parser.HTMLParser):
+    """Elements as (tag, attrs) plus all text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+    def handle_startendtag(self, tag, attrs):
+        self.elements.append((tag, dict(attrs)))
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+    def find(self, tag: str, **attrs: str) -> list[dict[str, str]]:
+        def ok(a: dict[str, str]) -> bool:
+            return all((v in a.get("class", "").split()) if k == "class_" else a.get(k) == v
+                       for k, v in attrs.items())
+
+        return [a for t, a in self.elements if t == tag and ok(a)]
+
+
+def parse(page: str) -> Collector:
+    c = Collector()
+    c.feed(page)
+    return c
+
+
+def check_dom(dom: Collector, snap: dict) -> None:
+    evs = snap["evaluations"]
+    assert not dom.find("script") and not dom.find("link") and not dom.find("iframe") and not dom.find("img")
+    for _, attrs in dom.elements:  # nothing is fetched from anywhere
+        for k in ("src", "href"):
+            assert k not in attrs, attrs
+    assert len(dom.find("svg", class_="reliability-svg")) == len(evs)
+    figures = dom.find("figure", class_="reliability")
+    assert [(f["data-model"], f["data-segment"], f["data-window"]) for f in figures] == sorted(
+        [(e["model"], e["segment"], e["window"]) for e in evs],
+        key=lambda k: (k[0], k[1] != "all", k[1], k[2]))
+    text = "".join(dom.text)
+    assert EVIL in text  # shown as text, not markup
+    assert len(dom.find("section", class_="model")) == 3
+    assert [r["data-state"] for r in dom.find("tr", class_="alert")] == ["firing", "pending", "resolved"]
+    assert len(dom.find("tr", class_="calibrator")) == 1
+    # every populated bin is a bar whose height is the observed frequency
+    bars = dom.find("rect", class_="bar")
+    order = sorted(evs, key=lambda e: (e["model"], e["segment"] != "all", e["segment"], e["window"]))
+    expected = [b for e in order for b in e["reliability"] if b["events"]]
+    assert len(bars) == len(expected) > 0
+    for bar, b in zip(bars, expected):
+        assert bar["data-bin"] == f"{b['bin']:.2f}" and int(bar["data-events"]) == b["events"]
+        assert float(bar["height"]) / SIZE == pytest.approx(b["mean_outcome"], abs=2e-5)
+        assert (float(bar["y"]) - PAD_TOP) / SIZE == pytest.approx(1 - b["mean_outcome"], abs=2e-5)
+    dom_tests = dom.find("tr", class_="test")
+    assert len(dom_tests) == 2 * (len(evs) - 1)
+
+
+def test_render_is_self_contained_escaped_and_faithful():
+    snap = snapshot()
+    page = render(snap)
+    assert page.startswith("<!DOCTYPE html>") and page.endswith("</html>")
+    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert 'data-segment="eu &quot;west&quot;"' in page
+    check_dom(parse(page), snap)
+    assert 'content="60"' in page and 'http-equiv="refresh"' not in render(snap, refresh=None)
+
+
+def test_render_edge_cases():
+    empty = render({})
+    assert "no evaluation yet" in empty and "no alerts" in empty and "no calibrator published" in empty
+    with pytest.raises(ValueError, match="snapshot"):
+        render([])  # type: ignore[arg-type]
+    # non-finite and out-of-range values do not break the SVG
+    svg = reliability_svg([
+        {"bin": 0.0, "hi": 0.5, "mean_score": float("nan"), "mean_outcome": 1.5, "events": 3},
+        {"bin": 0.5, "hi": 1.0, "mean_score": 0.7, "mean_outcome": None, "events": 3}])
+    dom = parse(svg)
+    (bar,) = dom.find("rect", class_="bar")
+    assert float(bar["height"]) == pytest.approx(SIZE) and not dom.find("circle")
+    assert all(math.isfinite(float(v)) for _, a in dom.elements for k, v in a.items()
+               if k in ("x", "y", "width", "height", "cx", "cy"))
+
+
+def chromium_args(user_dir: str) -> list[str]:
+    return [require_binary("chromium", "chromium-browser"), "--headless", "--no-sandbox", "--disable-gpu",
+            "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", f"--user-data-dir={user_dir}",
+            "--hide-scrollbars"]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.mark.integration
+def test_status_page_in_headless_chromium(tmp_path):
+    snap = snapshot()
+    page_path = tmp_path / "status.html"
+    page_path.write_text(render(snap, refresh=None), encoding="utf-8")
+    url = page_path.as_uri()
+    env = {**os.environ, "HOME": str(tmp_path)}
+    with tempfile.TemporaryDirectory() as user_dir:
+        res = subprocess.run([*chromium_args(user_dir), "--dump-dom", url], capture_output=True, text=True,
+                             timeout=90, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    dom = parse(res.stdout)
+    assert dom.find("title") and "calmon status" in "".join(dom.text)
+    check_dom(dom, snap)  # the browser's DOM agrees with the snapshot: nothing injected, nothing lost
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / "status_page.png"
+    shot.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory() as user_dir:
+        res = subprocess.run([*chromium_args(user_dir), "--window-size=1300,1800", f"--screenshot={shot}",
+                              url], capture_output=True, text=True, timeout=90, env=env)
+    assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
+    assert png_size(shot) == (1300, 1800)
+    # a blank or unstyled page compresses to a few kB; the diagrams and tables do not
+    assert shot.stat().st_size > 30_000, shot.stat().st_size
+
+
+def test_render_accepts_the_agents_shapes():
+    """The agent's snapshot: RFC 3339 generated_at, calibrators with before/after error dicts."""
+    page = render({"generated_at": "2026-11-21T23:00:00Z", "version": "0.1.0", "evaluations": [],
+                   "alerts": [{"alert": "A", "model": "m", "segment": "all", "window": "1h",
+                               "severity": "info", "state": "firing", "since": 0.0, "value": None,
+                               "started_at": 0.0}],
+                   "calibrators": {"m": {"model": "m", "method": "platt", "version": 2,
+                                         "before": {"ece": 0.12, "nll": 0.7},
+                                         "after": {"ece": 0.01, "nll": 0.6},
+                                         "reason": None}}})
+    dom = parse(page)
+    assert "generated 2026-11-21T23:00:00Z" in "".join(dom.text)
+    (row,) = dom.find("tr", class_="calibrator")
+    text = "".join(dom.text)
+    assert "ece before = 0.12" in text and "ece after = 0.01" in text and "platt" in text
+    assert [r["data-state"] for r in dom.find("tr", class_="alert")] == ["firing"]
