@@ -21,7 +21,9 @@ from calmon.stats.grid import ScoreGrid
 
 DECISIONS = ("calibrated", "miscalibrated", "insufficient data")
 #: Modules that register the built-in testers when imported.
-BUILTIN_MODULES: tuple[str, ...] = ()
+BUILTIN_MODULES: tuple[str, ...] = (
+    "calmon.algorithms.tcal", "calmon.algorithms.smooth", "calmon.algorithms.ldtc", "calmon.algorithms.multiclass_lp",
+)
 
 
 @dataclass

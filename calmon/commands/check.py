@@ -27,6 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws")
     p.add_argument("--bins", type=int, default=4096, help="cells of the fine grid (power of two)")
     p.add_argument("--reliability-bins", type=int, default=15, help="bins of the reliability diagram")
+    p.add_argument("--test-param", action="append", default=[], metavar="TEST.KEY=VALUE",
+                   help="tester option, e.g. lp.eps=0.05 or ldtc.grid_points=101 (repeatable)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="skip invalid JSONL events (counted by reason) instead of stopping at the first")
     p.set_defaults(func=run)
@@ -61,9 +63,31 @@ def report(ds: Dataset, args: argparse.Namespace) -> dict[str, Any]:
     if names:
         data = CalibrationData(n=ds.n, grid=stats.fine, z=ds.z, y=ds.y, probs=ds.probs, labels=ds.labels,
                                levelset=None, raw_is_complete=True)
-        doc["tests"] = {name: run_tester(name, data, alpha=args.alpha, mc=args.mc, seed=args.seed)
+        params = parse_test_params(args.test_param, names)
+        doc["tests"] = {name: run_tester(name, data, alpha=args.alpha, mc=args.mc, seed=args.seed, **params[name])
                         for name in names}
     return doc
+
+
+def parse_test_params(items: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
+    """``["lp.eps=0.05", "tcal.method=grid"]`` -> ``{"lp": {"eps": 0.05}, "tcal": {"method": "grid"}}``.
+
+    Values are read as JSON when they parse (numbers, true/false, null), else kept as strings.
+    """
+    out: dict[str, dict[str, Any]] = {n: {} for n in names}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        test, dot, opt = key.partition(".")
+        if not sep or not dot or not opt:
+            raise ValueError(f"--test-param {item!r}: expected TEST.KEY=VALUE")
+        if test not in out:
+            raise ValueError(f"--test-param {item!r}: test {test!r} is not among --tests {','.join(names) or '(none)'}")
+        try:
+            value: Any = json.loads(raw)
+        except ValueError:
+            value = raw
+        out[test][opt] = value
+    return out
 
 
 def _pct(x: float | None) -> str:
