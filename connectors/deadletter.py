@@ -9,6 +9,11 @@ When the raw bytes are not valid UTF-8 the line carries ``"record": "<base64>"``
 the file's size; the agent stores it in the checkpoint together with the statistics and the source
 positions, and on restart :meth:`FileDeadLetterSink.seek` truncates the file back to that size, so
 the records re-read after the restart are not written twice.
+
+The file is appended to, so a process that starts without a checkpoint must checkpoint the
+sink's :meth:`~FileDeadLetterSink.position` (its baseline) before it writes any dead letter:
+otherwise the lines flushed by a run killed before its first checkpoint stay in the file and the
+next run, which re-reads the same records from the start, appends them a second time.
 """
 
 from __future__ import annotations

@@ -140,3 +140,30 @@ def test_with_source_and_decoder(tmp_path: Path) -> None:
     assert [r["record"] for r in rows] == [lines[1], lines[2], lines[3], lines[5]]
     assert all(r["source"] == "in" for r in rows)
     assert len(dec.models["m"]) == 2
+
+
+def test_killed_before_first_checkpoint_restarts_from_baseline(tmp_path: Path) -> None:
+    """A run that flushed dead letters but died before its first periodic checkpoint: the next run
+    restores the baseline checkpointed at the fresh start and truncates them instead of appending."""
+    from calmon.checkpoint import CheckpointStore
+
+    p = tmp_path / "dead.jsonl"
+    store = CheckpointStore(tmp_path / "state")
+
+    def start() -> FileDeadLetterSink:
+        sink = FileDeadLetterSink(p, buffer_bytes=0)
+        doc = store.load()
+        if doc is None:
+            store.save({"dl": sink.position()})  # the baseline, before anything is written
+        else:
+            sink.seek(doc["dl"])
+        return sink
+
+    sink = start()
+    sink.write([b"a", b"b"], ["not_json"] * 2, "s")  # flushed (buffer_bytes=0), never checkpointed
+    os.close(sink._fd)  # killed
+    sink._fd = None
+    sink = start()
+    sink.write([b"a", b"b"], ["not_json"] * 2, "s")
+    sink.close()
+    assert [r["record"] for r in read_lines(p)] == ["a", "b"]

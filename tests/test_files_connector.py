@@ -456,6 +456,11 @@ if doc is not None:
     count, total = doc["count"], doc["total"]
     src.seek(doc["pos"])
     sink.seek(doc["dl"])
+else:
+    # a fresh start checkpoints its baseline before writing anything: a run killed before its first
+    # periodic checkpoint leaves dead letters behind, which the next run must truncate, not append to
+    store.save({"count": 0, "total": 0, "pos": src.position(), "dl": sink.position()})
+print("ready", flush=True)
 k = 0
 while (b := src.read(997)) is not None:
     bad = [i for i, r in enumerate(b.records) if not r.startswith(b'{"i":')]
@@ -464,7 +469,7 @@ while (b := src.read(997)) is not None:
     count += len(good)
     total += sum(int(r[5:-1]) for r in good)
     k += 1
-    time.sleep(0.01)  # a pass takes ~1.2 s, so the random kills land mid-stream on any machine
+    time.sleep(0.02)  # a pass takes > 2.4 s: more than 5 kills of at most 0.4 s each
     if k % 7 == 0:
         store.save({"count": count, "total": total, "pos": b.position, "dl": sink.position()})
 store.save({"count": count, "total": total, "pos": src.position(), "dl": sink.position()})
@@ -496,7 +501,11 @@ def test_sigkill_resume_with_checkpoint_and_dead_letters(tmp_path: Path) -> None
         proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(inp), str(state)], stdout=subprocess.PIPE,
                                 env=env)
         if kills < 10:
-            time.sleep(rng.uniform(0.2, 0.6))
+            # time the kill from the end of the worker's start-up (imports, checkpoint load, seeks), which
+            # takes anywhere from 0.1 s to over 1 s depending on the machine's load
+            assert proc.stdout is not None
+            proc.stdout.readline()
+            time.sleep(rng.uniform(0.1, 0.4))
             if proc.poll() is None:
                 proc.send_signal(signal.SIGKILL)
                 kills += 1
