@@ -1,0 +1,411 @@
+"""Lower distance to calibration (LDTC, dCE) by linear programming, and the tolerant tester of Theorem 4.
+
+For a distribution on ``V x {0, 1}`` with ``V`` finite (raw distinct scores, or the centres of a
+grid's cells) and a grid ``U`` of candidate calibrated predictions containing 0 and 1, the
+U-restricted LDTC is the transport-type LP of Lemma 16::
+
+    min  sum |u - v| Pi(u, v, y)   over Pi >= 0
+    s.t. sum_u Pi(u, v, y) = D(v, y)                          for every (v, y) with D(v, y) > 0
+         (1 - u) sum_v Pi(u, v, 1) = u sum_v Pi(u, v, 0)      for every u in U
+
+solved with scipy's HiGHS.  Error bounds relative to the raw empirical dCE:
+
+* grid: ``dCE <= dCE^U <= dCE + s`` with ``s`` the largest gap of ``U`` (Lemma 15, read conservatively:
+  an s-spaced grid is an s/2-cover);
+* binning: moving every score to its cell centre moves dCE by at most ``h/2`` (``h = 1/bins``), because
+  dCE is 1-Lipschitz under moving ``v`` with ``y`` fixed.
+
+So ``dCE(raw) in [dCE^U - s - h/2, dCE^U + h/2]``.
+
+References
+----------
+Hu, Tian, Yang. Testing Calibration in Subquadratic Time (2024): Definition 1 (LDTC), Definition 7
+(U-LDTC), Lemma 15 (grid error), Lemma 16/17 (the LP), Theorem 4 (tolerant tester).  Blasiok,
+Gopalan, Hu, Nakkiran (STOC 2023), Lemma 7.6 and 7.11.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import sparse
+from scipy.optimize import linprog
+
+from calmon.stats.grid import ScoreGrid
+from calmon.testers import CalibrationData, register_tester
+
+__all__ = ["u_grid", "ldtc_lp", "ldtc_dual_value", "ldtc", "ldtc_grid", "ldtc_tolerant", "ldtc_tester"]
+
+#: Largest LP accepted (number of variables 2 |V| |U| after dropping empty (v, y) pairs).
+MAX_VARIABLES = 3_000_000
+
+
+def u_grid(points: int = 101) -> np.ndarray:
+    """Equally spaced grid on [0, 1] containing 0 and 1.
+
+    Parameters
+    ----------
+    points
+        Number of grid points (at least 2).
+
+    Returns
+    -------
+    numpy.ndarray
+        ``linspace(0, 1, points)``.
+
+    Examples
+    --------
+    >>> u_grid(5).tolist()
+    [0.0, 0.25, 0.5, 0.75, 1.0]
+    """
+    if int(points) != points or points < 2:
+        raise ValueError(f"the u-grid needs at least 2 points (0 and 1), got {points!r}")
+    return np.linspace(0.0, 1.0, int(points))
+
+
+def ldtc_lp(v: Any, n1: Any, n0: Any, u: Any = None, *, return_dual: bool = False) -> dict[str, Any]:
+    """U-restricted lower distance to calibration of weighted points by the LP of Lemma 16 (HiGHS).
+
+    Parameters
+    ----------
+    v
+        Scores in [0, 1] (distinct or not).
+    n1, n0
+        Number (or mass) of outcomes 1 and 0 at each score.
+    u
+        Grid of calibrated predictions; must contain 0 and 1 (default ``u_grid(101)``).
+    return_dual
+        Also return the dual multipliers of the calibration rows (``lambda_u``), which certify the
+        value: ``sum_v D(v,1) min_u(|u-v| - (1-u) l_u) + D(v,0) min_u(|u-v| + u l_u)`` equals it.
+
+    Returns
+    -------
+    dict
+        ``value`` (dCE^U), ``grid_error`` (largest gap of U), ``u``, ``mass_u`` (marginal of u),
+        ``mean_y_u`` (E[y | u], equal to u where mass_u > 0), and ``dual`` when asked.
+
+    Examples
+    --------
+    >>> round(ldtc_lp([0.3], [6], [4], u_grid(11))["value"], 6)   # one score 0.3 with 60 % positives
+    0.3
+    >>> round(ldtc_lp([0.2, 0.8], [2, 8], [8, 2])["value"], 6)     # calibrated
+    0.0
+    """
+    v = np.asarray(v, dtype=np.float64).ravel()
+    n1 = np.asarray(n1, dtype=np.float64).ravel()
+    n0 = np.asarray(n0, dtype=np.float64).ravel()
+    u = u_grid(101) if u is None else np.unique(np.asarray(u, dtype=np.float64).ravel())
+    if not (v.shape == n1.shape == n0.shape) or v.size == 0:
+        raise ValueError(f"v, n1, n0 must be non-empty and of equal length, got {v.size}, {n1.size}, "
+                         f"{n0.size}")
+    if not (np.all(np.isfinite(v)) and v.min() >= 0.0 and v.max() <= 1.0):
+        raise ValueError("scores must be finite and lie in [0, 1]")
+    if np.any(n1 < 0) or np.any(n0 < 0) or not np.isfinite(n1.sum() + n0.sum()) or n1.sum() + n0.sum() <= 0:
+        raise ValueError("outcome counts must be non-negative, finite and not all zero")
+    if u.size < 2 or u[0] != 0.0 or u[-1] != 1.0 or u.min() < 0.0 or u.max() > 1.0:
+        raise ValueError("the u-grid must lie in [0, 1] and contain both 0 and 1 "
+                         "(else the LP can be infeasible)")
+    total = n1.sum() + n0.sum()
+    pv = np.concatenate([v, v])
+    py = np.concatenate([np.ones(v.size), np.zeros(v.size)])
+    pm = np.concatenate([n1, n0]) / total
+    keep = pm > 0
+    pv, py, pm = pv[keep], py[keep], pm[keep]
+    npair, m = pv.size, u.size
+    if npair * m > MAX_VARIABLES:
+        raise ValueError(f"LP too large: {npair} (v, y) pairs x {m} grid points > {MAX_VARIABLES} variables; "
+                         "bin the data or use a coarser u-grid")
+    cost = np.abs(u[None, :] - pv[:, None]).ravel()
+    cols = np.arange(npair * m)
+    pair_of = np.repeat(np.arange(npair), m)
+    u_of = np.tile(np.arange(m), npair)
+    coef = np.where(py[pair_of] == 1.0, 1.0 - u[u_of], -u[u_of])
+    a_eq = sparse.csr_matrix((np.concatenate([np.ones(cols.size), coef]),
+                              (np.concatenate([pair_of, npair + u_of]), np.concatenate([cols, cols]))),
+                             shape=(npair + m, npair * m))
+    b_eq = np.concatenate([pm, np.zeros(m)])
+    # HiGHS' simplex takes 0.2-4 s on 256 x 101 depending on the data; the interior-point method
+    # (with crossover to a vertex) takes a steady ~0.5 s, so it is used for the larger LPs
+    method = "highs-ipm" if cost.size > 20_000 else "highs"
+    res = linprog(cost, A_eq=a_eq, b_eq=b_eq, bounds=(0.0, None), method=method)
+    if res.status != 0:
+        raise RuntimeError(f"HiGHS failed on the LDTC LP: {res.message}")
+    pi = np.asarray(res.x).reshape(npair, m)
+    mass_u = pi.sum(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ysum = (pi * py[:, None]).sum(axis=0)
+        mean_y = np.where(mass_u > 1e-12, ysum / np.where(mass_u > 0, mass_u, 1), np.nan)
+    out: dict[str, Any] = {"value": max(0.0, float(res.fun)), "grid_error": float(np.max(np.diff(u))), "u": u,
+                           "mass_u": mass_u, "mean_y_u": mean_y}
+    if return_dual:
+        out["dual"] = np.asarray(res.eqlin.marginals)[npair:]
+    return out
+
+
+def ldtc_dual_value(v: Any, n1: Any, n0: Any, u: Any, lam: Any) -> float:
+    """Value of the LP dual of Lemma 16 at multipliers ``lam`` (a lower bound on dCE^U for any ``lam``).
+
+    ``sum_v D(v,1) min_u(|u - v| - (1 - u) lam_u) + D(v,0) min_u(|u - v| + u lam_u)``.
+
+    Parameters
+    ----------
+    v, n1, n0, u
+        As in :func:`ldtc_lp`.
+    lam
+        One multiplier per grid point.
+
+    Returns
+    -------
+    float
+        Dual objective (weak duality: <= dCE^U; equal at an optimal ``lam``).
+
+    Examples
+    --------
+    >>> round(ldtc_dual_value([0.3], [6], [4], u_grid(11), np.zeros(11)), 6)   # lam = 0 gives 0
+    0.0
+    """
+    v = np.asarray(v, dtype=np.float64).ravel()
+    n1 = np.asarray(n1, dtype=np.float64).ravel()
+    n0 = np.asarray(n0, dtype=np.float64).ravel()
+    u = np.asarray(u, dtype=np.float64).ravel()
+    lam = np.asarray(lam, dtype=np.float64).ravel()
+    dist = np.abs(u[None, :] - v[:, None])
+    phi1 = (dist - (1.0 - u)[None, :] * lam[None, :]).min(axis=1)
+    phi0 = (dist + u[None, :] * lam[None, :]).min(axis=1)
+    total = n1.sum() + n0.sum()
+    return float((n1 * phi1 + n0 * phi0).sum() / total)
+
+
+def ldtc(z: Any, y: Any, u: Any = None) -> dict[str, Any]:
+    """U-restricted LDTC of raw samples (no binning; one point per distinct score).
+
+    Parameters
+    ----------
+    z
+        Scores in [0, 1].
+    y
+        Outcomes in {0, 1}.
+    u
+        Grid containing 0 and 1 (default ``u_grid(101)``).
+
+    Returns
+    -------
+    dict
+        As :func:`ldtc_lp`, plus ``bounds`` ``[value - grid_error, value]`` on the empirical dCE.
+
+    Examples
+    --------
+    >>> res = ldtc([0.1, 0.1, 0.9, 0.9], [0, 0, 1, 1], u_grid(11))   # under-confident
+    >>> round(res["value"], 6)
+    0.08
+    """
+    z = np.asarray(z, dtype=np.float64).ravel()
+    y = np.asarray(y, dtype=np.float64).ravel()
+    if z.shape != y.shape or z.size == 0:
+        raise ValueError(f"scores and outcomes must be non-empty and of equal length, "
+                         f"got {z.size} and {y.size}")
+    if not np.all((y == 0.0) | (y == 1.0)):
+        raise ValueError("outcomes must be 0 or 1")
+    vu, inv = np.unique(z, return_inverse=True)
+    n1 = np.bincount(inv, weights=y, minlength=vu.size)
+    n0 = np.bincount(inv, minlength=vu.size) - n1
+    out = ldtc_lp(vu, n1, n0, u)
+    out["bounds"] = [max(0.0, out["value"] - out["grid_error"]), out["value"]]
+    return out
+
+
+def ldtc_grid(grid: ScoreGrid, bins: int = 256, u: Any = None) -> dict[str, Any]:
+    """LDTC from binned statistics: cells (coarsened to ``bins``) at their centres, LP by HiGHS.
+
+    Parameters
+    ----------
+    grid
+        Single-channel :class:`ScoreGrid`.
+    bins
+        Number of cells for the LP (must divide ``grid.bins``; default 256).
+    u
+        Grid containing 0 and 1 (default ``u_grid(101)``).
+
+    Returns
+    -------
+    dict
+        ``value`` (dCE^U of the binned data), ``grid_error``, ``binning_error`` (h/2),
+        ``bounds`` ``[value - grid_error - h/2, value + h/2]`` on the raw empirical dCE, ``estimate``
+        (centre of the bounds) and ``error_bound`` (their half-width), ``bins``, ``n``.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> z = rng.random(4000); y = (rng.random(4000) < z).astype(float)
+    >>> g = ScoreGrid(4096); g.update(z, y)
+    >>> res = ldtc_grid(g, bins=64, u=u_grid(21))
+    >>> res["bounds"][0] <= ldtc(z, y, u_grid(21))["value"] <= res["bounds"][1] + 0.05
+    True
+    """
+    if not isinstance(grid, ScoreGrid) or grid.channels is not None:
+        raise ValueError("ldtc_grid needs a single-channel ScoreGrid")
+    if grid.count == 0:
+        raise ValueError("the grid holds no events")
+    if bins < grid.bins:
+        grid = grid.coarsen(bins)
+    n = grid.n
+    keep = n > 0
+    n1 = np.clip(grid.sum_y[keep], 0.0, None)
+    n0 = np.clip(n[keep] - grid.sum_y[keep], 0.0, None)
+    out = ldtc_lp(grid.centers[keep], n1, n0, u)
+    h2 = 0.5 / grid.bins
+    lo = max(0.0, out["value"] - out["grid_error"] - h2)
+    hi = out["value"] + h2
+    out.update({"binning_error": h2, "bounds": [lo, hi], "estimate": 0.5 * (lo + hi),
+                "error_bound": 0.5 * (hi - lo), "bins": grid.bins, "n": int(n.sum())})
+    return out
+
+
+def ldtc_tolerant(beta: float, n: int, eps1: float, eps2: float = 0.0, C: float = 36.0,
+                  error_bound: float = 0.0) -> dict[str, Any]:
+    """Decision of the (eps1, eps2)-tolerant tester of Theorem 4 from a dCE estimate ``beta``.
+
+    ``alpha = eps1 - eps2``; "calibrated" iff ``beta <= eps2 + alpha/2``.  Needs ``eps1 > eps2``,
+    ``n >= C / alpha^2`` and an estimation error (grid + binning) of at most ``alpha/3``; otherwise
+    "insufficient data".  ``C`` is not given by the paper; 36 makes ``alpha/6 >= 1/sqrt(n)``.
+
+    Parameters
+    ----------
+    beta
+        dCE estimate.
+    n
+        Number of samples.
+    eps1, eps2
+        Far / close thresholds, ``0 <= eps2 < eps1 <= 1``.
+    C
+        Sample-size constant.
+    error_bound
+        Half-width of the deterministic error of ``beta``.
+
+    Returns
+    -------
+    dict
+        ``decision``, ``threshold``, ``alpha``, ``n_required``.
+
+    Examples
+    --------
+    >>> ldtc_tolerant(0.01, 100000, eps1=0.05)["decision"]
+    'calibrated'
+    >>> ldtc_tolerant(0.04, 100000, eps1=0.05)["decision"]
+    'miscalibrated'
+
+    References
+    ----------
+    Hu, Tian, Yang (2024), Theorem 4.
+    """
+    if not 0.0 <= eps2 < eps1 <= 1.0:
+        raise ValueError(f"Theorem 4 needs 0 <= eps2 < eps1 <= 1, got eps1={eps1}, eps2={eps2}")
+    if C <= 0:
+        raise ValueError(f"C must be positive, got {C}")
+    alpha_t = eps1 - eps2
+    threshold = eps2 + alpha_t / 2.0
+    n_req = int(math.ceil(C / alpha_t**2 - 1e-9))
+    if n < n_req or error_bound > alpha_t / 3.0:
+        decision = "insufficient data"
+    else:
+        decision = "calibrated" if beta <= threshold else "miscalibrated"
+    return {"decision": decision, "threshold": threshold, "alpha": alpha_t, "n_required": n_req}
+
+
+def _resolution(alpha_t: float, fine_bins: int, min_bins: int, max_bins: int, grid_points: int,
+                max_grid: int) -> tuple[int, int]:
+    """LP resolution for Theorem 4: u-grid of >= 6/alpha points (s/2 <= alpha/12), cells with h/2 <= alpha/6.
+
+    The total error bound ``s/2 + h/2`` then stays below ``alpha/4 < alpha/3`` (capped by the maxima).
+    """
+    m = min(max(grid_points, int(math.ceil(6.0 / alpha_t)) + 1), max_grid)
+    b = min_bins
+    while b < max_bins and 0.5 / b > alpha_t / 6.0 and fine_bins % (2 * b) == 0:
+        b *= 2
+    return min(b, fine_bins), m
+
+
+@register_tester("ldtc")
+def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
+                eps1: float | None = None, eps2: float = 0.0, C: float = 36.0, bins: int = 256,
+                max_bins: int = 1024, grid_points: int = 101, max_grid: int = 401, min_eps1: float = 0.05,
+                min_n: int = 20) -> dict[str, Any]:
+    """Registered tester ``ldtc``: dCE by LP on binned data and the tolerant rule of Theorem 4.
+
+    Raw data are first binned on a 4096-cell grid (or the data's own grid is used), then coarsened
+    to ``bins`` cells (more if Theorem 4's resolution needs it, up to ``max_bins``).  Without ``eps1``
+    the tester uses ``eps2 = 0`` and ``eps1 = max(sqrt(C/n), min_eps1)``: the smallest gap this
+    sample can resolve.  No p-value (``alpha``, ``mc`` and ``rng`` are unused).
+
+    Parameters
+    ----------
+    data
+        :class:`~calmon.testers.CalibrationData` with a grid and/or raw data.
+    alpha, mc, rng
+        Registry interface (unused).
+    eps1, eps2, C
+        Theorem 4 parameters.
+    bins, max_bins
+        LP cells (powers of two dividing the fine grid).
+    grid_points, max_grid
+        u-grid size: at least ``grid_points`` and ``6/(eps1 - eps2) + 1``, at most ``max_grid``.
+    min_eps1
+        Floor for the default ``eps1``.
+    min_n
+        Fewer events give "insufficient data".
+
+    Returns
+    -------
+    dict
+        ``statistic`` (= ``estimate``), ``value`` (dCE^U of the binned data), ``bounds``, ``error_bound``,
+        ``threshold``, ``p_value`` (None), ``decision``, ``method``, ``eps1``, ``eps2``, ``bins``,
+        ``u_points``.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(4)
+    >>> z = rng.random(20000); y = (rng.random(20000) < z).astype(float)
+    >>> res = ldtc_tester(CalibrationData(n=20000, z=z, y=y, raw_is_complete=True), alpha=0.05, mc=0, rng=rng)
+    >>> res["decision"]
+    'calibrated'
+    """
+    grid = data.grid
+    if data.z is not None and data.y is not None and (data.raw_is_complete or grid is None):
+        z = np.asarray(data.z, dtype=np.float64).ravel()
+        y = np.asarray(data.y, dtype=np.float64).ravel()
+        if z.shape != y.shape:
+            raise ValueError("raw scores and outcomes differ in length")
+        bad_z = z.size and (not np.all(np.isfinite(z)) or z.min() < 0 or z.max() > 1)
+        if bad_z or not np.all((y == 0) | (y == 1)):
+            raise ValueError("scores must lie in [0, 1] and outcomes in {0, 1}")
+        grid = ScoreGrid(4096)
+        grid.update(z, y)
+        source = "raw"
+    elif grid is not None:
+        if grid.channels is not None:
+            raise ValueError("the ldtc tester needs a single-channel grid")
+        source = f"grid{grid.bins}"
+    else:
+        raise ValueError("the ldtc tester needs raw scores/outcomes or a ScoreGrid")
+    n = grid.count
+    out: dict[str, Any] = {"method": "ldtc", "p_value": None, "n": int(n), "source": source}
+    if eps1 is None:
+        eps2 = 0.0
+        eps1 = min(1.0, max(math.sqrt(C / max(n, 1)), min_eps1))
+    if not 0.0 <= eps2 < eps1 <= 1.0:
+        raise ValueError(f"Theorem 4 needs 0 <= eps2 < eps1 <= 1, got eps1={eps1}, eps2={eps2}")
+    if n < min_n:
+        out.update({"statistic": None, "value": None, "bounds": None, "threshold": eps2 + (eps1 - eps2) / 2,
+                    "decision": "insufficient data", "eps1": eps1, "eps2": eps2})
+        return out
+    b, m = _resolution(eps1 - eps2, grid.bins, bins, max_bins, grid_points, max_grid)
+    res = ldtc_grid(grid, bins=b, u=u_grid(m))
+    tol = ldtc_tolerant(res["estimate"], n, eps1, eps2, C, error_bound=res["error_bound"])
+    out.update({"statistic": res["estimate"], "value": res["value"], "estimate": res["estimate"],
+                "bounds": res["bounds"], "error_bound": res["error_bound"], "grid_error": res["grid_error"],
+                "binning_error": res["binning_error"], "threshold": tol["threshold"],
+                "decision": tol["decision"], "eps1": eps1, "eps2": eps2, "n_required": tol["n_required"],
+                "bins": res["bins"], "u_points": m, "rule": "theorem4"})
+    return out
