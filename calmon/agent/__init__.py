@@ -1,0 +1,1 @@
+"""The long-running agent: join, event-time windows, scheduler and runtime (``calmon run``)."""

@@ -1,0 +1,256 @@
+"""Event-time buckets in a tiered ring; sliding windows as sums of buckets.
+
+A :class:`TieredRing` keeps mergeable statistics (anything with ``merge(other)``, e.g.
+:class:`~calmon.stats.model.ModelStats` or :class:`~calmon.stats.grid.ScoreGrid`) in
+buckets of event time.  Tiers go from fine to coarse, e.g. ``[(300, 12), (3600, 24),
+(86400, 7)]``: the last hour in 5-minute buckets, the day before in hours, the week before
+in days.  As the watermark (newest event time) advances, a bucket that leaves its tier is
+merged into the enclosing bucket of the next tier (each width is a multiple of the previous
+one, so buckets nest exactly); leaving the last tier it is merged into the *archive*, so the
+``all`` window (everything since the state began) is still a sum.
+
+Given watermark ``W`` and tiers ``(w_i, c_i)``: tier 0 holds the buckets starting in
+``[lo_0, cur]`` with ``cur = floor(W / w_0) w_0`` and ``lo_0 = cur - (c_0 - 1) w_0``; tier
+``i > 0`` holds the buckets starting in ``[lo_i, lo_{i-1})`` with ``lo_i = floor(lo_{i-1} /
+w_i) w_i - c_i w_i``.  Where a bucket lives is a function of the final watermark only, so
+the state does not depend on how the stream was cut into batches.
+
+A window of length ``L`` is the sum of the buckets starting at or after ``cur + w_0 - L``:
+exact at the tier-0 granularity while ``L`` lies within tier 0, and otherwise at most one
+bucket of the coarser tier shorter than ``L`` (never older data than ``L``).
+
+Memory: at most ``sum(c_i) + len(tiers)`` buckets plus the archive exist (only buckets that
+received events are allocated).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+
+
+class Mergeable(Protocol):
+    def merge(self, other: Any) -> None: ...
+
+
+S = TypeVar("S", bound=Mergeable)
+
+
+class TieredRing(Generic[S]):
+    """Tiered ring of event-time buckets of mergeable statistics.
+
+    Parameters
+    ----------
+    tiers
+        ``[(width_seconds, count), ...]`` finest first; each width a multiple of the previous.
+    factory
+        Creates an empty state.
+    archive
+        Keep what leaves the last tier in an archive state (for the ``all`` window).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from calmon.stats.grid import ScoreGrid
+    >>> ring = TieredRing([(60, 2), (600, 1)], lambda: ScoreGrid(4))
+    >>> ts = np.array([0.0, 30.0, 61.0, 1300.0, 1301.0])
+    >>> ring.add(ts, lambda g, i: g.update(np.full(i.size, 0.5), np.ones(i.size)))
+    >>> ring.window_sum(120).count, ring.window_sum(1200).count, ring.window_sum(None).count
+    (2, 2, 5)
+    >>> ring.layout()
+    [[1260.0], [], 'archive']
+    """
+
+    def __init__(self, tiers: Iterable[tuple[float, int]], factory: Callable[[], S], archive: bool = True) -> None:
+        self.tiers = [(float(w), int(c)) for w, c in tiers]
+        if not self.tiers:
+            raise ValueError("need at least one tier")
+        for i, (w, c) in enumerate(self.tiers):
+            if not w > 0 or c < 1:
+                raise ValueError(f"tier {i}: width must be > 0 and count >= 1, got ({w}, {c})")
+            if i and (w / self.tiers[i - 1][0]) % 1 != 0:
+                raise ValueError(f"tier {i}: width {w} is not a multiple of {self.tiers[i - 1][0]}")
+        self.factory = factory
+        self.keep_archive = archive
+        self.buckets: list[dict[float, S]] = [{} for _ in self.tiers]
+        self.archive: S | None = None
+        self.watermark = -math.inf
+
+    # -- geometry ----------------------------------------------------------------------------
+    def bounds(self, watermark: float | None = None) -> list[float]:
+        """Lower bucket start ``lo_i`` of each tier at ``watermark`` (default: the current one)."""
+        wm = self.watermark if watermark is None else watermark
+        w0, c0 = self.tiers[0]
+        lo = math.floor(wm / w0) * w0 - (c0 - 1) * w0
+        out = [lo]
+        for w, c in self.tiers[1:]:
+            lo = math.floor(lo / w) * w - c * w
+            out.append(lo)
+        return out
+
+    def _target(self, key: float, tier: int, bounds: list[float]) -> tuple[int, float]:
+        """Tier and bucket start where a bucket (``key``, ``tier``) belongs under ``bounds``."""
+        while tier < len(self.tiers) and key < bounds[tier]:
+            tier += 1
+            if tier < len(self.tiers):
+                w = self.tiers[tier][0]
+                key = math.floor(key / w) * w
+        return tier, key
+
+    def _put(self, tier: int, key: float, state: S) -> None:
+        if tier >= len(self.tiers):
+            if self.keep_archive:
+                if self.archive is None:
+                    self.archive = state
+                else:
+                    self.archive.merge(state)
+            return
+        have = self.buckets[tier].get(key)
+        if have is None:
+            self.buckets[tier][key] = state
+        else:
+            have.merge(state)
+
+    def advance(self, watermark: float) -> None:
+        """Move the watermark forward (never back) and roll buckets into coarser tiers."""
+        if not watermark > self.watermark:
+            return
+        self.watermark = float(watermark)
+        bounds = self.bounds()
+        for tier in range(len(self.tiers)):
+            stale = sorted(k for k in self.buckets[tier] if k < bounds[tier])
+            for key in stale:
+                state = self.buckets[tier].pop(key)
+                t, k = self._target(key, tier, bounds)
+                self._put(t, k, state)
+
+    # -- updates ----------------------------------------------------------------------------
+    def add(self, ts: np.ndarray, update: Callable[[S, np.ndarray], None], watermark: float | None = None) -> None:
+        """Add events at times ``ts``: ``update(state, indices)`` is called once per bucket touched.
+
+        Parameters
+        ----------
+        ts
+            Event times (finite), shape ``(n,)``.
+        update
+            Adds the events ``indices`` (into ``ts``) to ``state``, e.g.
+            ``lambda s, i: s.update(score=z[i], labels=y[i])``.
+        watermark
+            Watermark after these events (default ``max(ts)``); the ring rolls to it first.
+        """
+        ts = np.asarray(ts, dtype=np.float64)
+        if ts.size == 0:
+            return
+        self.advance(float(ts.max()) if watermark is None else max(watermark, float(ts.max())))
+        bounds = self.bounds()
+        tier = np.full(ts.size, len(self.tiers), dtype=np.int64)
+        key = np.zeros(ts.size)
+        for i in range(len(self.tiers) - 1, -1, -1):
+            k = np.floor(ts / self.tiers[i][0]) * self.tiers[i][0]
+            ok = k >= bounds[i]
+            tier[ok] = i
+            key[ok] = k[ok]
+        # one integer code per (tier, bucket): bucket starts are multiples of the finest width
+        code = tier * (1 << 42) + np.floor(key / self.tiers[0][0] + 0.5).astype(np.int64)
+        lo, hi = int(code.min()), int(code.max())
+        if lo == hi:  # fast path: a single bucket
+            groups = [(int(tier[0]), float(key[0]), np.arange(ts.size))]
+        else:
+            uniq, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+            order = np.argsort(inverse, kind="stable")
+            splits = np.cumsum(np.bincount(inverse, minlength=uniq.size))[:-1]
+            groups = [(int(tier[f]), float(key[f]), idx) for f, idx in zip(first, np.split(order, splits))]
+        for t, k, idx in groups:
+            if t >= len(self.tiers):
+                if not self.keep_archive:
+                    continue
+                if self.archive is None:
+                    self.archive = self.factory()
+                update(self.archive, idx)
+                continue
+            state = self.buckets[t].get(k)
+            if state is None:
+                state = self.buckets[t][k] = self.factory()
+            update(state, idx)
+
+    # -- reading ------------------------------------------------------------------------------
+    def iter_newest_first(self) -> list[tuple[float, float, S]]:
+        """``(start, width, state)`` of every bucket, newest first."""
+        out = []
+        for (w, _), tier in zip(self.tiers, self.buckets):
+            out.extend((k, w, s) for k, s in tier.items())
+        out.sort(key=lambda x: -x[0])
+        return out
+
+    def window_sums(self, lengths: dict[str, float | None], watermark: float | None = None) -> dict[str, S]:
+        """Sum of the buckets of each window (``None`` = everything including the archive), in one pass.
+
+        Parameters
+        ----------
+        lengths
+            Window name -> length in seconds, or ``None`` for ``all``.
+        watermark
+            Where the windows end (default: the ring's own watermark); the ring is not rolled.
+
+        Returns
+        -------
+        dict
+            Window name -> a new state (the ring is not modified).
+        """
+        wm = self.watermark if watermark is None else max(watermark, self.watermark)
+        cur = math.floor(wm / self.tiers[0][0]) * self.tiers[0][0] if wm > -math.inf else 0.0
+        todo = sorted(lengths.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
+        buckets = self.iter_newest_first()
+        acc = self.factory()
+        pos = 0
+        out: dict[str, S] = {}
+        for name, length in todo:
+            cutoff = -math.inf if length is None else cur + self.tiers[0][0] - length
+            while pos < len(buckets) and buckets[pos][0] >= cutoff:
+                acc.merge(buckets[pos][2])
+                pos += 1
+            if length is None and self.archive is not None:
+                acc.merge(self.archive)
+            out[name] = _copy(acc)
+        return out
+
+    def window_sum(self, length: float | None) -> S:
+        """Sum of the buckets of one window of ``length`` seconds (``None`` = all)."""
+        return self.window_sums({"w": length})["w"]
+
+    def layout(self) -> list[Any]:
+        """Bucket starts per tier (and ``'archive'`` when present), for inspection and tests."""
+        out: list[Any] = [sorted(t) for t in self.buckets]
+        if self.archive is not None:
+            out.append("archive")
+        return out
+
+    def bucket_count(self) -> int:
+        return sum(len(t) for t in self.buckets) + (self.archive is not None)
+
+    # -- serialisation ------------------------------------------------------------------------
+    def to_dict(self, dump: Callable[[S], Any]) -> dict[str, Any]:
+        return {"tiers": [list(t) for t in self.tiers],
+                "watermark": None if self.watermark == -math.inf else self.watermark,
+                "buckets": [[[k, dump(s)] for k, s in sorted(t.items())] for t in self.buckets],
+                "archive": None if self.archive is None else dump(self.archive)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], factory: Callable[[], S], load: Callable[[Any], S],
+                  archive: bool = True) -> TieredRing[S]:
+        ring: TieredRing[S] = cls([(w, c) for w, c in d["tiers"]], factory, archive)
+        ring.watermark = -math.inf if d["watermark"] is None else float(d["watermark"])
+        ring.buckets = [{float(k): load(s) for k, s in tier} for tier in d["buckets"]]
+        ring.archive = None if d["archive"] is None else load(d["archive"])
+        return ring
+
+
+def _copy(state: Any) -> Any:
+    if hasattr(state, "copy") and not hasattr(state, "reservoir"):
+        return state.copy()
+    import copy
+
+    return copy.deepcopy(state)

@@ -1,0 +1,90 @@
+"""``calmon run -c FILE``: the long-running agent.
+
+Exit codes: 0 after a clean stop (SIGTERM/SIGINT, or every source exhausted with
+``--exit-when-done``), 2 with one line on stderr for a bad configuration (naming the key
+path and the reason) or a startup failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+from calmon.config import ConfigError, load_config
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="run the monitoring agent with a YAML configuration",
+                       description="Run the agent: ingest events, keep windowed statistics, evaluate on a "
+                                   "schedule, serve /metrics. Environment variables CALMON__SECTION__KEY "
+                                   "override configuration values.")
+    p.add_argument("-c", "--config", required=True, help="YAML configuration file (see config/calmon.example.yaml)")
+    p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
+    p.add_argument("--exit-when-done", action="store_true",
+                   help="stop after a final evaluation and checkpoint when every source is exhausted")
+    p.add_argument("--port", type=int, default=None, help="override exporter.port")
+    p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.set_defaults(func=run)
+
+
+def install_signal_handlers(agent: Any) -> None:
+    """SIGTERM and SIGINT stop the agent after its current batch (then it checkpoints and exits)."""
+    def handler(signum: int, frame: Any) -> None:
+        logging.getLogger("calmon.agent").info("signal %d: stopping", signum)
+        agent.stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=getattr(logging, args.log_level), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(args.config)
+        if args.port is not None:
+            if not 0 <= args.port <= 65535:
+                raise ConfigError("exporter.port", f"must be an integer in [0, 65535], got {args.port}")
+            cfg.exporter.port = args.port
+    except ConfigError as exc:
+        print(f"calmon run: configuration error: {exc}", file=sys.stderr)
+        return 2
+    if args.exit_when_done:
+        cfg.ingest.exit_when_done = True
+    if args.check_config:
+        import json
+
+        print(json.dumps(cfg.to_dict(), indent=2, default=str))
+        return 0
+    from calmon.agent.runtime import Agent, StartupError
+
+    try:
+        agent = Agent(cfg)
+    except ConfigError as exc:
+        print(f"calmon run: configuration error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        agent.open()
+    except (StartupError, ValueError, OSError) as exc:
+        print(f"calmon run: cannot start: {exc}", file=sys.stderr)
+        agent.close()
+        return 2
+    install_signal_handlers(agent)
+    if agent.http is not None:
+        print(f"calmon run: serving {agent.http.url}/metrics", file=sys.stderr, flush=True)
+    return agent.run()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Standalone entry point (``python -m calmon.commands.run``), same as ``calmon run``."""
+    parser = argparse.ArgumentParser(prog="calmon")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["run", *(sys.argv[1:] if argv is None else argv)])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

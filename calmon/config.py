@@ -1,0 +1,608 @@
+"""Agent configuration: a YAML document validated against a typed schema, with environment overrides.
+
+Every section is a dataclass; :func:`load_config` reads YAML, substitutes ``${VAR}`` /
+``${VAR:-default}`` in strings, applies ``CALMON__SECTION__KEY=value`` environment overrides
+(``__`` separates the key path; list items by index, e.g. ``CALMON__SOURCES__0__PATH``;
+values are parsed as YAML scalars), and builds the dataclasses.  Any unknown key or bad value
+raises :class:`ConfigError` whose message starts with the key path, e.g.
+``exporter.port: must be an integer in [0, 65535], got 'http'`` -- ``calmon run`` prints that
+line and exits with status 2.
+
+Durations are numbers of seconds or strings like ``"250ms"``, ``"30s"``, ``"5m"``, ``"1h"``,
+``"7d"``.  See ``config/calmon.example.yaml`` for every field with its meaning.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+ENV_PREFIX = "CALMON__"
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d|w)?\s*$")
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``str(err)`` is ``"<key.path>: <reason>"``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path or "<root>"
+        self.reason = reason
+        super().__init__(f"{self.path}: {reason}")
+
+
+class Duration(float):
+    """Seconds, parsed from a number or a string such as ``"5m"`` (marker type for the schema)."""
+
+
+def parse_duration(value: Any, path: str = "") -> float:
+    """Seconds in ``value`` (a non-negative number or ``"<number><ms|s|m|h|d|w>"``).
+
+    Parameters
+    ----------
+    value
+        Number of seconds or a string with a unit.
+    path
+        Key path for the error message.
+
+    Returns
+    -------
+    float
+        The duration in seconds.
+
+    Examples
+    --------
+    >>> parse_duration("5m"), parse_duration(90), parse_duration("1.5h")
+    (300.0, 90.0, 5400.0)
+    """
+    if isinstance(value, bool):
+        raise ConfigError(path, f"must be a duration like 30s, 5m, 1h, 7d, got {value!r}")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str) and (m := _DURATION.match(value)):
+        seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    else:
+        raise ConfigError(path, f"must be a duration like 30s, 5m, 1h, 7d, got {value!r}")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise ConfigError(path, f"must be a finite non-negative duration, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    """Shortest exact label for a duration (``3600 -> "1h"``), used for window names.
+
+    Examples
+    --------
+    >>> format_duration(3600), format_duration(300), format_duration(90)
+    ('1h', '5m', '90s')
+    """
+    for unit, size in (("w", 604800), ("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def _check(cond: bool, path: str, reason: str) -> None:
+    if not cond:
+        raise ConfigError(path, reason)
+
+
+# --------------------------------------------------------------------------------------------- schema
+@dataclass
+class SourceConfig:
+    """One input: ``type: file`` (JSONL/CSV file or directory), ``kafka`` or ``simulate`` (the demo's)."""
+
+    name: str = "events"
+    type: Literal["file", "kafka", "simulate"] = "file"
+    path: str | None = None
+    format: Literal["auto", "jsonl", "csv"] = "auto"
+    follow: bool = False
+    #: Extra keyword arguments for the connector's constructor (e.g. Kafka ``bootstrap_servers``, ``topics``).
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, path: str) -> None:
+        _check(bool(re.fullmatch(r"[A-Za-z0-9_.:-]+", self.name)), f"{path}.name",
+               f"must be a non-empty name of letters, digits, _ . : -, got {self.name!r}")
+        if self.type == "file":
+            _check(bool(self.path), f"{path}.path", "is required for a file source")
+
+
+@dataclass
+class DeadLetterConfig:
+    """Where rejected records go (with their reason): a JSONL file, a Kafka topic, or nowhere."""
+
+    type: Literal["file", "kafka", "none"] = "file"
+    #: File path; relative paths are resolved against ``state_dir``.
+    path: str = "deadletter.jsonl"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModelConfig:
+    """Statistics kept per model (and per allow-listed segment)."""
+
+    #: Number of classes (2 = binary ``score``); ``None`` = take it from the first event.
+    classes: int | None = None
+    #: Cells of the fine score grid (a power of two; every dyadic scale below is exact).
+    bins: int = 1024
+    #: Uniform sample kept per time bucket for testers that need raw vectors.
+    reservoir: int = 256
+    #: Level-set resolution lambda for the multiclass l_p statistics (``None`` = off).
+    levelset_lambda: int | None = None
+    #: Segment values that get their own windows (others count only in segment "all").
+    segments: list[str] = field(default_factory=list)
+
+    def validate(self, path: str) -> None:
+        _check(self.classes is None or 2 <= self.classes <= 1000, f"{path}.classes",
+               f"must be null or an integer in [2, 1000], got {self.classes!r}")
+        _check(self.bins >= 16 and self.bins & (self.bins - 1) == 0 and self.bins <= 2**16, f"{path}.bins",
+               f"must be a power of two in [16, 65536], got {self.bins!r}")
+        _check(0 <= self.reservoir <= 1_000_000, f"{path}.reservoir",
+               f"must be in [0, 1e6], got {self.reservoir}")
+        _check(self.levelset_lambda is None or self.levelset_lambda >= 1, f"{path}.levelset_lambda",
+               f"must be null or a positive integer, got {self.levelset_lambda!r}")
+        _check(len(set(self.segments)) == len(self.segments), f"{path}.segments", "has duplicate values")
+        _check("all" not in self.segments, f"{path}.segments", "'all' is reserved for the whole stream")
+
+
+@dataclass
+class LimitsConfig:
+    """Cardinality caps: events beyond them are rejected with a reason (``too_many_models``...)."""
+
+    max_models: int = 50
+    max_segments: int = 20
+
+    def validate(self, path: str) -> None:
+        _check(1 <= self.max_models <= 10_000, f"{path}.max_models",
+               f"must be in [1, 10000], got {self.max_models}")
+        _check(1 <= self.max_segments <= 10_000, f"{path}.max_segments",
+               f"must be in [1, 10000], got {self.max_segments}")
+
+
+@dataclass
+class JoinConfig:
+    """Predictions wait for their outcome by id."""
+
+    #: Event-time TTL: a prediction older than (newest event time - ttl) expires.
+    ttl: Duration = Duration(3600.0)
+    #: Memory bound on pending predictions per model (the oldest are evicted as expired).
+    max_pending: int = 1_000_000
+
+    def validate(self, path: str) -> None:
+        _check(self.ttl > 0, f"{path}.ttl", "must be positive")
+        _check(self.max_pending >= 1, f"{path}.max_pending", f"must be >= 1, got {self.max_pending}")
+
+
+@dataclass
+class TierConfig:
+    """``count`` buckets of ``width`` seconds; each tier's width is a multiple of the previous one."""
+
+    width: Duration = Duration(300.0)
+    count: int = 12
+
+
+@dataclass
+class WindowsConfig:
+    """Event-time buckets and the sliding windows summed from them."""
+
+    #: Window lengths to evaluate and export (``all`` = everything since the state began).
+    names: list[str] = field(default_factory=lambda: ["1h", "24h", "7d", "all"])
+    #: Events older than (newest event time - allowed_lateness) are dropped and counted.
+    allowed_lateness: Duration = Duration(7 * 86400.0)
+    #: Ring of buckets, finest first; older data is merged into coarser buckets.
+    tiers: list[TierConfig] = field(default_factory=lambda: [
+        TierConfig(Duration(300.0), 12), TierConfig(Duration(3600.0), 24), TierConfig(Duration(86400.0), 7)])
+
+    def validate(self, path: str) -> None:
+        _check(len(self.tiers) >= 1, f"{path}.tiers", "needs at least one tier")
+        prev = None
+        for i, t in enumerate(self.tiers):
+            _check(t.width > 0, f"{path}.tiers.{i}.width", "must be positive")
+            _check(t.count >= 1, f"{path}.tiers.{i}.count", f"must be >= 1, got {t.count}")
+            if prev is not None:
+                ratio = t.width / prev.width
+                _check(ratio >= 1 and abs(ratio - round(ratio)) < 1e-9, f"{path}.tiers.{i}.width",
+                       f"must be a multiple of the previous tier's width {prev.width:g}s, got {t.width:g}s")
+            prev = t
+        _check(len(self.names) >= 1, f"{path}.names", "needs at least one window")
+        _check(len(set(self.names)) == len(self.names), f"{path}.names", "has duplicates")
+        span = self.span
+        for i, name in enumerate(self.names):
+            if name == "all":
+                continue
+            seconds = parse_duration(name, f"{path}.names.{i}")
+            _check(0 < seconds <= span, f"{path}.names.{i}",
+                   f"window {name!r} must be positive and at most the tiers' span {format_duration(span)}")
+
+    @property
+    def span(self) -> float:
+        """Seconds of event time the ring holds."""
+        return sum(t.width * t.count for t in self.tiers)
+
+    def window_seconds(self) -> dict[str, float | None]:
+        """Window name -> length in seconds (``None`` for ``all``)."""
+        return {n: None if n == "all" else parse_duration(n) for n in self.names}
+
+
+@dataclass
+class TesterConfig:
+    """One tester from the registry (:mod:`calmon.testers`) with extra keyword parameters."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    name: str = "tcal"
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EvaluationConfig:
+    """The scheduler: every ``every`` seconds evaluate each (model, segment, window)."""
+
+    every: Duration = Duration(60.0)
+    #: Time budget of one round; testers left when it is spent are skipped (counted as an overrun).
+    budget: Duration = Duration(30.0)
+    alpha: float = 0.05
+    mc: int = 1000
+    seed: int = 0
+    #: Windows with fewer events report the metrics but not the testers ("insufficient data").
+    min_events: int = 100
+    #: Bins of the exported reliability diagram (labels ``bin="0.00"``...).
+    reliability_bins: int = 20
+    tests: list[TesterConfig] = field(default_factory=lambda: [TesterConfig("tcal"), TesterConfig("smce"),
+                                                             TesterConfig("ldtc")])
+
+    def validate(self, path: str) -> None:
+        _check(self.every > 0, f"{path}.every", "must be positive")
+        _check(self.budget > 0, f"{path}.budget", "must be positive")
+        _check(0 < self.alpha < 1, f"{path}.alpha", f"must lie in (0, 1), got {self.alpha}")
+        _check(self.mc >= 1, f"{path}.mc", f"must be >= 1, got {self.mc}")
+        _check(self.min_events >= 0, f"{path}.min_events", "must be >= 0")
+        _check(self.reliability_bins in (5, 10, 20, 25, 50), f"{path}.reliability_bins",
+               f"must be one of 5, 10, 20, 25, 50, got {self.reliability_bins}")
+        names = [t.name for t in self.tests]
+        _check(len(set(names)) == len(names), f"{path}.tests", "has duplicate tester names")
+
+
+@dataclass
+class TLSConfig:
+    cert_file: str = ""
+    key_file: str = ""
+    #: CA bundle to require client certificates (mutual TLS); empty = no client certificates.
+    client_ca_file: str = ""
+
+    def validate(self, path: str) -> None:
+        _check(bool(self.cert_file) == bool(self.key_file), path, "cert_file and key_file go together")
+        for key in ("cert_file", "key_file", "client_ca_file"):
+            value = getattr(self, key)
+            _check(not value or Path(value).is_file(), f"{path}.{key}", f"file not found: {value}")
+
+
+@dataclass
+class BasicAuthConfig:
+    username: str = ""
+    password: str = ""
+    #: Read the password from this file instead (e.g. a Kubernetes secret mount).
+    password_file: str = ""
+
+    def validate(self, path: str) -> None:
+        _check(not (self.password and self.password_file), path, "give password or password_file, not both")
+        if self.password_file:
+            _check(Path(self.password_file).is_file(), f"{path}.password_file",
+                   f"file not found: {self.password_file}")
+        _check(bool(self.username) == bool(self.password or self.password_file), path,
+               "username and a password (or password_file) go together")
+
+    def resolved_password(self) -> str:
+        if self.password_file:
+            return Path(self.password_file).read_text().strip()
+        return self.password
+
+
+@dataclass
+class ExporterConfig:
+    """HTTP endpoint: /metrics (Prometheus), /healthz, /readyz, / (status page), /api/status (JSON)."""
+
+    enabled: bool = True
+    address: str = "127.0.0.1"
+    port: int = 9464
+    tls: TLSConfig = field(default_factory=TLSConfig)
+    basic_auth: BasicAuthConfig = field(default_factory=BasicAuthConfig)
+
+    def validate(self, path: str) -> None:
+        _check(0 <= self.port <= 65535, f"{path}.port", f"must be an integer in [0, 65535], got {self.port}")
+
+
+@dataclass
+class CheckpointConfig:
+    enabled: bool = True
+    every: Duration = Duration(30.0)
+
+    def validate(self, path: str) -> None:
+        _check(self.every > 0, f"{path}.every", "must be positive")
+
+
+@dataclass
+class IngestConfig:
+    #: Records per read (one decode + bin pass per batch).
+    batch_size: int = 65536
+    poll_timeout: Duration = Duration(0.2)
+    #: Stop (after a final evaluation and checkpoint) when every source is exhausted.
+    exit_when_done: bool = False
+
+    def validate(self, path: str) -> None:
+        _check(1 <= self.batch_size <= 10_000_000, f"{path}.batch_size",
+               f"must be in [1, 1e7], got {self.batch_size}")
+
+
+@dataclass
+class AlertsConfig:
+    """Alert rules for :mod:`calmon.alerts` (format defined there), evaluated after each round."""
+
+    enabled: bool = True
+    rules: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
+class RecalibrationConfig:
+    """Scheduled recalibration refresh (:mod:`calmon.calibration.refresh`)."""
+
+    enabled: bool = False
+    every: Duration = Duration(3600.0)
+    #: Window whose statistics the calibrators are fitted on.
+    window: str = "24h"
+    methods: list[str] = field(default_factory=lambda: ["temperature"])
+    #: Passed through to the refresh module (publisher, store directory...).
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Config:
+    """The whole agent configuration (see ``config/calmon.example.yaml``)."""
+
+    state_dir: str = "./calmon-state"
+    sources: list[SourceConfig] = field(default_factory=list)
+    dead_letter: DeadLetterConfig = field(default_factory=DeadLetterConfig)
+    #: Per-model settings; the key ``default`` applies to models discovered in the stream.
+    models: dict[str, ModelConfig] = field(default_factory=dict)
+    #: Accept models that are not listed under ``models`` (up to ``limits.max_models``).
+    accept_unknown_models: bool = True
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+    join: JoinConfig = field(default_factory=JoinConfig)
+    windows: WindowsConfig = field(default_factory=WindowsConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    exporter: ExporterConfig = field(default_factory=ExporterConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ingest: IngestConfig = field(default_factory=IngestConfig)
+    alerts: AlertsConfig = field(default_factory=AlertsConfig)
+    recalibration: RecalibrationConfig = field(default_factory=RecalibrationConfig)
+
+    def validate(self, path: str) -> None:
+        _check(len(self.sources) >= 1, "sources", "needs at least one source")
+        names = [s.name for s in self.sources]
+        _check(len(set(names)) == len(names), "sources", f"source names must be unique, got {names}")
+        for name in self.models:
+            _check(bool(re.fullmatch(r"[A-Za-z0-9_.:/-]+", name)), f"models.{name}",
+                   "model names are [A-Za-z0-9_.:/-]+")
+        if self.recalibration.enabled:
+            _check(self.recalibration.window in self.windows.names, "recalibration.window",
+                   f"must be one of windows.names {self.windows.names}, got {self.recalibration.window!r}")
+        _check(self.windows.allowed_lateness >= self.join.ttl, "windows.allowed_lateness",
+               f"must be >= join.ttl ({format_duration(self.join.ttl)}): joined events can be that late")
+
+    def model(self, name: str) -> ModelConfig:
+        """Settings of model ``name`` (its own entry, else ``default``)."""
+        return self.models.get(name) or self.models.get("default") or ModelConfig()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# --------------------------------------------------------------------------------------------- building
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _build(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _build(inner[0], value, path)
+    if origin is Literal:
+        _check(value in args, path, f"must be one of {', '.join(map(str, args))}, got {value!r}")
+        return value
+    if tp is Duration:
+        return Duration(parse_duration(value, path))
+    if tp is bool:
+        _check(isinstance(value, bool), path, f"must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        _check(isinstance(value, int) and not isinstance(value, bool), path,
+               f"must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        _check(isinstance(value, int | float) and not isinstance(value, bool), path,
+               f"must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        _check(isinstance(value, str | int | float) and not isinstance(value, bool), path,
+               f"must be a string, got {value!r}")
+        return str(value)
+    if tp is Any:
+        return value
+    if origin is list:
+        _check(isinstance(value, list), path, f"must be a list, got {type(value).__name__}")
+        return [_build(args[0], v, f"{path}.{i}") for i, v in enumerate(value)]
+    if origin is dict:
+        _check(isinstance(value, dict), path, f"must be a mapping, got {type(value).__name__}")
+        return {str(k): _build(args[1], v, f"{path}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        if tp is TesterConfig and isinstance(value, str):
+            value = {"name": value}
+        if tp is TierConfig and isinstance(value, list) and len(value) == 2:
+            value = {"width": value[0], "count": value[1]}
+        if value is None:
+            value = {}
+        _check(isinstance(value, dict), path, f"must be a mapping, got {type(value).__name__}")
+        hints = typing.get_type_hints(tp)
+        known = {f.name for f in dataclasses.fields(tp)}
+        for key in value:
+            if key not in known:
+                where = f"{path}.{key}" if path else str(key)
+                raise ConfigError(where, f"unknown key (known keys: {', '.join(sorted(known))})")
+        kwargs = {k: _build(hints[k], v, f"{path}.{k}" if path else k) for k, v in value.items()}
+        obj = tp(**kwargs)
+        if hasattr(obj, "validate"):
+            obj.validate(path)
+        return obj
+    raise ConfigError(path, f"unsupported schema type {_type_name(tp)}")  # pragma: no cover
+
+
+def _substitute(value: Any, env: typing.Mapping[str, str], path: str) -> Any:
+    if isinstance(value, str):
+        def repl(m: re.Match[str]) -> str:
+            if m.group(1) in env:
+                return env[m.group(1)]
+            if m.group(2) is not None:
+                return m.group(2)
+            raise ConfigError(path, f"environment variable {m.group(1)} is not set")
+        return _ENV_REF.sub(repl, value)
+    if isinstance(value, list):
+        return [_substitute(v, env, f"{path}.{i}") for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        return {k: _substitute(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
+    return value
+
+
+def apply_env_overrides(doc: dict[str, Any], env: typing.Mapping[str, str]) -> dict[str, Any]:
+    """Apply ``CALMON__A__B=value`` overrides (keys lower-cased, values parsed as YAML scalars).
+
+    Examples
+    --------
+    >>> apply_env_overrides({"exporter": {"port": 1}}, {"CALMON__EXPORTER__PORT": "9100"})
+    {'exporter': {'port': 9100}}
+    """
+    for var in sorted(env):
+        if not var.startswith(ENV_PREFIX):
+            continue
+        keys = [k.lower() for k in var[len(ENV_PREFIX):].split("__")]
+        path = ".".join(keys)
+        if not all(keys):
+            raise ConfigError(path, f"bad environment override name {var}")
+        try:
+            value = yaml.safe_load(env[var]) if env[var] != "" else ""
+        except yaml.YAMLError as exc:
+            raise ConfigError(path, f"cannot parse value of {var}: {exc}") from None
+        node: Any = doc
+        for i, key in enumerate(keys[:-1]):
+            nxt_is_index = keys[i + 1].isdigit()
+            if isinstance(node, list):
+                _check(key.isdigit() and int(key) < len(node), ".".join(keys[: i + 1]),
+                       f"no list item {key} (from {var})")
+                node = node[int(key)]
+            else:
+                if key not in node or node[key] is None:
+                    node[key] = [] if nxt_is_index else {}
+                node = node[key]
+        last = keys[-1]
+        if isinstance(node, list):
+            _check(last.isdigit() and int(last) <= len(node), path, f"no list item {last} (from {var})")
+            if int(last) == len(node):
+                node.append(value)
+            else:
+                node[int(last)] = value
+        else:
+            node[last] = value
+    return doc
+
+
+def build_config(doc: dict[str, Any] | None, env: typing.Mapping[str, str] | None = None,
+                 base_dir: str | Path | None = None) -> Config:
+    """Validate a configuration document (already parsed YAML) and return a :class:`Config`.
+
+    Parameters
+    ----------
+    doc
+        Parsed YAML mapping (``None`` = empty).
+    env
+        Environment for ``${VAR}`` substitution and ``CALMON__...`` overrides (default ``os.environ``).
+    base_dir
+        Directory against which relative ``state_dir`` and source paths are resolved (default: cwd).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        Naming the key path and the reason.
+
+    Examples
+    --------
+    >>> cfg = build_config({"sources": [{"path": "events.jsonl"}], "exporter": {"port": 9100}}, env={})
+    >>> cfg.exporter.port, cfg.sources[0].type, cfg.windows.names[-1]
+    (9100, 'file', 'all')
+    >>> try:
+    ...     build_config({"sources": [{"path": "x"}], "exporter": {"prot": 1}}, env={})
+    ... except ConfigError as err:
+    ...     print(err.path)
+    exporter.prot
+    """
+    env = os.environ if env is None else env
+    doc = {} if doc is None else doc
+    _check(isinstance(doc, dict), "", f"the configuration must be a mapping, got {type(doc).__name__}")
+    doc = _substitute(doc, env, "")
+    doc = apply_env_overrides(doc, env)
+    cfg = _build(Config, doc, "")
+    if base_dir is not None:
+        base = Path(base_dir)
+        cfg.state_dir = str(base / cfg.state_dir) if not Path(cfg.state_dir).is_absolute() else cfg.state_dir
+        for s in cfg.sources:
+            if s.path and not Path(s.path).is_absolute():
+                s.path = str(base / s.path)
+    return cfg
+
+
+def load_config(path: str | Path, env: typing.Mapping[str, str] | None = None) -> Config:
+    """Read, override and validate the YAML file ``path`` (relative paths resolve against its directory).
+
+    Parameters
+    ----------
+    path
+        YAML file.
+    env
+        Environment (default ``os.environ``).
+
+    Returns
+    -------
+    Config
+
+    Raises
+    ------
+    ConfigError
+        For a missing/unreadable file, bad YAML, an unknown key or a bad value.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as exc:
+        raise ConfigError(str(path), f"cannot read configuration: {exc.strerror or exc}") from None
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(str(path), f"invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+    return build_config(doc, env=env, base_dir=p.resolve().parent)

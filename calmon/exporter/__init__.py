@@ -1,0 +1,1 @@
+"""Exporters: Prometheus metrics and the HTTP endpoint of the agent."""

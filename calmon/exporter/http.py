@@ -1,0 +1,192 @@
+"""The agent's HTTP endpoint: /metrics, /healthz, /readyz, / (status page), /api/status (JSON).
+
+A :class:`http.server.ThreadingHTTPServer` in a daemon thread.  TLS uses the standard
+:mod:`ssl` module (server certificate, optional client-certificate verification); the TLS
+handshake runs in the request's own thread so a slow client cannot block the listener.
+Basic authentication (RFC 7617) protects every path except ``/healthz`` and ``/readyz``,
+which carry no data and must stay reachable by orchestrator probes.
+"""
+
+from __future__ import annotations
+
+import base64
+import hmac
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+OPEN_PATHS = ("/healthz", "/readyz")
+CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class Endpoints:
+    """What the server serves; each callable is invoked per request.
+
+    Parameters
+    ----------
+    metrics
+        Returns the Prometheus text exposition (bytes).
+    healthy
+        True while the agent's threads are alive.
+    ready
+        True when sources are connected and the state is loaded.
+    status
+        Returns the status snapshot (a JSON-serialisable dict).
+    status_html
+        Renders the snapshot to an HTML page.
+    """
+
+    def __init__(self, metrics: Callable[[], bytes], healthy: Callable[[], bool], ready: Callable[[], bool],
+                 status: Callable[[], dict[str, Any]], status_html: Callable[[dict[str, Any]], str]) -> None:
+        self.metrics = metrics
+        self.healthy = healthy
+        self.ready = ready
+        self.status = status
+        self.status_html = status_html
+
+
+def _handler(endpoints: Endpoints, auth: tuple[str, str] | None) -> type[BaseHTTPRequestHandler]:
+    expected = None
+    if auth is not None:
+        expected = b"Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode())
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "calmon"
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence access logs
+            return
+
+        def _send(self, code: int, body: bytes, ctype: str, extra: dict[str, str] | None = None) -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.send_header("Cache-Control", "no-store")
+            for k, v in (extra or {}).items():
+                self.send_header(k, v)
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _authorised(self) -> bool:
+            if expected is None:
+                return True
+            got = (self.headers.get("Authorization") or "").encode()
+            return hmac.compare_digest(got, expected)
+
+        def do_HEAD(self) -> None:  # noqa: N802 - http.server naming
+            self.do_GET()
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server naming
+            path = self.path.split("?", 1)[0].rstrip("/") or "/"
+            if path not in OPEN_PATHS and not self._authorised():
+                self._send(401, b"unauthorized\n", "text/plain; charset=utf-8",
+                           {"WWW-Authenticate": 'Basic realm="calmon", charset="UTF-8"'})
+                return
+            try:
+                if path == "/metrics":
+                    self._send(200, endpoints.metrics(), CONTENT_TYPE_METRICS)
+                elif path == "/healthz":
+                    ok = endpoints.healthy()
+                    self._send(200 if ok else 503, b"ok\n" if ok else b"unhealthy\n", "text/plain; charset=utf-8")
+                elif path == "/readyz":
+                    ok = endpoints.ready()
+                    self._send(200 if ok else 503, b"ready\n" if ok else b"not ready\n", "text/plain; charset=utf-8")
+                elif path == "/api/status":
+                    body = json.dumps(endpoints.status(), allow_nan=False, default=str).encode()
+                    self._send(200, body, "application/json")
+                elif path in ("/", "/index.html"):
+                    html = endpoints.status_html(endpoints.status())
+                    self._send(200, html.encode(), "text/html; charset=utf-8")
+                else:
+                    self._send(404, b"not found\n", "text/plain; charset=utf-8")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            except Exception as exc:  # noqa: BLE001 - a failing page must not kill the server
+                self._send(500, f"internal error: {type(exc).__name__}: {exc}\n".encode(), "text/plain; charset=utf-8")
+
+    return Handler
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    tls: ssl.SSLContext | None = None
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        if self.tls is not None:
+            request.settimeout(10.0)
+            try:
+                request = self.tls.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError):
+                return
+        super().finish_request(request, client_address)
+
+
+def tls_context(cert_file: str, key_file: str, client_ca_file: str = "") -> ssl.SSLContext:
+    """Server-side TLS context (TLS >= 1.2); with ``client_ca_file`` client certificates are required."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert_file, key_file)
+    if client_ca_file:
+        ctx.load_verify_locations(client_ca_file)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+class HTTPExporter:
+    """Serve :class:`Endpoints` on ``address:port`` in a background thread.
+
+    Parameters
+    ----------
+    endpoints
+        What to serve.
+    address, port
+        Listening address (``"0.0.0.0"`` for every interface) and port (0 = pick a free one).
+    tls
+        Optional server TLS context (see :func:`tls_context`).
+    basic_auth
+        Optional ``(username, password)``.
+
+    Examples
+    --------
+    >>> import urllib.request
+    >>> ep = Endpoints(lambda: b"calmon_ready 1\\n", lambda: True, lambda: True, lambda: {}, lambda s: "<html/>")
+    >>> srv = HTTPExporter(ep, "127.0.0.1", 0).start()
+    >>> urllib.request.urlopen(f"{srv.url}/metrics").read()
+    b'calmon_ready 1\\n'
+    >>> srv.stop()
+    """
+
+    def __init__(self, endpoints: Endpoints, address: str = "127.0.0.1", port: int = 9464,
+                 tls: ssl.SSLContext | None = None, basic_auth: tuple[str, str] | None = None) -> None:
+        self.tls = tls
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        server_cls = type("Server", (_Server,), {"address_family": family, "tls": tls})
+        self.server = server_cls((address, port), _handler(endpoints, basic_auth))
+        self.address = address
+        self.port = int(self.server.server_address[1])
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = self.address if self.address not in ("0.0.0.0", "::", "") else "127.0.0.1"  # noqa: S104
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    def start(self) -> HTTPExporter:
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="calmon-http", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)

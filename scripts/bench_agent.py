@@ -1,0 +1,144 @@
+"""Benchmark: replay a JSONL file of labeled events through the running agent and print a table.
+
+For each size the script writes a file of labeled events spread over the same 2 days of event
+time (so the ring holds the same buckets at every size and memory can be compared), then runs the
+agent in a fresh subprocess with the exporter serving /metrics (scraped every second by a thread)
+and the scheduler evaluating every 5 s (metrics only, or with --tests), and reports the ingestion
+rate, the statistics' memory (sum of the time buckets) and the process's peak RSS.  It also times
+the decoder alone on the same records, since decoding is the largest share of the per-event cost.
+
+    python scripts/bench_agent.py                      # 1e5 and 1e6 events
+    python scripts/bench_agent.py --sizes 1e5,1e6,1e7  # the full table (generating 1e7 takes minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+SPAN = 2 * 86400.0
+
+
+def generate(path: Path, n: int, seed: int = 0) -> None:
+    from calmon.simulate import SimulationSpec, Simulator
+
+    sim = Simulator(SimulationSpec(model="bench", seed=seed, rate=n / SPAN, segments=["web", "app", "ios"],
+                                   miscalibration="temperature:0.9"))
+    with open(path, "wb") as f:
+        done = 0
+        while done < n:
+            m = min(100_000, n - done)
+            f.write(b"\n".join(sim.batch(m)) + b"\n")
+            done += m
+
+
+def child(path: str, tests: str, bins: int) -> None:
+    """Run the agent on ``path`` in this process and print one JSON line of measurements."""
+    from calmon.agent.runtime import Agent
+    from calmon.config import build_config
+
+    state = tempfile.mkdtemp(prefix="calmon-bench-")
+    cfg = build_config({
+        "state_dir": state, "sources": [{"name": "replay", "path": path}],
+        "models": {"default": {"bins": bins, "reservoir": 256, "segments": ["web", "app"]}},
+        "evaluation": {"every": "5s", "tests": [{"name": t} for t in tests.split(",") if t]},
+        "exporter": {"port": 0}, "checkpoint": {"every": "30s"}, "ingest": {"exit_when_done": True},
+    }, env={})
+    agent = Agent(cfg)
+    agent.open()
+    stop = threading.Event()
+    scrapes = [0]
+
+    def scraper() -> None:
+        while not stop.wait(1.0):
+            urllib.request.urlopen(f"{agent.http.url}/metrics", timeout=10).read()
+            scrapes[0] += 1
+
+    threading.Thread(target=scraper, daemon=True).start()
+    t0 = time.perf_counter()
+    n = 0
+    while agent.poll_once():
+        pass
+    ingest = time.perf_counter() - t0
+    n = sum(v for (m, k), v in agent.counters["events"].items())
+    state_bytes = sum(mw.nbytes() for mw in agent.models.values())
+    buckets = sum(r.bucket_count() for mw in agent.models.values() for r in mw.rings.values())
+    t1 = time.perf_counter()
+    agent.checkpoint()
+    ck = time.perf_counter() - t1
+    stop.set()
+    agent.close()
+    print(json.dumps({"events": n, "ingest_seconds": ingest, "rate": n / ingest, "state_bytes": state_bytes,
+                      "buckets": buckets, "checkpoint_seconds": ck, "scrapes": scrapes[0],
+                      "evaluations": agent.sched_info["evaluations"],
+                      "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+def decode_rate(path: Path, m: int = 65536) -> float:
+    from calmon.events import Decoder
+
+    with open(path, "rb") as f:
+        lines = [f.readline().rstrip(b"\n") for _ in range(m)]
+    dec = Decoder()
+    best = 0.0
+    for _ in range(3):
+        t = time.perf_counter()
+        dec.decode(lines)
+        best = max(best, len(lines) / (time.perf_counter() - t))
+    return best
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="1e5,1e6", help="comma-separated event counts (default 1e5,1e6)")
+    ap.add_argument("--tests", default="", help="testers evaluated every 5 s during the replay (e.g. tcal)")
+    ap.add_argument("--bins", type=int, default=1024)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--workdir", default=None)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child, args.tests, args.bins)
+        return 0
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="calmon-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for size in [int(float(s)) for s in args.sizes.split(",")]:
+        path = work / f"labeled-{size}.jsonl"
+        if not path.exists():
+            t = time.time()
+            generate(path, size)
+            print(f"generated {size} events in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
+        out = subprocess.run([sys.executable, __file__, "--child", str(path), "--tests", args.tests,
+                              "--bins", str(args.bins)], capture_output=True, text=True, cwd=ROOT)
+        if out.returncode:
+            print(out.stderr, file=sys.stderr)
+            return 1
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        r["decode_rate"] = decode_rate(path)
+        rows.append(r)
+    load = os.getloadavg()[0]
+    print(f"\nagent replay benchmark (labeled events, bins={args.bins}, segments all+2, exporter scraped every 1 s, "
+          f"evaluation every 5 s{', tests ' + args.tests if args.tests else ''}; load average {load:.1f} on "
+          f"{os.cpu_count()} CPUs)\n")
+    print("| events | ingest s | events/s | decoder alone events/s | state MB | buckets | checkpoint s | peak RSS MB |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['events']:,} | {r['ingest_seconds']:.2f} | {r['rate']:,.0f} | {r['decode_rate']:,.0f} | "
+              f"{r['state_bytes'] / 1e6:.2f} | {r['buckets']} | {r['checkpoint_seconds']:.2f} | {r['maxrss_mb']:.0f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,136 @@
+"""The prediction/outcome join: correctness against the raw events, batch invariance, TTL, bounds, checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from calmon.agent.join import Joiner
+from calmon.events import Decoder
+from calmon.simulate import SimulationSpec, Simulator
+
+
+def run(records: list[bytes], cuts: list[int], ttl: float = 3600.0, max_pending: int = 10**6):
+    """Feed ``records`` in batches ending at ``cuts``; return the joiner and all joined pairs."""
+    dec = Decoder()
+    j = Joiner(ttl, max_pending)
+    pairs = []
+    start = 0
+    for end in [*cuts, len(records)]:
+        if end <= start:
+            continue
+        out = j.process(dec.decode(records[start:end]).models)
+        for name, jb in out.items():
+            pairs += list(zip([name] * len(jb), jb.ts.tolist(), jb.score.tolist(), jb.label.tolist()))
+        start = end
+    return j, pairs
+
+
+def ev(**kw) -> bytes:
+    return json.dumps(kw).encode()
+
+
+def simulated(n: int = 3000, delay: float = 20.0, seed: int = 0) -> list[bytes]:
+    sim = Simulator(SimulationSpec(seed=seed, delay=delay, rate=10.0))
+    return list(sim.stream(n, chunk=500))
+
+
+def test_joined_pairs_equal_the_truth_from_raw_json():
+    records = simulated()
+    truth_score, truth_label, truth_ts = {}, {}, {}
+    for r in records:
+        d = json.loads(r)
+        if d["type"] == "prediction":
+            truth_score[d["id"]] = d["score"]
+            truth_ts[d["id"]] = d["ts"]
+        else:
+            truth_label[d["id"]] = d["label"]
+    j, pairs = run(records, cuts=[700, 701, 2500])
+    expected = sorted((truth_ts[i], truth_score[i], truth_label[i]) for i in truth_score)
+    got = sorted((t, s, y) for _, t, s, y in pairs)
+    assert got == expected  # ttl 1h >> delays of ~20 s: everything joins, placed at the prediction time
+    assert j.counters.joined == {"sim": 3000} and j.counters.orphans == 0 and not j.pending and not j.early
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_batch_boundaries_do_not_change_anything(seed):
+    records = simulated(2000, delay=40.0, seed=seed)
+    rng = np.random.default_rng(seed)
+    ref_j, ref_pairs = run(records, cuts=[], ttl=30.0, max_pending=150)
+    cuts = sorted(rng.choice(len(records), size=25, replace=False).tolist())
+    j, pairs = run(records, cuts=cuts, ttl=30.0, max_pending=150)
+    ref_j.sweep()
+    j.sweep()
+    assert pairs == ref_pairs
+    assert j.to_dict() == ref_j.to_dict()
+    # the TTL of 30 s against exponential delays of mean 40 s really expires some predictions
+    assert ref_j.counters.expired["sim"] > 100 and ref_j.counters.orphans > 100
+
+
+def test_conservation_of_events():
+    records = simulated(2000, delay=40.0, seed=5)
+    j, pairs = run(records, cuts=[999], ttl=30.0, max_pending=100)
+    kinds = [json.loads(r)["type"] for r in records]
+    c = j.counters
+    preds, outs = kinds.count("prediction"), kinds.count("outcome")
+    assert preds == len(pairs) + sum(c.expired.values()) + sum(c.duplicates.values()) + len(j.pending)
+    assert outs == len(pairs) + c.orphans + len(j.early)
+    assert len(j.pending) <= 100 and len(j.early) <= 100
+
+
+def test_ttl_duplicates_early_outcomes_and_orphans():
+    recs = [
+        ev(type="outcome", id="a", model="m", ts=100, label=1),        # early outcome, waits
+        ev(type="prediction", id="a", model="m", ts=99, score=0.7),    # joins with it
+        ev(type="prediction", id="b", model="m", ts=101, score=0.2),
+        ev(type="prediction", id="b", model="m", ts=102, score=0.3),   # duplicate id while pending
+        ev(type="prediction", id="c", model="m", ts=103, score=0.4),
+        ev(type="outcome", id="zz", ts=104, label=0),                  # no model: orphan eventually
+        ev(type="labeled", id="x", model="m", ts=170, score=0.5, label=1),  # watermark 170: c, b expire (ttl 60)
+        ev(type="outcome", id="c", model="m", ts=171, label=0),        # too late: expired + waits as early
+        ev(type="outcome", id="b", ts=172, label=1),
+    ]
+    j, pairs = run(recs, cuts=[3, 6])
+    # ttl 1 h: everything joins, in the order the pairs complete (b keeps its first prediction)
+    assert [(p[1], p[2], p[3]) for p in pairs] == [(99.0, 0.7, 1), (103.0, 0.4, 0), (101.0, 0.2, 1)]
+    j, pairs = run(recs, cuts=[3, 6], ttl=60.0)
+    assert [(p[1], p[2], p[3]) for p in pairs] == [(99.0, 0.7, 1)]
+    j.sweep()
+    assert j.counters.duplicates == {"m": 1}
+    assert j.counters.expired == {"m": 2}
+    assert j.counters.joined == {"m": 1}
+    # zz expired from the early buffer at the sweep; c and b outcomes are still waiting
+    assert j.counters.orphans == 1 and set(j.early) == {"b", "c"}
+
+
+def test_memory_bound_evicts_oldest():
+    recs = [ev(type="prediction", id=str(i), model="m", ts=i, score=0.5) for i in range(10)]
+    recs.append(ev(type="outcome", id="0", model="m", ts=11, label=1))
+    recs.append(ev(type="outcome", id="9", model="m", ts=11, label=1))
+    j, pairs = run(recs, cuts=[4], max_pending=5)
+    assert j.counters.expired == {"m": 5} and len(pairs) == 1 and pairs[0][1] == 9.0
+    assert "0" in j.early  # its prediction was evicted: the outcome waits (and will be an orphan)
+
+
+def test_multiclass_and_checkpoint_roundtrip():
+    recs = [ev(type="prediction", id="p1", model="k3", ts=1, probs=[0.2, 0.5, 0.3]),
+            ev(type="prediction", id="p2", model="k3", ts=2, probs=[0.6, 0.2, 0.2]),
+            ev(type="prediction", id="p3", model="bin", ts=3, score=0.9)]
+    dec = Decoder()
+    j = Joiner(100.0)
+    j.process(dec.decode(recs).models)
+    j2 = Joiner.from_dict(json.loads(json.dumps(j.to_dict())))
+    assert j2.to_dict() == j.to_dict() and j2.pending_count() == {"k3": 2, "bin": 1}
+    out = j2.process(dec.decode([ev(type="outcome", id="p2", model="k3", ts=5, label=0),
+                                 ev(type="outcome", id="p3", ts=5, label=1)]).models)
+    np.testing.assert_array_equal(out["k3"].probs, [[0.6, 0.2, 0.2]])
+    assert out["k3"].label.tolist() == [0] and out["bin"].score.tolist() == [0.9]
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="ttl"):
+        Joiner(0)
+    with pytest.raises(ValueError, match="max_pending"):
+        Joiner(1, 0)
