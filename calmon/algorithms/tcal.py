@@ -77,6 +77,7 @@ import numpy as np
 from scipy import sparse, special
 
 from calmon.algorithms.binomial_test import binomial_test, discrete_support, grid_discrete_support
+from calmon.algorithms.ece import l2_ece_squared
 from calmon.stats.grid import ScoreGrid, cell_index
 from calmon.testers import CalibrationData, register_tester
 
@@ -395,12 +396,9 @@ def ece2_grid(grid: ScoreGrid, bins: int | None = None, debiased: bool = True) -
     ----------
     T-Cal paper, eqs. (5)-(6), with the additive statistics of the spec.
     """
-    c = grid_cells(grid, bins)
-    n = c["N"].sum()
-    if n == 0:
+    if grid.count == 0:
         raise ValueError("grid is empty")
-    num = c["S"] ** 2 - (c["Q"] if debiased else 0.0)
-    return float((num / c["N"]).sum() / n)
+    return l2_ece_squared(grid, bins, debiased)
 
 
 def null_variance_grid(grid: ScoreGrid, bins: int | None = None) -> float:
