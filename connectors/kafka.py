@@ -162,6 +162,34 @@ def _listener(source: KafkaSource) -> Any:
     return _Listener()
 
 
+
+_OWN_SOURCE_KEYS = frozenset(
+    {"name", "group_id", "position_policy", "auto_offset_reset", "backoff_initial", "backoff_max", "origins"}
+)
+
+
+def _split_source_config(
+    cfg: Mapping[str, Any], own: frozenset[str] | set[str]
+) -> tuple[Any, list[str], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """Split a source's config into bootstrap servers, topics, calmon's options, ``client`` and the rest."""
+    cfg = dict(cfg)
+    cfg.pop("type", None)
+    cfg.pop("library", None)
+    if "bootstrap_servers" not in cfg:
+        raise ValueError("kafka source config needs 'bootstrap_servers'")
+    bootstrap = cfg.pop("bootstrap_servers")
+    topics: list[str] = []
+    for k in ("topics", "topic", "prediction_topic", "outcome_topic"):
+        if k in cfg:
+            t = cfg.pop(k)
+            topics += [t] if isinstance(t, str) else list(t)
+    if not topics:
+        raise ValueError("kafka source config needs 'topics', 'topic' or 'prediction_topic'/'outcome_topic'")
+    kwargs = {k: cfg.pop(k) for k in list(cfg) if k in own}
+    client = dict(cfg.pop("client", None) or {})
+    return bootstrap, list(dict.fromkeys(topics)), kwargs, client, cfg
+
+
 class KafkaSource:
     """Consume JSON event records from Kafka topics as a :class:`connectors.base.Source`.
 
@@ -291,39 +319,12 @@ class KafkaSource:
             return ConfluentKafkaSource.from_config(cfg)
         if library not in ("kafka-python", "confluent"):
             raise ValueError(f"library must be 'kafka-python' or 'confluent', got {library!r}")
-        own = {
-            "name",
-            "group_id",
-            "position_policy",
-            "auto_offset_reset",
-            "backoff_initial",
-            "backoff_max",
-            "origins",
-        }
-        if "bootstrap_servers" not in cfg:
-            raise ValueError("kafka source config needs 'bootstrap_servers'")
-        bootstrap = cfg.pop("bootstrap_servers")
-        topics: list[str] = []
-        if "topics" in cfg:
-            t = cfg.pop("topics")
-            topics += [t] if isinstance(t, str) else list(t)
-        if "topic" in cfg:
-            topics.append(cfg.pop("topic"))
-        for k in ("prediction_topic", "outcome_topic"):
-            if k in cfg:
-                topics.append(cfg.pop(k))
-        topics = list(dict.fromkeys(topics))
-        if not topics:
-            raise ValueError(
-                "kafka source config needs 'topics', 'topic' or 'prediction_topic'/'outcome_topic'"
-            )
-        kwargs = {k: cfg.pop(k) for k in list(cfg) if k in own}
-        client = dict(cfg.pop("client", None) or {})
+        bootstrap, topics, kwargs, client, rest = _split_source_config(cfg, _OWN_SOURCE_KEYS)
         known = _client_keys("consumer")
-        bad = sorted(k for k in cfg if k not in known)
+        bad = sorted(k for k in rest if k not in known)
         if bad:
             raise ValueError(f"unknown kafka source option(s) {bad}")
-        client.update(cfg)
+        client.update(rest)
         return cls(bootstrap, topics, client=client, **kwargs)
 
     # ------------------------------------------------------------------ Source protocol
@@ -1227,31 +1228,9 @@ class ConfluentKafkaSource(KafkaSource):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> ConfluentKafkaSource:
         """Like :meth:`KafkaSource.from_config`; options other than calmon's go to librdkafka as they are."""
-        cfg = dict(cfg)
-        cfg.pop("type", None)
-        cfg.pop("library", None)
-        own = {
-            "name",
-            "group_id",
-            "position_policy",
-            "auto_offset_reset",
-            "backoff_initial",
-            "backoff_max",
-            "origins",
-            "on_revoke",
-        }
-        if "bootstrap_servers" not in cfg:
-            raise ValueError("kafka source config needs 'bootstrap_servers'")
-        bootstrap = cfg.pop("bootstrap_servers")
-        topics: list[str] = []
-        for k in ("topics", "topic", "prediction_topic", "outcome_topic"):
-            if k in cfg:
-                t = cfg.pop(k)
-                topics += [t] if isinstance(t, str) else list(t)
-        kwargs = {k: cfg.pop(k) for k in list(cfg) if k in own}
-        client = dict(cfg.pop("client", None) or {})
-        client.update(cfg)
-        return cls(bootstrap, list(dict.fromkeys(topics)), client=client, **kwargs)
+        bootstrap, topics, kwargs, client, rest = _split_source_config(cfg, _OWN_SOURCE_KEYS | {"on_revoke"})
+        client.update(rest)  # librdkafka's own option names, passed through as they are
+        return cls(bootstrap, topics, client=client, **kwargs)
 
     def _consumer_config(self) -> dict[str, Any]:
         servers = self.bootstrap_servers
