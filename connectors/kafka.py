@@ -349,29 +349,39 @@ class KafkaSource:
             if self._consumer is not None and self._assigned:
                 self._mark_pending(list(self._assigned))
 
+    def _connected_for_read(self, max_records: int, timeout: float, start: float) -> bool:
+        """Check ``read``'s arguments and (re)connect when the backoff allows; False = nothing to read now.
+
+        Bad configuration raises ``ValueError``; any other connect failure is counted and retried later.
+        """
+        if max_records <= 0:
+            raise ValueError("max_records must be positive")
+        if self._closed:
+            raise ValueError("KafkaSource is closed")
+        if self._consumer is not None:
+            return True
+        wait = self._next_attempt - start
+        if wait > 0:
+            time.sleep(min(wait, timeout))
+            return False
+        try:
+            self._connect(timeout)
+        except (TypeError, ValueError, KafkaConfigurationError) as exc:
+            raise ValueError(f"kafka source {self.name}: bad configuration: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - any other connect failure is retried
+            self._fail(exc, connecting=True)
+            return False
+        return True
+
     def read(self, max_records: int = 65536, timeout: float = 0.5) -> Batch | None:
         """Next batch of at most ``max_records`` raw records, or None after ``timeout`` seconds.
 
         Never raises for broker or network failures: they are counted, logged, reflected in
         :attr:`connected`, and retried with a bounded exponential backoff.
         """
-        if max_records <= 0:
-            raise ValueError("max_records must be positive")
-        if self._closed:
-            raise ValueError("KafkaSource is closed")
         start = time.monotonic()
-        if self._consumer is None:
-            wait = self._next_attempt - start
-            if wait > 0:
-                time.sleep(min(wait, timeout))
-                return None
-            try:
-                self._connect(timeout)
-            except (TypeError, ValueError, KafkaConfigurationError) as exc:
-                raise ValueError(f"kafka source {self.name}: bad configuration: {exc}") from exc
-            except Exception as exc:  # noqa: BLE001 - any other connect failure is retried
-                self._fail(exc, connecting=True)
-                return None
+        if not self._connected_for_read(max_records, timeout, start):
+            return None
         try:
             while True:
                 self._position_pending(max(0.0, timeout - (time.monotonic() - start)))
@@ -1342,23 +1352,9 @@ class ConfluentKafkaSource(KafkaSource):
 
     def read(self, max_records: int = 65536, timeout: float = 0.5) -> Batch | None:
         """Next batch of at most ``max_records`` raw records, or None after ``timeout`` seconds."""
-        if max_records <= 0:
-            raise ValueError("max_records must be positive")
-        if self._closed:
-            raise ValueError("KafkaSource is closed")
         start = time.monotonic()
-        if self._consumer is None:
-            wait = self._next_attempt - start
-            if wait > 0:
-                time.sleep(min(wait, timeout))
-                return None
-            try:
-                self._connect(timeout)
-            except (TypeError, ValueError) as exc:
-                raise ValueError(f"kafka source {self.name}: bad configuration: {exc}") from exc
-            except Exception as exc:  # noqa: BLE001
-                self._fail(exc, connecting=True)
-                return None
+        if not self._connected_for_read(max_records, timeout, start):
+            return None
         from confluent_kafka import KafkaError
 
         try:
