@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
 from kafka_broker import KafkaBroker, require_broker  # noqa: E402
+from test_agent_crash import compare  # noqa: E402  -- first difference between two JSON trees
 
 TOPIC = "events"
 # Tansu completes group joins only after the rebalance timeout (= max_poll_interval_ms); the agent's batches
@@ -164,29 +165,6 @@ def final_state(directory: Path) -> dict[str, Any]:
         return node
 
     return strip(state)
-
-
-def compare(a: Any, b: Any, path: str = "") -> str | None:
-    """First difference between two JSON trees (for a readable failure)."""
-    if type(a) is not type(b):
-        return f"{path}: {type(a).__name__} != {type(b).__name__}"
-    if isinstance(a, dict):
-        for k in sorted(set(a) | set(b)):
-            if k not in a or k not in b:
-                return f"{path}.{k}: missing on one side"
-            d = compare(a[k], b[k], f"{path}.{k}")
-            if d:
-                return d
-        return None
-    if isinstance(a, list):
-        if len(a) != len(b):
-            return f"{path}: lengths {len(a)} != {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            d = compare(x, y, f"{path}[{i}]")
-            if d:
-                return d
-        return None
-    return None if a == b else f"{path}: {a!r:.80} != {b!r:.80}"
 
 
 def committed(bootstrap: str, group: str) -> int | None:
