@@ -14,10 +14,12 @@ base64 strings, see ``ScoreGrid.to_dict``); ``sha256`` is the SHA-256 of the exa
 damaged file is detected. Non-finite floats are written as ``NaN``/``Infinity`` (as Python's
 ``json`` does) so that they survive the round trip.
 
-Writing is atomic: the document goes to ``checkpoint-<g>.json.tmp``, which is fsynced, renamed over
-its final name with ``os.replace`` and followed by an fsync of the directory. A crash leaves either
-the previous generation or the new one, never a torn final file; a stray ``.tmp`` is ignored by
-:meth:`CheckpointStore.load` and removed by the next :meth:`CheckpointStore.save`. The newest
+Writing is atomic (:func:`calmon.jsonio.write_bytes_atomic`): the document goes to a temporary
+``.checkpoint-<g>.json.*.tmp``, which is fsynced, renamed over its final name with ``os.replace``
+and followed by an fsync of the directory. A crash leaves either the previous generation or the
+new one, never a torn final file; a stray temporary file (also the ``checkpoint-<g>.json.tmp`` of
+earlier versions) is ignored by :meth:`CheckpointStore.load` and removed by the next
+:meth:`CheckpointStore.save`. The newest
 ``keep`` generations are kept; :meth:`CheckpointStore.load` returns the newest one that verifies,
 falling back to older generations when the newest is damaged.
 """
@@ -34,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from calmon.jsonio import write_bytes_atomic
 
 __all__ = ["CheckpointStore", "CheckpointError", "FORMAT", "VERSION"]
 
@@ -59,19 +63,6 @@ def _default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"checkpoint state is not JSON-serialisable: {type(o).__name__}")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # e.g. platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 class CheckpointStore:
@@ -142,17 +133,7 @@ class CheckpointStore:
                 "sha256": hashlib.sha256(state).hexdigest()}
         blob = json.dumps(head, separators=(",", ":"))[:-1].encode() + b"," + _STATE_KEY + state + b"}\n"
         final = self.path_of(gen)
-        tmp = final.with_name(final.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            view = memoryview(blob)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, final)
-        _fsync_dir(self.directory)
+        write_bytes_atomic(final, blob)
         self._prune(gen)
         return final
 
@@ -164,7 +145,7 @@ class CheckpointStore:
                 except FileNotFoundError:
                     pass
         for name in os.listdir(self.directory):
-            if name.startswith("checkpoint-") and name.endswith(".json.tmp"):
+            if name.startswith(("checkpoint-", ".checkpoint-")) and name.endswith(".tmp"):
                 try:
                     (self.directory / name).unlink()
                 except FileNotFoundError:

@@ -28,7 +28,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import numpy as np
@@ -194,37 +194,10 @@ class Decoder:
     # -- decoding --------------------------------------------------------------------------
     def decode(self, records: list[bytes], origins: list[str] | None = None) -> DecodedBatch:
         """Decode and validate ``records`` (bytes or str, one JSON object each)."""
-        events: list[_Event | None] = []
-        rejected: list[Rejection] = []
-        dec = _struct_decoder.decode
-        for start in range(0, len(records), _CHUNK):
-            chunk = records[start:start + _CHUNK]
-            try:  # fast path: a clean chunk decodes in one comprehension
-                events.extend([dec(rec) for rec in chunk])
-                continue
-            except (msgspec.DecodeError, TypeError):
-                pass
-            for i, rec in enumerate(chunk, start):
-                try:
-                    events.append(dec(rec))
-                except (msgspec.DecodeError, TypeError):
-                    try:
-                        events.append(_slow_decode(rec))
-                    except InvalidEvent as e:
-                        events.append(None)
-                        rejected.append(Rejection(i, e.reason, e.detail))
-        names = [None if ev is None else ("" if ev.model is None else ev.model) for ev in events]
-        distinct = set(names)
-        groups: dict[str, list[int]] = {}
-        if len(distinct) == 1 and None not in distinct:
-            groups[names[0]] = list(range(len(names)))  # type: ignore[index]
-        else:
-            for i, name in enumerate(names):
-                if name is not None:
-                    groups.setdefault(name, []).append(i)
+        events, rejected = _parse(records)
         out: dict[str, ModelBatch] = {}
-        for model, idx in groups.items():
-            batch = self._model_batch(model, idx, events, rejected)
+        for model, (idx, evs) in _group_by_model(events).items():
+            batch = self._model_batch(model, np.asarray(idx, dtype=np.int64), evs, rejected)
             if batch is not None and len(batch):
                 out[model] = batch
         rejected.sort(key=lambda r: r.index)
@@ -233,157 +206,244 @@ class Decoder:
                 r.origin = origins[r.index]
         return DecodedBatch(out, rejected, len(records))
 
-    def _model_batch(self, model: str, idx: list[int], events: list[_Event | None],
+    def _model_batch(self, model: str, index: np.ndarray, evs: list[_Event],
                      rejected: list[Rejection]) -> ModelBatch | None:
-        evs = [events[i] for i in idx]
-        index = np.asarray(idx, dtype=np.int64)
-        n = len(evs)
-        bad = np.zeros(n, dtype=np.int16)  # 0 = fine, else 1 + position in REASONS
-        details: dict[int, str] = {}
-
-        def reject(mask: np.ndarray, reason: str, detail: str) -> None:
-            new = mask & (bad == 0)
-            if new.any():
-                bad[new] = REASONS.index(reason) + 1
-                for j in np.flatnonzero(new)[:1]:
-                    details[int(j)] = detail
-                for j in np.flatnonzero(new)[1:]:
-                    details.setdefault(int(j), detail)
-
-        has_model = model != ""
-        if has_model and not _NAME_RE.match(model):
-            reject(np.ones(n, bool), "bad_type", f"model name {model[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
-        score_col = [e.score for e in evs]
-        probs_col = [e.probs for e in evs]
-        label_col = np.array([e.label for e in evs], dtype=np.float64)  # None -> NaN
-        has_score = np.array([v is not None for v in score_col], dtype=bool)
-        has_probs = np.array([v is not None for v in probs_col], dtype=bool)
-        has_label = ~np.isnan(label_col)
-        with np.errstate(invalid="ignore"):
-            label = np.where(has_label, label_col, -1).astype(np.int64)
-        kind = np.array([-1 if e.type is None else _KIND_CODE.get(e.type, -2) for e in evs], dtype=np.int8)
-        inferred = np.where(has_label, np.where(has_score | has_probs, LABELED, OUTCOME), PREDICTION)
-        reject(kind == -2, "unknown_type", "type must be prediction, outcome or labeled")
-        kind = np.where(kind < 0, inferred, kind).astype(np.int8)
-        if not has_model:
-            reject(kind != OUTCOME, "missing_field", "model is required for predictions and labeled events")
-        needs_pred = kind != OUTCOME
-        reject(needs_pred & ~(has_score | has_probs), "missing_field", "score or probs is required")
-        reject(needs_pred & has_score & has_probs, "bad_type", "give score or probs, not both")
-        reject((kind != PREDICTION) & ~has_label, "missing_field", "label is required")
-        ids = np.array(["" if v is None else v if v.__class__ is str else str(v) for v in (e.id for e in evs)],
-                       dtype=object)
-        reject((kind != LABELED) & (ids == ""), "missing_field", "id is required to join predictions and outcomes")
-        reject(has_label & ((label < 0) | (label_col != label)), "label_range",
-               "label must be a non-negative class index")
-
-        # number of classes of this model
-        k_seen = None
-        if has_model:
-            k_seen = self.models.get(model)
-            if k_seen is None:
-                first = next((e for e, ok in zip(evs, bad == 0) if ok and (e.score is not None or e.probs is not None)),
-                             None)
-                if first is not None:
-                    if not self.discover:
-                        reject(np.ones(n, bool), "too_many_models", f"model {model[:40]!r} is not declared")
-                    elif len(self.models) >= self.max_models:
-                        reject(np.ones(n, bool), "too_many_models", f"more than {self.max_models} models")
-                    else:
-                        k_seen = 2 if first.score is not None else len(first.probs or [])
-                        if k_seen < 2:
-                            k_seen = None
-                        else:
-                            self.models[model] = k_seen
-        classes = k_seen or 2
-
-        # scores and probabilities
-        score = None
-        probs = None
+        """Validate the events of one model (``""``: outcomes without a model) in a fixed order of checks:
+        the first failed check of an event names its reason."""
+        v = _Verdicts(len(evs))
+        if model and not _NAME_RE.match(model):
+            v.reject_all("bad_type", f"model name {model[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+        c = _columns(evs)
+        _check_structure(c, v, has_model=model != "")
+        classes = self._classes(model, evs, v) if model else 2
+        score = probs = None
         if classes == 2:
-            score = np.array(score_col, dtype=np.float64)  # None -> NaN
-            for j in np.flatnonzero(has_probs):
-                p = evs[j].probs
-                if len(p) != 2:
-                    reject(_one(n, j), "k_mismatch", f"model {model[:40]!r} is binary; probs has {len(p)} entries")
-                else:
-                    s = sum(p)
-                    if not all(math.isfinite(v) for v in p):
-                        reject(_one(n, j), "non_finite", "probs contains NaN or infinity")
-                    elif min(p) < 0 or max(p) > 1:
-                        reject(_one(n, j), "out_of_range", "probs must lie in [0, 1]")
-                    elif abs(s - 1.0) > self.prob_tolerance:
-                        reject(_one(n, j), "probs_sum", f"probs sum to {s:.6g}, not 1")
-                    else:
-                        score[j] = p[1]
-            finite = np.isfinite(score)
-            reject(has_score & ~finite, "non_finite", "score is NaN or infinite")
-            reject(has_score & finite & ((score < 0) | (score > 1)), "out_of_range", "score must lie in [0, 1]")
-            reject(has_label & (label > 1), "label_range", "binary label must be 0 or 1")
+            score = _binary_scores(c, v, model, self.prob_tolerance)
         else:
-            probs = np.full((n, classes), np.nan)
-            reject(has_score, "k_mismatch", f"model {model[:40]!r} has {classes} classes; send probs, not score")
-            for j in np.flatnonzero(has_probs):
-                p = evs[j].probs
-                if len(p) != classes:
-                    reject(_one(n, j), "k_mismatch", f"model {model[:40]!r} has {classes} classes; "
-                                                     f"probs has {len(p)}")
-                else:
-                    probs[j] = p
-            rows = has_probs & (bad == 0)
-            if rows.any():
-                sub = probs[rows]
-                fin = np.isfinite(sub).all(axis=1)
-                rng = ((sub >= 0) & (sub <= 1)).all(axis=1)
-                sums = np.abs(sub.sum(axis=1) - 1.0) <= self.prob_tolerance
-                pos = np.flatnonzero(rows)
-                reject(_mask(n, pos[~fin]), "non_finite", "probs contains NaN or infinity")
-                reject(_mask(n, pos[~rng]), "out_of_range", "probs must lie in [0, 1]")
-                reject(_mask(n, pos[~sums]), "probs_sum", "probs do not sum to 1")
-            reject(has_label & (label >= classes), "label_range", f"label must be < {classes}")
-
-        # timestamps and segments
-        ts_col = [e.ts for e in evs]
-        if any(t.__class__ is str for t in ts_col):
-            ts = np.full(n, np.nan)
-            for j, t in enumerate(ts_col):
-                if t is not None and bad[j] == 0:
-                    try:
-                        ts[j] = parse_timestamp(t)
-                    except InvalidEvent as err:
-                        reject(_one(n, j), err.reason, err.detail)
-        else:
-            ts = np.array(ts_col, dtype=np.float64)  # None -> NaN
-            with np.errstate(invalid="ignore"):
-                reject((ts < 0) | (ts > _MAX_EPOCH), "bad_timestamp",
-                       "ts is not epoch seconds (milliseconds are not accepted)")
+            probs = _class_probs(c, v, model, classes, self.prob_tolerance)
+        ts = _timestamps(evs, v)
         segment = np.array(["" if e.segment is None else e.segment for e in evs], dtype=object)
-        if has_model and (segment != "").any():
-            known = self.segments.setdefault(model, set())
-            for j in np.flatnonzero((segment != "") & (bad == 0)):
-                s = segment[j]
-                if s in known:
-                    continue
-                if not _NAME_RE.match(s):
-                    reject(_one(n, j), "bad_type", f"segment {s[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
-                elif len(known) >= self.max_segments:
-                    reject(_one(n, j), "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
-                else:
-                    known.add(s)
-
-        for j in np.flatnonzero(bad):
-            rejected.append(Rejection(int(index[j]), REASONS[bad[j] - 1], details.get(int(j), "")))
-        ok = bad == 0
+        if model and (segment != "").any():
+            self._check_segments(model, segment, v)
+        rejected.extend(v.rejections(index))
+        ok = v.ok
         if not ok.any():
             return None
-        return ModelBatch(model, classes, kind[ok], ids[ok], ts[ok], segment[ok], label[ok],
+        return ModelBatch(model, classes, c.kind[ok], c.ids[ok], ts[ok], segment[ok], c.label[ok],
                           None if score is None else score[ok], None if probs is None else probs[ok], index[ok])
 
+    def _classes(self, model: str, evs: list[_Event], v: _Verdicts) -> int:
+        """The model's number of classes; an undeclared model is discovered from its first valid prediction."""
+        known = self.models.get(model)
+        if known is not None:
+            return known
+        first = next((e for e, ok in zip(evs, v.ok) if ok and (e.score is not None or e.probs is not None)), None)
+        if first is None:
+            return 2
+        if not self.discover:
+            v.reject_all("too_many_models", f"model {model[:40]!r} is not declared")
+        elif len(self.models) >= self.max_models:
+            v.reject_all("too_many_models", f"more than {self.max_models} models")
+        else:
+            k = 2 if first.score is not None else len(first.probs or [])
+            if k >= 2:
+                self.models[model] = k
+                return k
+        return 2
 
-def _one(n: int, j: int) -> np.ndarray:
-    m = np.zeros(n, bool)
-    m[j] = True
-    return m
+    def _check_segments(self, model: str, segment: np.ndarray, v: _Verdicts) -> None:
+        """Admit new segment names of a model up to ``max_segments``."""
+        known = self.segments.setdefault(model, set())
+        for j in np.flatnonzero((segment != "") & v.ok).tolist():
+            s = segment[j]
+            if s in known:
+                continue
+            if not _NAME_RE.match(s):
+                v.reject_one(j, "bad_type", f"segment {s[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+            elif len(known) >= self.max_segments:
+                v.reject_one(j, "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
+            else:
+                known.add(s)
+
+
+def _parse(records: list[bytes]) -> tuple[list[_Event | None], list[Rejection]]:
+    """msgspec-decode every record (a clean chunk in one comprehension); ``None`` for a rejected record."""
+    events: list[_Event | None] = []
+    rejected: list[Rejection] = []
+    dec = _struct_decoder.decode
+    for start in range(0, len(records), _CHUNK):
+        chunk = records[start:start + _CHUNK]
+        try:
+            events.extend([dec(rec) for rec in chunk])
+            continue
+        except (msgspec.DecodeError, TypeError):
+            pass
+        for i, rec in enumerate(chunk, start):
+            try:
+                events.append(dec(rec))
+            except (msgspec.DecodeError, TypeError):
+                try:
+                    events.append(_slow_decode(rec))
+                except InvalidEvent as e:
+                    events.append(None)
+                    rejected.append(Rejection(i, e.reason, e.detail))
+    return events, rejected
+
+
+def _group_by_model(events: list[_Event | None]) -> dict[str, tuple[list[int], list[_Event]]]:
+    """Record indices and events per model name (``""`` for events without one)."""
+    names = [None if ev is None else ("" if ev.model is None else ev.model) for ev in events]
+    distinct = set(names)
+    if len(distinct) == 1 and None not in distinct:  # the common case: one model, nothing rejected
+        return {str(names[0]): (list(range(len(events))), cast("list[_Event]", events))}
+    groups: dict[str, tuple[list[int], list[_Event]]] = {}
+    for i, ev in enumerate(events):
+        if ev is not None:
+            idx, evs = groups.setdefault("" if ev.model is None else ev.model, ([], []))
+            idx.append(i)
+            evs.append(ev)
+    return groups
+
+
+class _Verdicts:
+    """Per-event verdicts of one model's events: the first rejection of an event is the one reported."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.bad = np.zeros(n, dtype=np.int16)  # 0 = fine, else 1 + position in REASONS
+        self.details: dict[int, str] = {}
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.bad == 0
+
+    def reject(self, mask: np.ndarray, reason: str, detail: str) -> None:
+        new = mask & (self.bad == 0)
+        if new.any():
+            self.bad[new] = REASONS.index(reason) + 1
+            for j in np.flatnonzero(new).tolist():
+                self.details[j] = detail
+
+    def reject_all(self, reason: str, detail: str) -> None:
+        self.reject(np.ones(self.n, bool), reason, detail)
+
+    def reject_one(self, j: int, reason: str, detail: str) -> None:
+        if self.bad[j] == 0:
+            self.bad[j] = REASONS.index(reason) + 1
+            self.details[j] = detail
+
+    def rejections(self, index: np.ndarray) -> list[Rejection]:
+        return [Rejection(int(index[j]), REASONS[self.bad[j] - 1], self.details.get(j, ""))
+                for j in np.flatnonzero(self.bad).tolist()]
+
+
+@dataclass
+class _Columns:
+    """The fields of one model's events as columns (``label_f``: float labels, NaN where missing)."""
+
+    kind: np.ndarray
+    ids: np.ndarray
+    label: np.ndarray
+    label_f: np.ndarray
+    has_score: np.ndarray
+    has_probs: np.ndarray
+    has_label: np.ndarray
+    scores: list[float | None]
+    probs: list[list[float] | None]
+
+
+def _columns(evs: list[_Event]) -> _Columns:
+    scores = [e.score for e in evs]
+    probs = [e.probs for e in evs]
+    label_f = np.array([e.label for e in evs], dtype=np.float64)  # None -> NaN
+    has_label = ~np.isnan(label_f)
+    with np.errstate(invalid="ignore"):
+        label = np.where(has_label, label_f, -1).astype(np.int64)
+    kind = np.array([-1 if e.type is None else _KIND_CODE.get(e.type, -2) for e in evs], dtype=np.int8)
+    ids = np.array(["" if i is None else i if i.__class__ is str else str(i) for i in (e.id for e in evs)],
+                   dtype=object)
+    return _Columns(kind, ids, label, label_f, np.array([x is not None for x in scores], dtype=bool),
+                    np.array([x is not None for x in probs], dtype=bool), has_label, scores, probs)
+
+
+def _check_structure(c: _Columns, v: _Verdicts, has_model: bool) -> None:
+    """Event types (inferred where omitted, written into ``c.kind``), required fields and label sign."""
+    has_pred = c.has_score | c.has_probs
+    inferred = np.where(c.has_label, np.where(has_pred, LABELED, OUTCOME), PREDICTION)
+    v.reject(c.kind == -2, "unknown_type", "type must be prediction, outcome or labeled")
+    c.kind = np.where(c.kind < 0, inferred, c.kind).astype(np.int8)
+    if not has_model:
+        v.reject(c.kind != OUTCOME, "missing_field", "model is required for predictions and labeled events")
+    needs_pred = c.kind != OUTCOME
+    v.reject(needs_pred & ~has_pred, "missing_field", "score or probs is required")
+    v.reject(needs_pred & c.has_score & c.has_probs, "bad_type", "give score or probs, not both")
+    v.reject((c.kind != PREDICTION) & ~c.has_label, "missing_field", "label is required")
+    v.reject((c.kind != LABELED) & (c.ids == ""), "missing_field", "id is required to join predictions and outcomes")
+    v.reject(c.has_label & ((c.label < 0) | (c.label_f != c.label)), "label_range",
+             "label must be a non-negative class index")
+
+
+def _binary_scores(c: _Columns, v: _Verdicts, model: str, tol: float) -> np.ndarray:
+    """P(y = 1) of a binary model's events (from ``score`` or a ``probs`` pair), validated."""
+    score = np.array(c.scores, dtype=np.float64)  # None -> NaN
+    for j in np.flatnonzero(c.has_probs).tolist():
+        p = c.probs[j] or []
+        if len(p) != 2:
+            v.reject_one(j, "k_mismatch", f"model {model[:40]!r} is binary; probs has {len(p)} entries")
+        elif not all(math.isfinite(x) for x in p):
+            v.reject_one(j, "non_finite", "probs contains NaN or infinity")
+        elif min(p) < 0 or max(p) > 1:
+            v.reject_one(j, "out_of_range", "probs must lie in [0, 1]")
+        elif abs(sum(p) - 1.0) > tol:
+            v.reject_one(j, "probs_sum", f"probs sum to {sum(p):.6g}, not 1")
+        else:
+            score[j] = p[1]
+    finite = np.isfinite(score)
+    v.reject(c.has_score & ~finite, "non_finite", "score is NaN or infinite")
+    v.reject(c.has_score & finite & ((score < 0) | (score > 1)), "out_of_range", "score must lie in [0, 1]")
+    v.reject(c.has_label & (c.label > 1), "label_range", "binary label must be 0 or 1")
+    return score
+
+
+def _class_probs(c: _Columns, v: _Verdicts, model: str, classes: int, tol: float) -> np.ndarray:
+    """The ``(n, classes)`` probability rows of a multiclass model's events, validated."""
+    n = v.n
+    probs = np.full((n, classes), np.nan)
+    v.reject(c.has_score, "k_mismatch", f"model {model[:40]!r} has {classes} classes; send probs, not score")
+    for j in np.flatnonzero(c.has_probs).tolist():
+        p = c.probs[j] or []
+        if len(p) != classes:
+            v.reject_one(j, "k_mismatch", f"model {model[:40]!r} has {classes} classes; probs has {len(p)}")
+        else:
+            probs[j] = p
+    rows = c.has_probs & v.ok
+    if rows.any():
+        sub = probs[rows]
+        pos = np.flatnonzero(rows)
+        v.reject(_mask(n, pos[~np.isfinite(sub).all(axis=1)]), "non_finite", "probs contains NaN or infinity")
+        v.reject(_mask(n, pos[~((sub >= 0) & (sub <= 1)).all(axis=1)]), "out_of_range", "probs must lie in [0, 1]")
+        v.reject(_mask(n, pos[np.abs(sub.sum(axis=1) - 1.0) > tol]), "probs_sum", "probs do not sum to 1")
+    v.reject(c.has_label & (c.label >= classes), "label_range", f"label must be < {classes}")
+    return probs
+
+
+def _timestamps(evs: list[_Event], v: _Verdicts) -> np.ndarray:
+    """Event times in epoch seconds (NaN where missing); RFC 3339 strings are parsed one by one."""
+    ts_col = [e.ts for e in evs]
+    if not any(t.__class__ is str for t in ts_col):
+        ts = np.array(ts_col, dtype=np.float64)  # None -> NaN
+        with np.errstate(invalid="ignore"):
+            v.reject((ts < 0) | (ts > _MAX_EPOCH), "bad_timestamp",
+                     "ts is not epoch seconds (milliseconds are not accepted)")
+        return ts
+    ts = np.full(len(evs), np.nan)
+    for j, t in enumerate(ts_col):
+        if t is not None and v.bad[j] == 0:
+            try:
+                ts[j] = parse_timestamp(t)
+            except InvalidEvent as err:
+                v.reject_one(j, err.reason, err.detail)
+    return ts
 
 
 def _mask(n: int, pos: np.ndarray) -> np.ndarray:

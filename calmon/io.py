@@ -2,9 +2,11 @@
 
 Formats
 -------
-* **JSONL**: events as in :mod:`calmon.events`; predictions and outcomes are joined by id.
-* **CSV** with a header: ``score,label`` (binary), ``p0,...,p{K-1},label`` (multiclass) or
-  ``confidence,correct`` (top-label); an optional ``id`` column is kept.
+* **JSONL**: events as in :mod:`calmon.events`; predictions and outcomes are joined by id with the
+  agent's :class:`calmon.agent.join.Joiner` (without a time limit: the whole file is one batch).
+* **CSV** with a header (read as :mod:`calmon.csvrows` reads it for the agent): ``score,label``
+  (binary), ``p0,...,p{K-1},label`` (multiclass) or ``confidence,correct`` (top-label); an
+  optional ``id`` column is kept.
 * **NPZ**: ``confidence`` + ``correct``, ``score`` + ``label``, or ``probs`` + ``labels``
   (loaded with ``allow_pickle=False``).
 
@@ -14,15 +16,17 @@ the file, the line (or array) and the field.
 
 from __future__ import annotations
 
-import csv
 import io
+import math
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from calmon.events import LABELED, OUTCOME, PREDICTION, Decoder
+from calmon.agent.join import JoinedBatch, Joiner
+from calmon.csvrows import CsvLayout, read_rows
+from calmon.events import LABELED, PREDICTION, DecodedBatch, Decoder, ModelBatch
 
 
 class InputError(ValueError):
@@ -99,7 +103,7 @@ def _read_npz(name: str, data: bytes) -> Dataset:
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as f:
             arrays = {k: f[k] for k in f.files}
-    except Exception as e:  # zip or npy format errors of every kind
+    except Exception as e:  # noqa: BLE001 - np.load's zip and npy readers raise many unrelated types
         raise InputError(f"{name}: not a readable NPZ file ({type(e).__name__})") from None
     if "probs" in arrays and "labels" in arrays:
         probs = np.asarray(arrays["probs"], dtype=np.float64)
@@ -123,18 +127,20 @@ def _read_npz(name: str, data: bytes) -> Dataset:
 
 
 def _multiclass(name: str, probs: np.ndarray, labels: np.ndarray, ids: np.ndarray | None, what: str,
-                tol: float = 1e-3) -> Dataset:
+                lines: list[int] | None = None, tol: float = 1e-3) -> Dataset:
+    """A multiclass dataset (binary when K = 2); ``lines`` number the rows in messages (default 1, 2, ...)."""
     k = probs.shape[1]
     bad = ~np.isfinite(probs).all(axis=1) | (probs < 0).any(axis=1) | (probs > 1).any(axis=1)
     bad |= np.abs(probs.sum(axis=1) - 1.0) > tol
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise InputError(f"{name}: {what} {i + 1}: probs are not a probability vector (sum {probs[i].sum():.6g})")
+        raise InputError(f"{name}: {what} {_row(i, lines)}: probs are not a probability vector "
+                         f"(sum {probs[i].sum():.6g})")
     lab = np.asarray(labels, dtype=np.float64)
     badl = ~np.isfinite(lab) | (lab < 0) | (lab >= k) | (lab != np.round(lab))
     if badl.any():
         i = int(np.flatnonzero(badl)[0])
-        raise InputError(f"{name}: {what} {i + 1}: label {labels[i]!r} is not a class index below {k}")
+        raise InputError(f"{name}: {what} {_row(i, lines)}: label {labels[i]!r} is not a class index below {k}")
     labels = lab.astype(np.int64)
     if k == 2:
         return Dataset(name, 2, probs[:, 1].copy(), labels.astype(np.float64), ids=ids)
@@ -143,53 +149,56 @@ def _multiclass(name: str, probs: np.ndarray, labels: np.ndarray, ids: np.ndarra
     return Dataset(name, k, z, (pred == labels).astype(np.float64), probs=probs, labels=labels, ids=ids)
 
 
+def _row(i: int, lines: list[int] | None) -> int:
+    return i + 1 if lines is None else lines[i]
+
+
 def _read_csv(name: str, data: bytes) -> Dataset:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         raise InputError(f"{name}: not UTF-8 text (is it a binary file?)") from None
-    rows = list(csv.reader(io.StringIO(text)))
+    rows = list(read_rows(text))
     if not rows:
         raise InputError(f"{name}: empty input, no events")
-    header = [h.strip() for h in rows[0]]
-    body = [r for r in rows[1:] if r]
+    header, body = rows[0][1], rows[1:]
     if not body:
         raise InputError(f"{name}: header but no rows")
-    cols = {h: i for i, h in enumerate(header)}
-    pcols = sorted((h for h in header if h[:1] == "p" and h[1:].isdigit()), key=lambda h: int(h[1:]))
-    if "score" in cols and "label" in cols:
-        needed = ["score", "label"]
-    elif "confidence" in cols and "correct" in cols:
-        needed = ["confidence", "correct"]
-    elif pcols and "label" in cols:
-        if [int(h[1:]) for h in pcols] != list(range(len(pcols))):
-            raise InputError(f"{name}: line 1: probability columns must be p0..p{{K-1}}, got {pcols}")
-        needed = pcols + ["label"]
-    else:
+    layout = CsvLayout.from_names(header)
+    score, label, id_col = layout.column("score"), layout.column("label"), layout.column("id")
+    if label is None or (score is None and not layout.probs):
         raise InputError(f"{name}: line 1: header needs score,label or confidence,correct or p0..pK-1,label; "
                          f"got {','.join(header)[:80]}")
-    values = np.empty((len(body), len(needed)))
-    for r, row in enumerate(body):
-        for c, h in enumerate(needed):
+    if layout.error is not None:
+        raise InputError(f"{name}: line 1: {layout.error}")
+    needed = [score] if score is not None else list(layout.probs)
+    values = _csv_numbers(name, body, [*needed, label], layout)
+    ids = np.array([cells[id_col] if id_col < len(cells) else "" for _, cells in body], dtype=object) \
+        if id_col is not None else None
+    if score is None:
+        return _multiclass(name, values[:, :-1], values[:, -1], ids, "line", [n for n, _ in body])
+    z, y = values[:, 0], values[:, 1]
+    for bad, col, what in ((~np.isfinite(z) | (z < 0) | (z > 1), score, "is not a probability in [0, 1]"),
+                           ((y != 0) & (y != 1), label, "is not 0 or 1")):
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            v = values[i, 0 if col == score else 1]
+            raise InputError(f"{name}: line {body[i][0]}: field {layout.names[col]!r}: {v!r} {what}")
+    return Dataset(name, 2, z.copy(), y.copy(), ids=ids, top_label_only=layout.top_label)
+
+
+def _csv_numbers(name: str, body: list[tuple[int, list[str]]], cols: list[int], layout: CsvLayout) -> np.ndarray:
+    """The cells of ``cols`` as floats; the first cell that is not a number stops the read."""
+    values = np.empty((len(body), len(cols)))
+    for r, (line, cells) in enumerate(body):
+        for c, col in enumerate(cols):
             try:
-                values[r, c] = float(row[cols[h]])
+                values[r, c] = float(cells[col])
             except (ValueError, IndexError):
-                cell = row[cols[h]] if cols[h] < len(row) else "<missing>"
-                raise InputError(f"{name}: line {r + 2}: field {h!r}: {cell[:40]!r} is not a number") from None
-    ids = np.array([row[cols["id"]] if cols["id"] < len(row) else "" for row in body], dtype=object) \
-        if "id" in cols else None
-    if needed[0] in ("score", "confidence"):
-        z, y = values[:, 0], values[:, 1]
-        bad = ~np.isfinite(z) | (z < 0) | (z > 1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise InputError(f"{name}: line {i + 2}: field {needed[0]!r}: {z[i]!r} is not a probability in [0, 1]")
-        bad = (y != 0) & (y != 1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise InputError(f"{name}: line {i + 2}: field {needed[1]!r}: {y[i]!r} is not 0 or 1")
-        return Dataset(name, 2, z.copy(), y.copy(), ids=ids, top_label_only=needed[0] == "confidence")
-    return _multiclass(name, values[:, :-1], values[:, -1], ids, "line")
+                cell = cells[col] if col < len(cells) else "<missing>"
+                raise InputError(f"{name}: line {line}: field {layout.names[col]!r}: {cell[:40]!r} "
+                                 f"is not a number") from None
+    return values
 
 
 def _read_jsonl(name: str, data: bytes, model: str | None, skip_invalid: bool) -> Dataset:
@@ -197,9 +206,7 @@ def _read_jsonl(name: str, data: bytes, model: str | None, skip_invalid: bool) -
     if lines and lines[-1].strip() == b"":
         lines.pop()
     keep = [i for i, ln in enumerate(lines) if ln.strip()]
-    records = [lines[i] for i in keep]
-    decoder = Decoder(max_models=10_000, max_segments=10_000)
-    out = decoder.decode(records)
+    out = Decoder(max_models=10_000, max_segments=10_000).decode([lines[i] for i in keep])
     skipped: dict[str, int] = {}
     if out.rejected:
         if not skip_invalid:
@@ -207,6 +214,11 @@ def _read_jsonl(name: str, data: bytes, model: str | None, skip_invalid: bool) -
             more = f" (and {len(out.rejected) - 1} more invalid lines)" if len(out.rejected) > 1 else ""
             raise InputError(f"{name}: line {keep[r.index] + 1}: {r.reason}: {r.detail}{more}")
         skipped = out.reason_counts()
+    model = _choose_model(name, out, model)
+    return _labeled_dataset(name, out, model, skipped)
+
+
+def _choose_model(name: str, out: DecodedBatch, model: str | None) -> str:
     models = sorted(m for m in out.models if m)
     if model is None:
         if len(models) > 1:
@@ -217,32 +229,68 @@ def _read_jsonl(name: str, data: bytes, model: str | None, skip_invalid: bool) -
         model = models[0]
     if model not in out.models:
         raise InputError(f"{name}: no events of model {model!r} (models: {', '.join(models[:5])})")
+    return model
+
+
+def _join(out: DecodedBatch, model: str) -> tuple[JoinedBatch | None, int]:
+    """The model's predictions joined with outcomes (with or without the model), and the orphan count.
+
+    One batch and no time limit, so event times do not matter (NaN ones are set to 0 because the
+    joiner compares them); predictions and outcomes may come in either order.
+    """
+    groups = {m: out.models[m] for m in (model, "") if m in out.models}
+    filled = {m: replace(b, ts=np.where(np.isnan(b.ts), 0.0, b.ts)) for m, b in groups.items()}
+    joiner = Joiner(ttl=math.inf, max_pending=max(1, sum(len(b) for b in groups.values())))
+    joined = joiner.process(filled).get(model)
+    return joined, joiner.counters.orphans + len(joiner.early)
+
+
+def _labeled_dataset(name: str, out: DecodedBatch, model: str, skipped: dict[str, int]) -> Dataset:
+    """Labeled events in record order, then joined predictions in the order of the predictions."""
     mb = out.models[model]
     k = mb.classes
-    # outcomes may carry the model or not: join on id across both groups
-    outcome_groups = [mb.select(mb.kind == OUTCOME)]
-    if "" in out.models:
-        outcome_groups.append(out.models[""])
-    out_ids = np.concatenate([g.ids for g in outcome_groups])
-    out_labels = np.concatenate([g.label for g in outcome_groups])
-    lab = mb.select(mb.kind == LABELED)
-    pred = mb.select(mb.kind == PREDICTION)
-    label_of = dict(zip(out_ids.tolist(), out_labels.tolist()))
-    joined_labels = np.array([label_of.pop(i, -1) for i in pred.ids.tolist()], dtype=np.int64)
-    hit = joined_labels >= 0
-    bad = hit & (joined_labels >= k)
-    if bad.any():
-        raise InputError(f"{name}: outcome for id {pred.ids[np.flatnonzero(bad)[0]]!r}: label must be < {k}")
-    labels = np.concatenate([lab.label, joined_labels[hit]])
-    ids = np.concatenate([lab.ids, pred.ids[hit]])
-    ds_kw = {"ids": ids, "model": model, "unjoined_predictions": int((~hit).sum()),
-             "orphan_outcomes": len(label_of), "skipped": skipped}
-    if labels.size == 0:
-        raise InputError(f"{name}: no labeled events (predictions without outcomes: {int((~hit).sum())})")
+    lab, pred = mb.select(mb.kind == LABELED), mb.select(mb.kind == PREDICTION)
+    joined, orphans = _join(out, model)
+    pairs = _in_prediction_order(joined, pred) if joined is not None else None
+    n_joined = 0 if pairs is None else len(pairs.label)
+    if pairs is not None and (pairs.label >= k).any():
+        bad = int(np.flatnonzero(pairs.label >= k)[0])
+        raise InputError(f"{name}: outcome for id {pairs.ids[bad]!r}: label must be < {k}")
+    unjoined = len(pred) - n_joined
+    if len(lab) + n_joined == 0:
+        raise InputError(f"{name}: no labeled events (predictions without outcomes: {unjoined})")
+    labels = lab.label if pairs is None else np.concatenate([lab.label, pairs.label])
+    ids = lab.ids if pairs is None else np.concatenate([lab.ids, pairs.ids])
     if k == 2:
-        z = np.concatenate([lab.score, pred.score[hit]])
-        return Dataset(name, 2, z, labels.astype(np.float64), **ds_kw)
-    probs = np.concatenate([lab.probs, pred.probs[hit]])
+        z = _stack(lab.score, None if pairs is None else pairs.score)
+        return Dataset(name, 2, z, labels.astype(np.float64), ids=ids, model=model, unjoined_predictions=unjoined,
+                       orphan_outcomes=orphans, skipped=skipped)
+    probs = _stack(lab.probs, None if pairs is None else pairs.probs)
     top = probs.argmax(axis=1)
-    z = probs[np.arange(len(probs)), top]
-    return Dataset(name, k, z, (top == labels).astype(np.float64), probs=probs, labels=labels, **ds_kw)
+    return Dataset(name, k, probs[np.arange(len(probs)), top], (top == labels).astype(np.float64), probs=probs,
+                   labels=labels, ids=ids, model=model, unjoined_predictions=unjoined, orphan_outcomes=orphans,
+                   skipped=skipped)
+
+
+@dataclass
+class _Pairs:
+    label: np.ndarray
+    ids: np.ndarray
+    score: np.ndarray | None
+    probs: np.ndarray | None
+
+
+def _in_prediction_order(joined: JoinedBatch, pred: ModelBatch) -> _Pairs:
+    """Reorder joined pairs (completed in outcome order) into the record order of their predictions."""
+    first: dict[str, int] = {}
+    for i, key in enumerate(pred.ids.tolist()):
+        first.setdefault(key, i)
+    assert joined.ids is not None
+    order = np.argsort([first[key] for key in joined.ids.tolist()], kind="stable")
+    return _Pairs(joined.label[order], joined.ids[order], None if joined.score is None else joined.score[order],
+                  None if joined.probs is None else joined.probs[order])
+
+
+def _stack(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
+    parts = [x for x in (a, b) if x is not None]
+    return np.concatenate(parts) if parts else np.zeros(0)

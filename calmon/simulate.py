@@ -153,8 +153,8 @@ class Simulator:
                 pr, lab = self._draw(sel.size, mis)
                 labels[sel] = lab
                 vals = pr.tolist()
-                for j, v in zip(sel, vals):
-                    rows[j] = v
+                for row, v in zip(sel.tolist(), vals):
+                    rows[row] = v
         ts = spec.start + idx / spec.rate
         seg = (np.array(spec.segments, dtype=object)[self.rng.integers(len(spec.segments), size=m)]
                if spec.segments else None)

@@ -7,7 +7,8 @@ checkpointed state contains, so a restart neither loses nor repeats a record.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -31,7 +32,6 @@ class Batch:
     position: dict[str, Any]
     source: str
     origins: list[str] | None = None
-    meta: dict[str, Any] = field(default_factory=dict)
 
 
 @runtime_checkable
@@ -48,10 +48,47 @@ class Source(Protocol):
     def position(self) -> dict[str, Any]:
         """Position after the last record returned by ``read``."""
 
-    def seek(self, position: dict[str, Any]) -> None:
+    def seek(self, position: Mapping[str, Any]) -> None:
         """Continue right after ``position`` (as returned by :meth:`position`)."""
 
     def close(self) -> None: ...
+
+
+# Optional capabilities: the runtime checks them with ``isinstance`` instead of ``hasattr``.
+@runtime_checkable
+class Committable(Protocol):
+    """A source that can tell its upstream (e.g. a Kafka consumer group) what has been checkpointed."""
+
+    def commit(self, position: Mapping[str, Any] | None = None, timeout: float = 5.0) -> bool: ...
+
+
+@runtime_checkable
+class LagReporting(Protocol):
+    """A source that knows how many records are still to read, per partition (``{key: records}``)."""
+
+    def lag(self) -> dict[str, int]: ...
+
+
+@runtime_checkable
+class ByteLagReporting(Protocol):
+    """A source that knows how many bytes are still to read (files)."""
+
+    def lag_bytes(self) -> int: ...
+
+
+@runtime_checkable
+class Connectable(Protocol):
+    """A source with a connection that can be down (``/readyz`` is false while it is)."""
+
+    @property
+    def connected(self) -> bool: ...
+
+
+@runtime_checkable
+class HealthReporting(Protocol):
+    """A source that describes its connection for the status page."""
+
+    def health(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable
@@ -62,7 +99,7 @@ class DeadLetterSink(Protocol):
     def position(self) -> dict[str, Any]:
         """Position to checkpoint with the state (so a restart can drop dead letters written after it)."""
 
-    def seek(self, position: dict[str, Any]) -> None: ...
+    def seek(self, position: Mapping[str, Any]) -> None: ...
 
     def flush(self) -> None: ...
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -151,7 +152,7 @@ class FileDeadLetterSink:
         return {"version": DEADLETTER_POSITION_VERSION, "path": self.path, "dev": st.st_dev, "ino": st.st_ino,
                 "size": st.st_size}
 
-    def seek(self, position: dict[str, Any]) -> None:
+    def seek(self, position: Mapping[str, Any]) -> None:
         """Drop dead letters written after ``position``: truncate the file to the checkpointed size.
 
         Buffered lines are discarded. Nothing is truncated when the file is no longer the one

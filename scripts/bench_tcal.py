@@ -117,12 +117,12 @@ def tables(seed: int) -> None:
         g, _ = build_grid(z, y)
         s = np.random.default_rng(seed).choice(z.size, 2000, replace=False)
         t0 = time.perf_counter()
-        a = run_tester("tcal", CalibrationData(n=z.size, z=z, y=y, grid=g, raw_is_complete=True), seed=seed)
+        a = run_tester("tcal", CalibrationData(n=z.size, z=z, y=y, grid=g, raw_is_complete=True), seed=seed).to_dict()
         ta = time.perf_counter() - t0
         t0 = time.perf_counter()
-        b = run_tester("tcal", CalibrationData(n=z.size, z=z[s], y=y[s], grid=g), seed=seed)
+        b = run_tester("tcal", CalibrationData(n=z.size, z=z[s], y=y[s], grid=g), seed=seed).to_dict()
         tb = time.perf_counter() - t0
-        c = run_tester("tcal", CalibrationData(n=z.size, grid=g), seed=seed, screen=False)
+        c = run_tester("tcal", CalibrationData(n=z.size, grid=g), seed=seed, screen=False).to_dict()
         print(f"{path.stem:28s} {z.size:6d} {ece:7.2f} | {fmt_decision(a['decision'] == 'miscalibrated'):>4s} "
               f"{a['method']:8s} {a['p_value']:9.2e} {ta * 1e3:6.1f} | "
               f"{fmt_decision(b['decision'] == 'miscalibrated'):>6s} {b['method']:8s} {b['p_value']:9.2e} "

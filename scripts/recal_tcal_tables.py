@@ -18,6 +18,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from calmon.calibration import make_calibrator  # noqa: E402
-from calmon.calibration.refresh import binary_metrics  # noqa: E402
+from calmon.calibration.metrics import binary_metrics  # noqa: E402
 
 DATA = ROOT / ".." / "shared" / "data" / "tcal"
 MODELS = [
@@ -39,7 +40,7 @@ MODELS = [
     ("imagenet_resnet152", "IN ResNet-152", 10000),
     ("imagenet_efficientnet_b7", "IN EfficientNet-B7", 10000),
 ]
-METHODS = [
+METHODS: list[tuple[str, str | None, dict[str, Any]]] = [
     ("none", None, {}),
     ("platt", "platt", {}),
     ("platt-probit", "platt", {"link": "probit"}),
@@ -64,14 +65,13 @@ PAPER = {stem: dict(zip(_KEYS, vals)) for stem, vals in {
 def tcal_decision(p: np.ndarray, y: np.ndarray, mc: int, seed: int) -> str:
     """Adaptive T-Cal decision on raw predictions via the tester registry; "-" if the tester is missing."""
     try:
-        import calmon.stats  # noqa: F401, I001  (import order: stats before testers)
-        import calmon.algorithms.tcal  # noqa: F401  (registers "tcal")
-        from calmon.testers import CalibrationData, run_tester
+        from calmon.stats.data import CalibrationData
+        from calmon.testers import run_tester
     except ImportError:
         return "-"
     data = CalibrationData(n=int(p.size), z=p, y=y, raw_is_complete=True)
     res = run_tester("tcal", data, alpha=0.05, mc=mc, seed=seed)
-    return {"miscalibrated": "R", "calibrated": "A"}.get(res["decision"], "?")
+    return {"miscalibrated": "R", "calibrated": "A"}.get(res.decision, "?")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -198,7 +198,7 @@ def agent_on(tmp_path, lines: list[bytes], **overrides):
 
 
 def test_multiclass_window_equals_direct_statistics(tmp_path):
-    from calmon.agent.state import BucketStats
+    from calmon.agent.buckets import BucketStats
     from calmon.algorithms.ece import summary
     from calmon.io import read_input
 
@@ -244,9 +244,13 @@ def test_lateness_caps_alerts_and_recalibration(tmp_path):
 
 
 def test_demo_smoke():
-    """`calmon demo --port 0 --duration` starts on an embedded stream, prints where to look, serves, and stops."""
+    """`calmon demo --port 0` starts on an embedded stream, prints where to look, serves, and stops on SIGINT.
+
+    The demo runs until the check passed and is then interrupted (Ctrl-C): no assumption about how
+    much a loaded CPU gets done in a fixed duration.
+    """
     log = tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(calmon("demo", "--port", "0", "--duration", "25", "--drift-after", "5"),
+    proc = subprocess.Popen(calmon("demo", "--port", "0", "--duration", "600", "--drift-after", "5"),
                             stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT)
     try:
         head = []
@@ -254,18 +258,20 @@ def test_demo_smoke():
             head.append(proc.stdout.readline())
             assert head[-1], "".join(head)
         url = re.search(r"status page\s+(http://\S+)/", "".join(head)).group(1)
-        assert urllib.request.urlopen(f"{url}/readyz", timeout=10).status == 200
-        deadline = time.time() + 60
+        assert urllib.request.urlopen(f"{url}/readyz", timeout=30).status == 200
+        deadline = time.monotonic() + 300  # generous: only a broken demo takes this long
         w = {"model": "fraud-demo", "segment": "all", "window": "5m"}
-        while time.time() < deadline:
+        n = None
+        while time.monotonic() < deadline:
             sm = scrape(f"{url}/metrics")
             n = get(sm, "calmon_window_events", **w)
             if n and get(sm, "calmon_test_p_value", test="tcal", **w) is not None:
                 break
             time.sleep(0.5)
         assert n and n > 10000  # the replayed history is in the window
+        proc.send_signal(signal.SIGINT)
         out = proc.stdout.read()
-        proc.wait(timeout=90)
+        proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

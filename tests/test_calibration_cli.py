@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -48,6 +49,7 @@ def test_fit_then_apply_csv(tmp_path: Path, binary_csv: Path, capsys: pytest.Cap
     ds_in, ds_out = read_input(str(binary_csv)), read_input(str(out))
     np.testing.assert_allclose(ds_out.z, load(out_cal).predict(ds_in.z), rtol=1e-15)
     np.testing.assert_array_equal(ds_out.y, ds_in.y)
+    assert ds_out.ids is not None
     assert list(ds_out.ids[:2]) == ["e0", "e1"]
     # JSONL output is readable as labeled events
     outj = tmp_path / "out.jsonl"
@@ -73,7 +75,7 @@ def test_top_label_npz_and_multiclass(tmp_path: Path) -> None:
     np.savez(mc, probs=probs, labels=labels)
     cal = tmp_path / "t.json"
     assert run(["fit", str(mc), "--method", "temperature", "-o", str(cal)]) == 0
-    assert load(cal).temperature == pytest.approx(2.5, rel=0.15)
+    assert cast(Any, load(cal)).temperature == pytest.approx(2.5, rel=0.15)
     out = tmp_path / "mc_out.npz"
     assert run(["apply", str(cal), str(mc), "-o", str(out)]) == 0
     with np.load(out, allow_pickle=False) as f:

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import calmon.stats  # noqa: F401  (import order)
 from calmon.calibration import make_calibrator
 from calmon.calibration.refresh import (
     DirectoryStore,
@@ -21,8 +20,8 @@ from calmon.calibration.refresh import (
     refresh,
     split_arrays,
 )
+from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
-from calmon.testers import CalibrationData
 
 
 def _stream(seed: int, n: int, power: float) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -79,7 +78,7 @@ def test_refresh_publishes_improvement_then_not_a_copy(tmp_path: Path) -> None:
     store = DirectoryStore(tmp_path)
     res = refresh(train, hold, ["platt", {"method": "platt", "link": "probit"}, "isotonic", "histogram"],
                   model="fraud/v1", publishers=[store], window={"start": 0, "end": 3600},
-                  created_at="2026-01-01T00:00:00Z")
+                  created_at="2026-01-01T00:00:00Z").to_dict()
     assert res["published"] and res["revision"] == 1
     assert res["after"]["nll"] < res["before"]["nll"]
     assert res["after"]["ece_l2_debiased"] < res["before"]["ece_l2_debiased"]
@@ -92,10 +91,11 @@ def test_refresh_publishes_improvement_then_not_a_copy(tmp_path: Path) -> None:
     assert doc["revision"] == 1 and doc["model"] == "fraud/v1" and doc["training"]["window"]["end"] == 3600
     assert doc["evaluation"]["before"]["nll"] == res["before"]["nll"]
     back = store.load("fraud/v1")
+    assert back is not None and hold.z is not None
     np.testing.assert_allclose(back.predict(hold.z), make_calibrator(res["method"], **doc["options"])
                                .fit_data(train).predict(hold.z))
     # same window again: the candidates equal the calibrator in service, so nothing is published
-    res2 = refresh(train, hold, ["platt", "isotonic", "histogram"], model="fraud/v1", publishers=[store])
+    res2 = refresh(train, hold, ["platt", "isotonic", "histogram"], model="fraud/v1", publishers=[store]).to_dict()
     assert not res2["published"] and res2["revision"] is None and store.latest_revision("fraud/v1") == 1
     assert res2["current"]["method"] == res["method"]
 
@@ -106,7 +106,7 @@ def test_refresh_never_publishes_a_worse_calibrator(tmp_path: Path) -> None:
     train = CalibrationData(n=z.size, z=z, y=y, raw_is_complete=True)
     hold = CalibrationData(n=zc.size, z=zc, y=yc, raw_is_complete=True)
     store = DirectoryStore(tmp_path)
-    res = refresh(train, hold, ["platt", "isotonic"], model="m", publishers=[store])
+    res = refresh(train, hold, ["platt", "isotonic"], model="m", publishers=[store]).to_dict()
     assert not res["published"] and store.latest_revision("m") is None
     assert all(not c["improves"] for c in res["candidates"])
     assert all(c["after"]["nll"] > res["before"]["nll"] for c in res["candidates"])
@@ -116,11 +116,11 @@ def test_refresh_never_publishes_a_worse_calibrator(tmp_path: Path) -> None:
 def test_refresh_small_windows_and_bad_methods(tmp_path: Path) -> None:
     ids, z, y = _stream(5, 300, 2.0)
     train, hold = split_arrays(ids, z=z, y=y, fraction=0.5)
-    res = refresh(train, hold, ["platt"], publishers=[DirectoryStore(tmp_path)])
+    res = refresh(train, hold, ["platt"], publishers=[DirectoryStore(tmp_path)]).to_dict()
     assert res["reason"] == "insufficient data" and not res["published"]
     ids, z, y = _stream(6, 4000, 2.0)
     train, hold = split_arrays(ids, z=z, y=y, fraction=0.5)
-    res = refresh(train, hold, ["temperature", "platt"], model="m")  # temperature needs multiclass data
+    res = refresh(train, hold, ["temperature", "platt"], model="m").to_dict()  # temperature needs multiclass data
     assert res["candidates"][0]["error"] and res["published"] and res["method"] == "platt"
     assert res["published_to"] == []
     with pytest.raises(ValueError, match="unknown calibration method"):
@@ -136,9 +136,10 @@ def test_refresh_from_window_grid_and_later_bucket(tmp_path: Path) -> None:
     train = CalibrationData(n=12000, grid=window - last, z=z[:500], y=y[:500])  # reservoir is partial
     hold = CalibrationData(n=4000, grid=last)
     store = DirectoryStore(tmp_path)
-    res = refresh(train, hold, ["platt"], model="m", publishers=[store])
+    res = refresh(train, hold, ["platt"], model="m", publishers=[store]).to_dict()
     assert res["published"] and res["after"]["source"] == "grid"
     doc = store.load_document("m")
+    assert doc is not None
     assert doc["training"]["source"] == "grid" and doc["training"]["n"] == 12000
     samples = metric_samples(res)
     names = {s[0] for s in samples}
@@ -191,10 +192,10 @@ def test_refresh_with_minimal_and_failing_publishers(tmp_path: Path) -> None:
     ids, z, y = _stream(10, 6000, 2.0)
     train, hold = split_arrays(ids, z=z, y=y, fraction=0.3)
     store, mem = DirectoryStore(tmp_path), _MemoryPublisher()
-    res = refresh(train, hold, ["platt"], model="m", publishers=[store, mem, _BrokenPublisher()])
+    res = refresh(train, hold, ["platt"], model="m", publishers=[store, mem, _BrokenPublisher()]).to_dict()
     assert res["published"] and res["revision"] == 1
     assert mem.sent[0][0] == "m" and mem.sent[0][1]["revision"] == 1
     assert res["published_to"][1] == {"publisher": "_MemoryPublisher", "revision": 1}
     assert "broker down" in res["published_to"][2]["error"]
-    res = refresh(train, hold, ["platt"], model="m2", publishers=[_BrokenPublisher()])
+    res = refresh(train, hold, ["platt"], model="m2", publishers=[_BrokenPublisher()]).to_dict()
     assert not res["published"] and res["revision"] is None and res["reason"] == "every publisher failed"

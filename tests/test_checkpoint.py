@@ -147,3 +147,12 @@ def test_sigkill_during_saves_leaves_a_valid_checkpoint(tmp_path: Path) -> None:
         assert doc is not None
         assert doc["check"] == len(doc["blob"]) + doc["i"]
         assert doc["i"] >= last_reported
+
+
+def test_save_leaves_no_temporary_file(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path)
+    (tmp_path / ".checkpoint-000000000001.json.x1y2.tmp").write_bytes(b"{")  # a crashed atomic write
+    store.save({"a": 1})
+    store.save({"a": 2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-000000000001.json",
+                                                          "checkpoint-000000000002.json"]

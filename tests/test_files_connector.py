@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from calmon.events import Decoder
-from connectors.base import Batch, Source
+from connectors.base import Batch, ByteLagReporting, Committable, Source
 from connectors.files import CsvConverter, FileSource
 
 
@@ -45,7 +45,8 @@ def test_protocol_and_read_once_exact(tmp_path: Path) -> None:
     p = tmp_path / "a.jsonl"
     write_lines(p, lines, "wb")
     src = FileSource(p, name="s1")
-    assert isinstance(src, Source)
+    assert isinstance(src, Source) and isinstance(src, ByteLagReporting) and not isinstance(src, Committable)
+    assert src.lag_bytes() == p.stat().st_size
     assert src.name == "s1" and not src.exhausted
     batches = drain(src, max_records=77)
     assert src.exhausted

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import json
+import zlib
 
 import numpy as np
 import pytest
@@ -134,3 +136,29 @@ def test_bad_arguments():
         Joiner(0)
     with pytest.raises(ValueError, match="max_pending"):
         Joiner(1, 0)
+
+
+def test_joined_pairs_carry_their_ids():
+    dec, j = Decoder(), Joiner(60.0)
+    out = j.process(dec.decode([ev(id="a", model="m", ts=1, score=0.3), ev(id="b", model="m", ts=2, label=1),
+                                ev(id="b", model="m", ts=3, score=0.6), ev(id="a", ts=4, label=0)]).models)
+    assert out["m"].ids.tolist() == ["b", "a"] and out["m"].label.tolist() == [1, 0]
+
+
+def test_version_1_state_still_loads():
+    """A checkpoint written before the payload became a packed array (no "version", bare base64)."""
+    flat = np.array([0.25, 0.2, 0.5, 0.3], dtype="<f8")
+    v1 = {"ttl": 60.0, "max_pending": 10, "watermark": 5.0,
+          "pending": {"ids": ["s", "m"], "models": ["bin", "k3"], "ts": [1.0, 2.0], "segments": ["", "eu"],
+                      "widths": [0, 3], "payload": base64.b64encode(zlib.compress(flat.tobytes(), 1)).decode()},
+          "early": {"ids": ["o"], "models": [""], "ts": [3.0], "labels": [1]},
+          "classes": {"bin": 2, "k3": 3}, "counters": {"joined": {"bin": 4}, "expired": {}, "duplicates": {},
+                                                       "orphans": 2}}
+    j = Joiner.from_dict(v1)
+    assert j.pending["s"] == ("bin", 1.0, "", 0.25)
+    np.testing.assert_array_equal(j.pending["m"][3], [0.2, 0.5, 0.3])
+    assert j.early == {"o": ("", 3.0, 1)} and j.counters.orphans == 2 and j.pending_count() == {"bin": 1, "k3": 1}
+    again = Joiner.from_dict(json.loads(json.dumps(j.to_dict())))
+    assert again.to_dict() == j.to_dict() and again.to_dict()["version"] == 2
+    with pytest.raises(ValueError, match="version"):
+        Joiner.from_dict(dict(v1, version=99))

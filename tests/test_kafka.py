@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -23,7 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kafka_broker import KafkaBroker, free_port, require_broker  # noqa: E402
 
-from connectors.base import DeadLetterSink, Source  # noqa: E402
+from connectors.base import (  # noqa: E402
+    Committable,
+    Connectable,
+    DeadLetterSink,
+    HealthReporting,
+    LagReporting,
+    Source,
+)
 from connectors.kafka import (  # noqa: E402
     KafkaCalibratorPublisher,
     KafkaDeadLetterSink,
@@ -440,7 +448,7 @@ def test_dead_letters_with_headers_exactly_once_after_replay(broker):
     again.write([b"new"], ["not_json"], "kafka", ["ev/0@21"])
     pos = again.position()
     again.close()
-    assert again.stats["skipped_replayed"] == 2 and again.stats["written"] == 1
+    assert again.stats.skipped_replayed == 2 and again.stats.written == 1
     assert pos == {f"{topic}/0": 5}
 
     got = _read_all(broker.bootstrap, topic)
@@ -460,7 +468,7 @@ def test_dead_letters_buffered_while_broker_down():
     sink.write([b"a", b"b", b"c", b"d"], ["not_json"] * 4, "s")
     sink.flush()
     assert time.monotonic() - t0 < 15
-    assert sink.stats["dropped"] == 1 and sink.stats["failures"] >= 1
+    assert sink.stats.dropped == 1 and sink.stats.failures >= 1
     with KafkaBroker(port=port) as b:
         sink._next_attempt = 0.0  # skip the reconnect delay
         sink.flush()
@@ -515,7 +523,7 @@ def test_config_validation_and_security_pass_through():
             "position_policy": "checkpoint",
         }
     )
-    cfg = s._consumer_config()
+    cfg = s.consumer_config()
     assert cfg["security_protocol"] == "SASL_SSL" and cfg["sasl_mechanism"] == "SCRAM-SHA-512"
     assert cfg["ssl_cafile"] == "/etc/ca.pem" and cfg["max_poll_interval_ms"] == 5000
     assert cfg["enable_auto_commit"] is False and cfg["group_id"] == "calmon-prod"
@@ -540,14 +548,86 @@ def test_config_validation_and_security_pass_through():
         KafkaCalibratorPublisher.encode({"a": float("nan")})
 
 
+def test_connectors_satisfy_the_protocols_and_configs_select_the_library():
+    from calmon.calibration.refresh import Publisher
+    from connectors.kafka import ConfluentKafkaSource
+
+    for src in (KafkaSource("h:1", "t"), ConfluentKafkaSource("h:1", "t")):
+        for proto in (Source, Committable, LagReporting, Connectable, HealthReporting):
+            assert isinstance(src, proto), (type(src).__name__, proto.__name__)
+        src.close()
+    assert isinstance(KafkaDeadLetterSink("h:1", "d"), DeadLetterSink)
+    assert isinstance(KafkaCalibratorPublisher("h:1", "c"), Publisher)
+    cf = KafkaSource.from_config({"bootstrap_servers": "h:1", "topic": "t", "library": "confluent",
+                                  "security.protocol": "SSL"})
+    assert type(cf) is ConfluentKafkaSource and cf.client == {"security.protocol": "SSL"}
+    assert type(KafkaSource.from_config({"bootstrap_servers": "h:1", "topic": "t", "library": "kafka-python"})) \
+        is KafkaSource
+    with pytest.raises(ValueError, match="library must be"):
+        KafkaSource.from_config({"bootstrap_servers": "h:1", "topic": "t", "library": "librdkafka"})
+
+
+def test_calibrator_publisher_from_config_names_the_bad_key():
+    pub = KafkaCalibratorPublisher.from_config(
+        {"bootstrap_servers": ["h1:9092", "h2:9092"], "topic": "cal", "partitions": 3, "replication_factor": 2,
+         "client": {"security_protocol": "SSL"}, "timeout": 5})
+    assert (pub.topic, pub.partitions, pub.replication_factor, pub.timeout) == ("cal", 3, 2, 5.0)
+    assert pub.client == {"security_protocol": "SSL"}
+    bad = [({"topic": "x"}, "bootstrap_servers: "), ({"bootstrap_servers": "h:1", "topic": ""}, "topic: "),
+           ({"bootstrap_servers": "h:1", "partitions": "2"}, "partitions: "),
+           ({"bootstrap_servers": "h:1", "replication_factor": 0}, "replication_factor: "),
+           ({"bootstrap_servers": "h:1", "client": {"group_id": "g"}}, "client: unknown kafka-python producer"),
+           ({"bootstrap_servers": "h:1", "client": {"value_serializer": None}}, "client: .*cannot be overridden"),
+           ({"bootstrap_servers": "h:1", "timeout": -1}, "timeout: "),
+           ({"bootstrap_servers": "h:1", "topics": "x"}, "topics: unknown option")]
+    for options, match in bad:
+        with pytest.raises(ValueError, match=match):
+            KafkaCalibratorPublisher.from_config(options)
+
+
+@pytest.mark.integration
+def test_refresh_publishes_revisions_to_kafka(broker):
+    """calmon.calibration.refresh with the Kafka publisher: numbered revisions, read back by latest()."""
+    import numpy as np
+
+    from calmon.calibration.refresh import refresh, split_arrays
+
+    rng = np.random.default_rng(0)
+    z = rng.uniform(0.05, 0.95, 8000)
+    y = (rng.uniform(size=8000) < z**2).astype(float)  # over-confident scores: Platt scaling improves them
+    train, hold = split_arrays([str(i) for i in range(8000)], z=z, y=y, fraction=0.5)
+    pub = KafkaCalibratorPublisher.from_config({"bootstrap_servers": broker.bootstrap, "topic": _name("rc")})
+    try:
+        assert pub.latest_revision("m") is None
+        first = refresh(train, hold, ["platt"], model="m", publishers=[pub]).to_dict()
+        assert first["published"] and first["revision"] == 1
+        assert first["published_to"][0]["publisher"] == "kafka" and first["published_to"][0]["revision"] == 1
+        doc = pub.latest()["m"]
+        assert doc["revision"] == 1 and doc["model"] == "m" and doc["method"] == "platt"
+        second = refresh(train, hold, ["platt"], model="m", publishers=[pub]).to_dict()
+        assert second["revision"] == 2 and pub.latest_revision("m") == 2
+    finally:
+        pub.close()
+
+
 # ------------------------------------------------------------------------------------------ confluent-kafka
+def _require_confluent() -> None:
+    """Skip loudly (a warning in the summary, the reason in -rs) when the optional client is missing."""
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        msg = "confluent-kafka is not installed (optional: pip install confluent-kafka)"
+        warnings.warn(msg + " -- SKIPPING the confluent-kafka source tests", stacklevel=2)
+        pytest.skip("SKIPPED (no confluent-kafka): " + msg)
+
+
 CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
 
 
 @pytest.mark.integration
 def test_confluent_source_round_trip_and_exactly_once_replay(broker):
     """The optional confluent-kafka source behind the same interface (skipped if it is not installed)."""
-    pytest.importorskip("confluent_kafka", reason="optional: pip install confluent-kafka")
+    _require_confluent()
     from connectors.kafka import ConfluentKafkaSource
 
     topic = _name("cf")

@@ -17,6 +17,7 @@ which prints one line per run and a summary table.
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import signal
@@ -169,16 +170,17 @@ def final_state(directory: Path) -> dict[str, Any]:
 
 def committed(bootstrap: str, group: str) -> int | None:
     from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
 
     try:
         c = KafkaConsumer(
             bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False, bootstrap_timeout_ms=2000
         )
-    except Exception:  # noqa: BLE001 - broker unreachable right now
+    except (KafkaError, OSError):  # broker unreachable right now
         return None
     try:
         return c.committed(TopicPartition(TOPIC, 0), timeout_ms=3000)
-    except Exception:  # noqa: BLE001
+    except (KafkaError, OSError):
         return None
     finally:
         c.close(autocommit=False)
@@ -335,7 +337,7 @@ def outage_check(agent: AgentProc, url: str, broker: KafkaBroker, seconds: float
                         sink.append(r.status)
                 except urllib.error.HTTPError as e:
                     sink.append(e.code)
-                except Exception:  # noqa: BLE001
+                except (OSError, http.client.HTTPException):  # refused, reset or cut mid-response
                     sink.append(0)
             time.sleep(0.25)
 

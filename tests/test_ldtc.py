@@ -7,11 +7,18 @@ import json
 import numpy as np
 import pytest
 
-from calmon.algorithms import ldtc as ldtc_mod
-from calmon.algorithms.ldtc import ldtc, ldtc_dual_value, ldtc_grid, ldtc_lp, ldtc_tolerant, u_grid
+from calmon.algorithms.ldtc import (
+    ldtc,
+    ldtc_dual_value,
+    ldtc_grid,
+    ldtc_lp,
+    ldtc_tolerant,
+    theorem4_resolution,
+    u_grid,
+)
 from calmon.algorithms.smooth import smce
 from calmon.stats.grid import ScoreGrid
-from calmon.testers import REGISTRY, CalibrationData, run_tester
+from calmon.testers import TESTERS, CalibrationData, run_tester
 
 
 def _random_points(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -124,7 +131,7 @@ def test_tolerant_rule_theorem4() -> None:
 
 
 def test_registered_tester_decisions() -> None:
-    assert "ldtc" in REGISTRY
+    assert "ldtc" in TESTERS
     rng = np.random.default_rng(6)
     n = 20000
     for eps_star, expect in ((0.0, "calibrated"), (0.1, "miscalibrated")):
@@ -133,18 +140,19 @@ def test_registered_tester_decisions() -> None:
         g = ScoreGrid(4096)
         g.update(z, y)
         for data in (CalibrationData(n=n, z=z, y=y, raw_is_complete=True), CalibrationData(n=n, grid=g)):
-            res = run_tester("ldtc", data, eps1=0.06, eps2=0.01, bins=64)  # h/2 = 0.0078 <= alpha/6
+            res = run_tester("ldtc", data, eps1=0.06, eps2=0.01, bins=64).to_dict()  # h/2 = 0.0078 <= alpha/6
             json.dumps(res)
             assert res["decision"] == expect, res
             assert res["bounds"][0] <= eps_star + 1e-3 or expect == "miscalibrated"
             assert res["u_points"] >= 6 / 0.05 and res["bins"] == 64
-    small = run_tester("ldtc", CalibrationData(n=300, z=z[:300], y=y[:300], raw_is_complete=True), eps1=0.06)
+    small = run_tester("ldtc", CalibrationData(n=300, z=z[:300], y=y[:300], raw_is_complete=True),
+                       eps1=0.06).to_dict()
     assert small["decision"] == "insufficient data"
 
 
 def test_default_resolution_and_speed_budget() -> None:
     # defaults: 256 cells and a 101-point grid for eps1 >= 0.06
-    b, m = ldtc_mod._resolution(0.06, 4096, 256, 1024, 101, 401)
+    b, m = theorem4_resolution(0.06, 4096, 256, 1024, 101, 401)
     assert (b, m) == (256, 101)
-    b, m = ldtc_mod._resolution(0.02, 4096, 256, 1024, 101, 401)
+    b, m = theorem4_resolution(0.02, 4096, 256, 1024, 101, 401)
     assert m == 301 and 0.5 / b <= 0.02 / 6

@@ -1,4 +1,6 @@
+import base64
 import json
+import zlib
 
 import numpy as np
 from scipy import stats
@@ -41,3 +43,18 @@ def test_merge_is_uniform_over_the_union():
         assert m.seen == 4000 and len(m.rows) == 50
         from_a.append((m.rows[:, 0] == 0).mean())
     assert abs(np.mean(from_a) - 0.75) < 0.02
+
+
+def test_version_1_document_still_loads():
+    r = Reservoir(50, 2, seed=7)
+    r.update(np.column_stack([np.linspace(0, 1, 80), np.ones(80)]))
+    doc = json.loads(json.dumps(r.to_dict()))
+    assert doc["version"] == 2 and doc["rows"]["shape"] == [50, 2]
+    v1 = {k: v for k, v in doc.items() if k != "rows"}
+    v1["version"] = 1
+    v1["rows_zlib_b64"] = base64.b64encode(zlib.compress(r.rows.astype("<f8").tobytes())).decode()
+    old = Reservoir.from_dict(v1)
+    assert old == r
+    old.update(np.ones((30, 2)))
+    r.update(np.ones((30, 2)))
+    assert old == r  # the generator state came back too

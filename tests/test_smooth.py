@@ -7,7 +7,6 @@ import json
 import numpy as np
 import pytest
 
-from calmon.algorithms import smooth
 from calmon.algorithms.smooth import (
     grid_points,
     smce,
@@ -20,8 +19,10 @@ from calmon.algorithms.smooth import (
     smce_tolerant,
     smce_witness,
 )
+from calmon.algorithms.smooth.dp import smce_dp
 from calmon.stats.grid import ScoreGrid
-from calmon.testers import REGISTRY, CalibrationData, run_tester
+from calmon.testers import TESTERS, CalibrationData, run_tester
+from calmon.testers.smce import smce_tester
 
 
 def _instance(rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,20 +191,21 @@ def test_tolerant_tester_separates_far_and_close() -> None:
         z = rng.uniform(0, 1 - eps_star, n)
         y = (rng.random(n) < z + eps_star).astype(float)
         data = CalibrationData(n=n, z=z, y=y, raw_is_complete=True)
-        res = smooth.smce_tester(data, alpha=0.05, mc=0, rng=rng, eps1=0.2)
+        res = smce_tester(data, alpha=0.05, mc=0, rng=rng, eps1=0.2)
         assert res["decision"] == expect, res
 
 
 def test_registered_tester_raw_and_grid() -> None:
-    assert "smce" in REGISTRY
+    assert "smce" in TESTERS
     rng = np.random.default_rng(4)
     n = 30000
     z = rng.random(n)
     y = (rng.random(n) < np.clip(z + 0.05, 0, 1)).astype(float)
     g = ScoreGrid(4096)
     g.update(z, y)
-    raw = run_tester("smce", CalibrationData(n=n, z=z, y=y, grid=g, raw_is_complete=True), mc=99, seed=1)
-    win = run_tester("smce", CalibrationData(n=n, z=z[:2000], y=y[:2000], grid=g), mc=99, seed=1)
+    raw = run_tester("smce", CalibrationData(n=n, z=z, y=y, grid=g, raw_is_complete=True), mc=99,
+                     seed=1).to_dict()
+    win = run_tester("smce", CalibrationData(n=n, z=z[:2000], y=y[:2000], grid=g), mc=99, seed=1).to_dict()
     json.dumps(raw)
     json.dumps(win)
     assert raw["source"] == "raw" and win["source"] == "grid4096"
@@ -213,10 +215,10 @@ def test_registered_tester_raw_and_grid() -> None:
         assert res["bounds"][0] <= res["value"] <= res["bounds"][1]
         for key in ("statistic", "value", "bounds", "threshold", "p_value", "decision", "method"):
             assert key in res
-    few = run_tester("smce", CalibrationData(n=5, z=z[:5], y=y[:5], raw_is_complete=True), mc=9)
+    few = run_tester("smce", CalibrationData(n=5, z=z[:5], y=y[:5], raw_is_complete=True), mc=9).to_dict()
     assert few["decision"] == "insufficient data"
     # no simulation: Theorem 3 with eps2 = 0 and eps1 = sqrt(64/n), threshold 2/sqrt(n)
-    nosim = run_tester("smce", CalibrationData(n=n, grid=g), mc=0)
+    nosim = run_tester("smce", CalibrationData(n=n, grid=g), mc=0).to_dict()
     assert nosim["rule"] == "theorem3-default" and nosim["threshold"] == pytest.approx(2 / np.sqrt(n))
     assert nosim["decision"] == ("miscalibrated" if nosim["value"] > 2 / np.sqrt(n) else "calibrated")
 
@@ -267,4 +269,4 @@ def test_dp_heap_fallback_any_pivot() -> None:
         c = np.bincount(inv, weights=y - z) / n
         ref = smce_chain_lp(z, y - z, n)[0]
         for pivot in (0, vu.size - 1, int(rng.integers(0, vu.size))):
-            assert abs(smooth._smce_dp(vu, c, pivot=pivot) - ref) <= 1e-9
+            assert abs(smce_dp(vu, c, pivot=pivot) - ref) <= 1e-9

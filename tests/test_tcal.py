@@ -17,6 +17,7 @@ from scipy import stats
 
 from calmon.algorithms import tcal
 from calmon.algorithms.binomial_test import binomial_pvalues, binomial_test, discrete_support
+from calmon.algorithms.tcal.atoms import Atoms
 from calmon.stats.grid import ScoreGrid
 from calmon.testers import CalibrationData, run_tester
 
@@ -96,7 +97,7 @@ def test_null_mean_and_variance_by_exhaustive_enumeration():
     assert ws @ ts == pytest.approx(0.0, abs=1e-14)
     assert ws @ ts**2 == pytest.approx(tcal.null_variance_raw(z, 3), rel=1e-10)
     # exact third cumulant used by the three-moment approximation (raw atoms: exact power sums)
-    atoms = tcal._Atoms.from_raw(z, np.zeros_like(z))
+    atoms = Atoms.from_raw(z, np.zeros_like(z))
     lev = atoms.add_level(3)
     assert ws @ ts**3 == pytest.approx(atoms.third_cumulant(lev), rel=1e-10)
     assert atoms.variance(lev) == pytest.approx(ws @ ts**2, rel=1e-10)
@@ -137,7 +138,7 @@ def test_observed_statistics_and_null_draws_match_direct_computation():
     assert r["statistics"] == pytest.approx([tcal.ece2_raw(z, y, m) for m in (2, 16, 100, 1000)], abs=1e-12)
     assert r["plugin"] == pytest.approx([tcal.ece2_raw(z, y, m, False) for m in (2, 16, 100, 1000)], abs=1e-12)
     # the simulated draws have the exact null variance (raw: exact Y-only law) ...
-    atoms = tcal._Atoms.from_raw(z, y)
+    atoms = Atoms.from_raw(z, y)
     for m in (16, 1000):
         atoms.add_level(m)
     k, g = atoms.draw(4000, rng)
@@ -148,7 +149,7 @@ def test_observed_statistics_and_null_draws_match_direct_computation():
         assert T[:, j].var() == pytest.approx(v, rel=0.1)
     # ... and one draw equals a direct DPE computation with the drawn outcomes
     yd = (rng.uniform(size=z.size) < z).astype(float)
-    a2 = tcal._Atoms.from_raw(z, yd)
+    a2 = Atoms.from_raw(z, yd)
     a2.add_level(100)
     assert a2.stats(a2.k_obs[:, None], a2.g_obs[:, None])[0, 0] == pytest.approx(tcal.ece2_raw(z, yd, 100))
 
@@ -297,8 +298,8 @@ def test_binomial_test_chosen_for_discrete_predictors_and_holds_level():
     y = (rng.uniform(size=z.size) < np.clip(z + 0.08, 0, 1)).astype(float)
     g = ScoreGrid()
     g.update(z, y)
-    raw = run_tester("tcal", CalibrationData(n=z.size, z=z, y=y, grid=g, raw_is_complete=True))
-    grid = run_tester("tcal", CalibrationData(n=z.size, grid=g))
+    raw = run_tester("tcal", CalibrationData(n=z.size, z=z, y=y, grid=g, raw_is_complete=True)).to_dict()
+    grid = run_tester("tcal", CalibrationData(n=z.size, grid=g)).to_dict()
     assert raw["method"] == grid["method"] == "binomial"
     assert raw["decision"] == grid["decision"] == "miscalibrated"
     assert raw["p_values"] == pytest.approx(grid["p_values"], rel=1e-5)  # grid sums: 2^-28 fixed point
@@ -314,9 +315,10 @@ def test_tester_fields_and_sources():
     g = ScoreGrid()
     g.update(z, y)
     res = {
-        "raw": run_tester("tcal", CalibrationData(n=4000, z=z, y=y, grid=g, raw_is_complete=True), mc=200),
-        "grid": run_tester("tcal", CalibrationData(n=4000, z=z[:500], y=y[:500], grid=g), mc=200),
-        "reservoir": run_tester("tcal", CalibrationData(n=4000, z=z[:500], y=y[:500]), mc=200),
+        "raw": run_tester("tcal", CalibrationData(n=4000, z=z, y=y, grid=g, raw_is_complete=True),
+                          mc=200).to_dict(),
+        "grid": run_tester("tcal", CalibrationData(n=4000, z=z[:500], y=y[:500], grid=g), mc=200).to_dict(),
+        "reservoir": run_tester("tcal", CalibrationData(n=4000, z=z[:500], y=y[:500]), mc=200).to_dict(),
     }
     for source, r in res.items():
         json.dumps(r)
@@ -327,10 +329,10 @@ def test_tester_fields_and_sources():
         assert len(r["p_values"]) == len(r["levels"]) == len(r["critical_values"])
     assert res["raw"]["method"] == "mc-raw" and res["grid"]["method"] == "mc-grid"
     assert len(res["grid"]["levels"]) == 12 and len(res["raw"]["levels"]) == tcal.n_levels(4000)
-    r = run_tester("tcal", CalibrationData(n=4000, grid=g), method="cantelli", levels=[2, 3])
+    r = run_tester("tcal", CalibrationData(n=4000, grid=g), method="cantelli", levels=[2, 3]).to_dict()
     assert r["method"] == "cantelli" and r["levels"] == [2, 3]
-    assert run_tester("tcal", CalibrationData(n=0))["decision"] == "insufficient data"
-    assert run_tester("tcal", CalibrationData(n=0, grid=ScoreGrid()))["decision"] == "insufficient data"
+    assert run_tester("tcal", CalibrationData(n=0)).to_dict()["decision"] == "insufficient data"
+    assert run_tester("tcal", CalibrationData(n=0, grid=ScoreGrid())).to_dict()["decision"] == "insufficient data"
     with pytest.raises(ValueError):
         run_tester("tcal", CalibrationData(n=4000, grid=g), method="nope")
     with pytest.raises(ValueError):
@@ -346,8 +348,10 @@ def test_nine_real_models_rejected_from_files_and_from_streaming_statistics(path
     for lo in range(0, z.size, 4096):  # streamed in batches
         g.update(z[lo:lo + 4096], y[lo:lo + 4096])
     sample = np.random.default_rng(0).choice(z.size, 2000, replace=False)
-    full = run_tester("tcal", CalibrationData(n=z.size, z=z, y=y, grid=g, raw_is_complete=True), seed=1)
-    window = run_tester("tcal", CalibrationData(n=z.size, z=z[sample], y=y[sample], grid=g), seed=1)
+    full = run_tester("tcal", CalibrationData(n=z.size, z=z, y=y, grid=g, raw_is_complete=True),
+                      seed=1).to_dict()
+    window = run_tester("tcal", CalibrationData(n=z.size, z=z[sample], y=y[sample], grid=g),
+                        seed=1).to_dict()
     assert full["decision"] == "miscalibrated" and full["source"] == "raw"
     assert window["decision"] == "miscalibrated" and window["source"] == "grid"
 

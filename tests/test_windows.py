@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from calmon.agent.state import BucketStats, ModelWindows
+from calmon.agent.buckets import BucketStats, ModelWindows
 from calmon.agent.windows import TieredRing
 from calmon.stats.grid import ScoreGrid
 

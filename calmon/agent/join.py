@@ -29,6 +29,11 @@ from typing import Any
 import numpy as np
 
 from calmon.events import LABELED, OUTCOME, PREDICTION, ModelBatch
+from calmon.jsonio import pack_array, unpack_array
+
+#: 2: pending payloads as a :func:`calmon.jsonio.pack_array` document; 1 (no ``version`` key,
+#: still read): a bare base64 string of zlib-compressed float64.
+STATE_VERSION = 2
 
 
 @dataclass
@@ -42,6 +47,7 @@ class JoinedBatch:
     label: np.ndarray
     score: np.ndarray | None = None
     probs: np.ndarray | None = None
+    ids: np.ndarray | None = None  #: the event id of each pair (object array)
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -131,18 +137,6 @@ class Joiner:
         self.counters.orphans += len(dead)
 
     # -- processing -------------------------------------------------------------------------
-    def advance(self, ts: np.ndarray) -> np.ndarray:
-        """Event times with NaN replaced by the running watermark; advances the watermark.
-
-        Returns the watermark in force at each event (after the event itself).
-        """
-        ts = np.asarray(ts, dtype=np.float64)
-        if ts.size == 0:
-            return ts
-        filled = np.fmax.accumulate(np.concatenate([[self.watermark], ts]))[1:]
-        self.watermark = float(filled[-1])
-        return filled
-
     def process(self, models: dict[str, ModelBatch]) -> dict[str, JoinedBatch]:
         """Join the prediction and outcome events of one decoded batch (labeled events are ignored).
 
@@ -150,27 +144,17 @@ class Joiner:
         ----------
         models
             ``DecodedBatch.models``; events are taken in their record order (``ModelBatch.index``).
-            Event times must already be filled (see :meth:`advance` and the runtime).
+            Event times must already be filled (no NaN; the runtime uses the arrival time).
 
         Returns
         -------
         dict
             model -> :class:`JoinedBatch` of the pairs completed by this batch.
         """
-        parts = []
-        for name, mb in models.items():
-            if name:
-                self.classes[name] = mb.classes
-            sel = np.flatnonzero(mb.kind != LABELED)
-            if sel.size:
-                parts.append((name, mb, sel))
+        parts, which, rows = self._record_order(models)
         if not parts:
             return {}
-        order_idx = np.concatenate([mb.index[sel] for _, mb, sel in parts])
-        order = np.argsort(order_idx, kind="stable")
-        which = np.concatenate([np.full(sel.size, i) for i, (_, _, sel) in enumerate(parts)])[order]
-        rows = np.concatenate([sel for _, _, sel in parts])[order]
-        out: dict[str, list[tuple[float, str, int, Any]]] = {}
+        out: dict[str, list[tuple[float, str, int, Any, str]]] = {}
         pending, early, ttl, counters = self.pending, self.early, self.ttl, self.counters
         wm = self.watermark
         mbs = [(name, mb, mb.kind.tolist(), mb.ts.tolist(), mb.ids.tolist(), mb.segment.tolist(),
@@ -195,7 +179,7 @@ class Joiner:
                 if got is not None and got[0] in ("", name):
                     del early[key]
                     if got[1] + ttl >= wm:
-                        out.setdefault(name, []).append((t, segs[r], got[2], payload))
+                        out.setdefault(name, []).append((t, segs[r], got[2], payload, key))
                         _inc(counters.joined, name)
                         continue
                     counters.orphans += 1
@@ -209,7 +193,7 @@ class Joiner:
                 if prev is not None and name in ("", prev[0]):
                     self._drop_pending(key)
                     if prev[1] + ttl >= wm:
-                        out.setdefault(prev[0], []).append((prev[1], prev[2], labels[r], prev[3]))
+                        out.setdefault(prev[0], []).append((prev[1], prev[2], labels[r], prev[3], key))
                         _inc(counters.joined, prev[0])
                         continue
                     _inc(counters.expired, prev[0])
@@ -221,17 +205,34 @@ class Joiner:
                     del early[next(iter(early))]
                     counters.orphans += 1
         self.watermark = wm
-        result: dict[str, JoinedBatch] = {}
-        for name, items in out.items():
-            k = self.classes.get(name, 2)
-            ts = np.array([i[0] for i in items], dtype=np.float64)
-            seg = np.array([i[1] for i in items], dtype=object)
-            lab = np.array([i[2] for i in items], dtype=np.int64)
-            if k == 2:
-                result[name] = JoinedBatch(name, 2, ts, seg, lab, score=np.array([i[3] for i in items], np.float64))
-            else:
-                result[name] = JoinedBatch(name, k, ts, seg, lab, probs=np.vstack([i[3] for i in items]))
-        return result
+        return {name: self._joined_batch(name, items) for name, items in out.items()}
+
+    def _record_order(self, models: dict[str, ModelBatch]) -> tuple[list[tuple[str, ModelBatch, np.ndarray]],
+                                                                     np.ndarray, np.ndarray]:
+        """The non-labeled events of every model, merged in record order as (model part, row) pairs."""
+        parts = []
+        for name, mb in models.items():
+            if name:
+                self.classes[name] = mb.classes
+            sel = np.flatnonzero(mb.kind != LABELED)
+            if sel.size:
+                parts.append((name, mb, sel))
+        if not parts:
+            return parts, np.zeros(0, np.int64), np.zeros(0, np.int64)
+        order = np.argsort(np.concatenate([mb.index[sel] for _, mb, sel in parts]), kind="stable")
+        which = np.concatenate([np.full(sel.size, i) for i, (_, _, sel) in enumerate(parts)])[order]
+        rows = np.concatenate([sel for _, _, sel in parts])[order]
+        return parts, which, rows
+
+    def _joined_batch(self, name: str, items: list[tuple[float, str, int, Any, str]]) -> JoinedBatch:
+        k = self.classes.get(name, 2)
+        ts = np.array([i[0] for i in items], dtype=np.float64)
+        seg = np.array([i[1] for i in items], dtype=object)
+        lab = np.array([i[2] for i in items], dtype=np.int64)
+        ids = np.array([i[4] for i in items], dtype=object)
+        if k == 2:
+            return JoinedBatch(name, 2, ts, seg, lab, score=np.array([i[3] for i in items], np.float64), ids=ids)
+        return JoinedBatch(name, k, ts, seg, lab, probs=np.vstack([i[3] for i in items]), ids=ids)
 
     # -- checkpoint ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -240,11 +241,11 @@ class Joiner:
         flat = np.concatenate([np.atleast_1d(np.asarray(s, np.float64)) for s in scores]) if scores else np.zeros(0)
         widths = [int(np.size(s)) if not isinstance(s, float) else 0 for s in scores]
         return {
-            "ttl": self.ttl, "max_pending": self.max_pending,
+            "version": STATE_VERSION, "ttl": self.ttl, "max_pending": self.max_pending,
             "watermark": None if self.watermark == float("-inf") else self.watermark,
             "pending": {"ids": list(self.pending), "models": [e[0] for e in self.pending.values()],
                         "ts": [e[1] for e in self.pending.values()], "segments": [e[2] for e in self.pending.values()],
-                        "widths": widths, "payload": _pack(flat)},
+                        "widths": widths, "payload": pack_array(flat, "<f8")},
             "early": {"ids": list(self.early), "models": [e[0] for e in self.early.values()],
                       "ts": [e[1] for e in self.early.values()], "labels": [e[2] for e in self.early.values()]},
             "classes": dict(self.classes),
@@ -253,10 +254,14 @@ class Joiner:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Joiner:
+        """Rebuild from :meth:`to_dict` output (version-1 documents, without ``version``, included)."""
+        version = d.get("version", 1)
+        if version not in (1, STATE_VERSION):
+            raise ValueError(f"join state version {version!r} is not supported (max {STATE_VERSION})")
         out = cls(d["ttl"], d["max_pending"])
         out.watermark = float("-inf") if d["watermark"] is None else float(d["watermark"])
         p = d["pending"]
-        flat = _unpack(p["payload"])
+        flat = _payload_v1(p["payload"]) if version == 1 else unpack_array(p["payload"], "<f8")
         pos = 0
         for key, model, ts, seg, width in zip(p["ids"], p["models"], p["ts"], p["segments"], p["widths"]):
             if width == 0:
@@ -275,9 +280,6 @@ class Joiner:
         return out
 
 
-def _pack(a: np.ndarray) -> str:
-    return base64.b64encode(zlib.compress(np.ascontiguousarray(a, dtype="<f8").tobytes(), 1)).decode()
-
-
-def _unpack(s: str) -> np.ndarray:
-    return np.frombuffer(zlib.decompress(base64.b64decode(s)), dtype="<f8")
+def _payload_v1(packed: str) -> np.ndarray:
+    """Pending payloads of a version-1 state: zlib-compressed little-endian float64 in bare base64."""
+    return np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype="<f8")

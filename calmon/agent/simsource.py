@@ -9,7 +9,7 @@ be injected ``drift_after`` seconds after the agent started.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from calmon.simulate import SimulationSpec, Simulator
@@ -112,7 +112,7 @@ class SimulatedSource:
     def position(self) -> dict[str, Any]:
         return self.position_after(len(self._buffer))
 
-    def seek(self, position: dict[str, Any]) -> None:
+    def seek(self, position: Mapping[str, Any]) -> None:
         """Regenerate the stream from its seed and skip the records already delivered."""
         self.start = float(position["start"])
         self.drift_at = position.get("drift_at")

@@ -1,183 +1,137 @@
-"""Per-bucket statistics and per-model windowed state of the agent.
+"""The agent's ingestion state: windowed statistics, join buffers, decoder state and counters.
 
-A bucket holds a :class:`~calmon.stats.model.ModelStats` (fine grid, exact 15-bin ECE grid,
-class-wise grid, reservoir, level-set statistics) plus a coarse equal-width grid for the
-exported reliability diagram (20 bins by default, so the ``bin`` labels ``"0.00"..."0.95"``
-are exact bins, not re-binned fine cells).
-
-Memory of one (model, segment) for a binary model with ``bins`` fine cells and a reservoir of
-``r`` rows: a bucket costs ``6 * 8 * (bins + 15 + 20) + 16 r`` bytes (about 54 kB at
-``bins = 1024``, ``r = 256``; 201 kB at ``bins = 4096``), and the default tiers
-(12 x 5 min, 24 x 1 h, 7 x 1 d) hold at most 45 buckets plus the archive: about 2.5 MB
-(resp. 9.3 MB) whatever the number of events.
+Locking rule
+------------
+One lock, :attr:`AgentState.lock`, guards every attribute of this object that another thread
+reads: ``models``, ``joiner``, ``counters`` and ``sources``.  The ingestion thread holds it while
+it applies a decoded batch (milliseconds); the scheduler holds it only inside :meth:`snapshot`
+(window sums, then it works on its private copy); the views hold it only to copy counters.
+``decoder`` is used by the ingestion thread alone (decode runs outside the lock) and needs none.
+Evaluation results never live here: the scheduler publishes them as one immutable
+:class:`~calmon.agent.views.Published` object (see :mod:`calmon.agent.views`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
+from calmon.agent.buckets import BucketStats, ModelWindows
+from calmon.agent.counters import Counters, SourceInfo
+from calmon.agent.join import Joiner
+from calmon.config import Config
+from calmon.events import Decoder
 
-from calmon.agent.windows import TieredRing
-from calmon.stats.grid import ScoreGrid
-from calmon.stats.model import ModelStats, top_label
-
-FORMAT = "calmon.bucket"
+__all__ = ["AgentState", "WindowSnapshot", "StateError"]
 
 
-class BucketStats:
-    """The statistics of one time bucket (or the sum of several): model statistics + reliability grid.
+class StateError(ValueError):
+    """A checkpoint does not fit the configuration (one line naming the key)."""
+
+
+@dataclass(frozen=True)
+class WindowSnapshot:
+    """The summed statistics of one (model, segment, window), owned by whoever took the snapshot."""
+
+    model: str
+    segment: str
+    window: str
+    bucket: BucketStats
+
+
+class AgentState:
+    """Everything ingestion builds and a checkpoint must hold (see the module docstring for the lock).
 
     Parameters
     ----------
-    classes, bins, reservoir, levelset_lambda
-        As for :class:`~calmon.stats.model.ModelStats`.
-    reliability_bins
-        Bins of the exported reliability diagram.
+    cfg
+        Validated configuration (tiers, models, limits, join settings).
 
     Examples
     --------
     >>> import numpy as np
-    >>> b = BucketStats(2, bins=64, reservoir=10)
-    >>> b.update(score=np.array([0.1, 0.97]), labels=np.array([0, 1]))
-    >>> b.count, b.rel.n[[2, 19]].tolist()
-    (2, [1.0, 1.0])
+    >>> from calmon.config import build_config
+    >>> st = AgentState(build_config({"sources": [{"path": "x.jsonl"}]}, env={}))
+    >>> mw = st.windows_of("m", 2)
+    >>> mw.add(np.array([10.0]), np.array(["web"], dtype=object), np.array([1]), np.array([0.8]), None, 10.0)
+    >>> [(s.model, s.segment, s.window, s.bucket.count) for s in st.snapshot()][:2]
+    [('m', 'all', '1h', 1), ('m', 'all', '24h', 1)]
     """
 
-    __slots__ = ("stats", "rel")
-
-    def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
-                 reliability_bins: int = 20, seed: int = 0) -> None:
-        self.stats = ModelStats(classes, bins=bins, ece_bins=15, reservoir=reservoir,
-                                levelset_lambda=levelset_lambda, seed=seed)
-        self.rel = ScoreGrid(reliability_bins)
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.lock = threading.RLock()
+        self.windows = cfg.windows.window_seconds()
+        self.tiers = [(float(t.width), int(t.count)) for t in cfg.windows.tiers]
+        declared = {n: m.classes for n, m in cfg.models.items() if n != "default" and m.classes}
+        self.decoder = Decoder(models=declared, max_models=cfg.limits.max_models,
+                               max_segments=cfg.limits.max_segments, discover=cfg.accept_unknown_models)
+        self.joiner = Joiner(cfg.join.ttl, cfg.join.max_pending)
+        self.models: dict[str, ModelWindows] = {}
+        self.counters = Counters()
+        self.sources: dict[str, SourceInfo] = {}
 
     @property
-    def count(self) -> int:
-        return self.stats.count
+    def watermark(self) -> float | None:
+        """Newest event time seen (``None`` before the first event)."""
+        wm = self.joiner.watermark
+        return None if wm == -math.inf else wm
 
-    def update(self, score: np.ndarray | None = None, probs: np.ndarray | None = None,
-               labels: np.ndarray | None = None) -> None:
-        """Add labeled events (binary ``score`` or multiclass ``probs``) with class ``labels``."""
-        labels = np.asarray(labels, dtype=np.int64)
-        self.stats.update(score=score, probs=probs, labels=labels)
-        if probs is None:
-            self.rel.update(score, labels.astype(np.float64))
-        else:
-            conf, correct = top_label(probs, labels)
-            self.rel.update(conf, correct)
+    def windows_of(self, name: str, classes: int) -> ModelWindows:
+        """The rings of model ``name``, created on its first labeled event (call under the lock)."""
+        mw = self.models.get(name)
+        if mw is None:
+            m = self.cfg.model(name)
+            mw = self.models[name] = ModelWindows(
+                name, classes, self.tiers, m.segments, bins=m.bins, reservoir=m.reservoir,
+                levelset_lambda=m.levelset_lambda, reliability_bins=self.cfg.evaluation.reliability_bins)
+        return mw
 
-    def merge(self, other: BucketStats) -> None:
-        self.stats.merge(other.stats)
-        self.rel.merge(other.rel)
+    def source(self, name: str) -> SourceInfo:
+        info = self.sources.get(name)
+        if info is None:
+            info = self.sources[name] = SourceInfo()
+        return info
 
-    def copy(self) -> BucketStats:
-        import copy
-
-        out = BucketStats.__new__(BucketStats)
-        out.stats = copy.deepcopy(self.stats)
-        out.rel = self.rel.copy()
+    def snapshot(self) -> list[WindowSnapshot]:
+        """Window sums of every (model, segment, window), taken under the lock, in model order."""
+        out: list[WindowSnapshot] = []
+        with self.lock:
+            wm = self.joiner.watermark
+            for name in sorted(self.models):
+                for seg, ring in self.models[name].rings.items():
+                    sums = ring.window_sums(self.windows, watermark=wm)
+                    out.extend(WindowSnapshot(name, seg, w, sums[w]) for w in self.windows)
         return out
 
-    def nbytes(self) -> int:
-        return self.stats.nbytes() + self.rel.nbytes()
+    def nbytes(self) -> dict[str, int]:
+        with self.lock:
+            return {name: mw.nbytes() for name, mw in self.models.items()}
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "stats": self.stats.to_dict(), "rel": self.rel.to_dict()}
+    # -- checkpoint ----------------------------------------------------------------------------
+    def to_doc(self) -> dict[str, Any]:
+        """The checkpoint's state part (decoder, join, models, counters)."""
+        with self.lock:
+            return {"decoder": self.decoder.state(), "join": self.joiner.to_dict(),
+                    "models": {name: mw.to_dict() for name, mw in self.models.items()},
+                    "counters": self.counters.to_dict()}
 
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> BucketStats:
-        if d.get("format") != FORMAT:
-            raise ValueError("not a calmon bucket document")
-        out = cls.__new__(cls)
-        out.stats = ModelStats.from_dict(d["stats"])
-        out.rel = ScoreGrid.from_dict(d["rel"])
-        return out
-
-
-class ModelWindows:
-    """Rings of buckets of one model: segment ``"all"`` plus each allow-listed segment.
-
-    Parameters
-    ----------
-    name, classes
-        Model name and number of classes.
-    tiers
-        ``[(width, count), ...]`` of the rings.
-    segments
-        Allow-listed segment values.
-    bins, reservoir, levelset_lambda, reliability_bins
-        Bucket parameters (see :class:`BucketStats`).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> mw = ModelWindows("m", 2, [(60, 5), (600, 3)], segments=["web"], bins=64, reservoir=8)
-    >>> seg = np.array(["web", "app", "web"], dtype=object)
-    >>> mw.add(np.array([0.0, 10.0, 700.0]), seg, np.array([1, 0, 1]), np.array([0.9, 0.2, 0.7]), None, 700.0)
-    >>> mw.rings["all"].window_sum(None).count, mw.rings["web"].window_sum(None).count
-    (3, 2)
-    >>> mw.rings["all"].window_sum(300).count
-    1
-    """
-
-    def __init__(self, name: str, classes: int, tiers: Iterable[tuple[float, int]], segments: Iterable[str] = (),
-                 bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
-                 reliability_bins: int = 20) -> None:
-        self.name = name
-        self.classes = int(classes)
-        self.tiers = [(float(w), int(c)) for w, c in tiers]
-        self.segments = list(segments)
-        self.params = {"classes": self.classes, "bins": bins, "reservoir": reservoir,
-                       "levelset_lambda": levelset_lambda, "reliability_bins": reliability_bins}
-        self.rings: dict[str, TieredRing[BucketStats]] = {
-            seg: TieredRing(self.tiers, self.factory) for seg in ["all", *self.segments]}
-
-    def factory(self) -> BucketStats:
-        return BucketStats(**self.params)
-
-    def add(self, ts: np.ndarray, segment: np.ndarray, labels: np.ndarray, score: np.ndarray | None,
-            probs: np.ndarray | None, watermark: float) -> None:
-        """Add labeled events to segment ``all`` and to their allow-listed segment."""
-        if ts.size == 0:
-            return
-
-        def adder(sel: np.ndarray | None) -> Any:
-            def update(bucket: BucketStats, idx: np.ndarray) -> None:
-                rows = idx if sel is None else sel[idx]
-                bucket.update(None if score is None else score[rows], None if probs is None else probs[rows],
-                              labels[rows])
-            return update
-
-        self.rings["all"].add(ts, adder(None), watermark)
-        for seg in self.segments:
-            sel = np.flatnonzero(segment == seg)
-            if sel.size:
-                self.rings[seg].add(ts[sel], adder(sel), watermark)
-
-    def advance(self, watermark: float) -> None:
-        for ring in self.rings.values():
-            ring.advance(watermark)
-
-    def nbytes(self) -> int:
-        total = 0
-        for ring in self.rings.values():
-            for tier in ring.buckets:
-                total += sum(b.nbytes() for b in tier.values())
-            if ring.archive is not None:
-                total += ring.archive.nbytes()
-        return total
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "params": self.params, "tiers": [list(t) for t in self.tiers],
-                "segments": self.segments,
-                "rings": {seg: ring.to_dict(lambda b: b.to_dict()) for seg, ring in self.rings.items()}}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> ModelWindows:
-        p = d["params"]
-        out = cls(d["name"], p["classes"], d["tiers"], d["segments"], p["bins"], p["reservoir"],
-                  p["levelset_lambda"], p["reliability_bins"])
-        out.rings = {seg: TieredRing.from_dict(r, out.factory, BucketStats.from_dict) for seg, r in d["rings"].items()}
-        return out
+    def load_doc(self, doc: Mapping[str, Any]) -> None:
+        """Restore :meth:`to_doc`'s output; :class:`StateError` if it was written with other tiers."""
+        models = {}
+        for name, md in doc["models"].items():
+            if [(float(w), int(c)) for w, c in md["tiers"]] != self.tiers:
+                raise StateError(f"windows.tiers: the checkpoint in {self.cfg.state_dir} was written with tiers "
+                                 f"{md['tiers']}; restore them or start with an empty state directory")
+            models[name] = ModelWindows.from_dict(md)
+        joiner = Joiner.from_dict(doc["join"])
+        joiner.ttl = self.cfg.join.ttl
+        joiner.max_pending = self.cfg.join.max_pending
+        with self.lock:
+            self.models = models
+            self.decoder.load_state(doc["decoder"])
+            self.joiner = joiner
+            self.counters = Counters.from_dict(doc["counters"])

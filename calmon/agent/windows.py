@@ -157,13 +157,13 @@ class TieredRing(Generic[S]):
         code = tier * (1 << 42) + np.floor(key / self.tiers[0][0] + 0.5).astype(np.int64)
         lo, hi = int(code.min()), int(code.max())
         if lo == hi:  # fast path: a single bucket
-            groups = [(int(tier[0]), float(key[0]), np.arange(ts.size))]
+            groups: list[tuple[int, float, np.ndarray]] = [(int(tier[0]), float(key[0]), np.arange(ts.size))]
         else:
             uniq, first, inverse = np.unique(code, return_index=True, return_inverse=True)
             order = np.argsort(inverse, kind="stable")
             splits = np.cumsum(np.bincount(inverse, minlength=uniq.size))[:-1]
             groups = [(int(tier[f]), float(key[f]), idx) for f, idx in zip(first, np.split(order, splits))]
-        for t, k, idx in groups:
+        for t, start, idx in groups:  # (tier, bucket start, event indices)
             if t >= len(self.tiers):
                 if not self.keep_archive:
                     continue
@@ -171,15 +171,15 @@ class TieredRing(Generic[S]):
                     self.archive = self.factory()
                 update(self.archive, idx)
                 continue
-            state = self.buckets[t].get(k)
+            state = self.buckets[t].get(start)
             if state is None:
-                state = self.buckets[t][k] = self.factory()
+                state = self.buckets[t][start] = self.factory()
             update(state, idx)
 
     # -- reading ------------------------------------------------------------------------------
     def iter_newest_first(self) -> list[tuple[float, float, S]]:
         """``(start, width, state)`` of every bucket, newest first."""
-        out = []
+        out: list[tuple[float, float, S]] = []
         for (w, _), tier in zip(self.tiers, self.buckets):
             out.extend((k, w, s) for k, s in tier.items())
         out.sort(key=lambda x: -x[0])

@@ -71,28 +71,62 @@ def l2_ece_squared(grid: ScoreGrid, bins: int | None = None, debiased: bool = Tr
     models. JMLR 2023, eqs. (5) and (6).
     """
     g = grid if bins is None or bins == grid.bins else grid.coarsen(bins)
-    n = g.count
-    if n == 0:
-        return float("nan")
-    N = g.n
-    s = g.sum_y - g.sum_z
-    q = g.sum_y - 2.0 * g.sum_zy + g.sum_zz
-    nz = N > 0
-    num = s[nz] ** 2 - (q[nz] if debiased else 0.0)
-    return float((num / N[nz]).sum() / n)
+    return l2_ece_squared_sums(g.n, g.sum_y - g.sum_z, g.sum_y - 2.0 * g.sum_zy + g.sum_zz, debiased)
 
 
 def l2_ece_squared_raw(z: np.ndarray, y: np.ndarray, bins: int, debiased: bool = True) -> float:
-    """Raw-array twin of :func:`l2_ece_squared`, by the pairwise form of eq. (6) per bin."""
+    """Raw-array twin of :func:`l2_ece_squared` (same bin rule, the sums taken from the events).
+
+    Only the occupied bins are materialised, so ``bins`` may be as large as ``2**28``.
+
+    Examples
+    --------
+    >>> z = np.array([0.1, 0.2, 0.8, 0.9]); y = np.array([0, 1, 1, 1])
+    >>> round(l2_ece_squared_raw(z, y, 2, debiased=False), 4), round(l2_ece_squared_raw(z, y, 2), 4)
+    (0.0725, -0.015)
+    """
     z = np.asarray(z, dtype=np.float64)
     r = np.asarray(y, dtype=np.float64) - z
-    idx = cell_index(z, bins)
-    total = 0.0
-    for b in np.unique(idx):
-        rb = r[idx == b]
-        pair_sum = rb.sum() ** 2 - (rb ** 2).sum() if debiased else rb.sum() ** 2
-        total += pair_sum / len(rb)
-    return total / len(z)
+    _, inv = np.unique(cell_index(z, bins), return_inverse=True)
+    inv = inv.ravel()
+    counts = np.bincount(inv).astype(np.float64)
+    return l2_ece_squared_sums(counts, np.bincount(inv, r), np.bincount(inv, r * r), debiased)
+
+
+def l2_ece_squared_sums(counts: np.ndarray, residual_sums: np.ndarray, squared_sums: np.ndarray,
+                        debiased: bool = True) -> float:
+    """Plug-in or debiased l2-ECE^2 from per-bin sums: the one implementation of eqs. (5)-(6).
+
+    ``T^d = (1/n) sum_{N_i > 0} (S_i^2 - Q_i) / N_i`` (``T^b`` without ``Q_i``), ``n = sum N_i``.
+
+    Parameters
+    ----------
+    counts
+        Events per bin ``N_i`` (empty bins allowed; they contribute nothing).
+    residual_sums
+        ``S_i = sum (y - z)`` per bin.
+    squared_sums
+        ``Q_i = sum (y - z)^2`` per bin (unused for the plug-in).
+    debiased
+        DPE when ``True``, plug-in otherwise.
+
+    Returns
+    -------
+    The estimate (scalar convention), NaN when there are no events.
+
+    Examples
+    --------
+    >>> l2_ece_squared_sums(np.array([2.0, 0.0]), np.array([1.0, 0.0]), np.array([0.5, 0.0]))
+    0.125
+    """
+    n_i = np.asarray(counts, dtype=np.float64)
+    total = n_i.sum()
+    if total <= 0:
+        return float("nan")
+    nz = n_i > 0
+    s = np.asarray(residual_sums, dtype=np.float64)[nz]
+    num = s * s - (np.asarray(squared_sums, dtype=np.float64)[nz] if debiased else 0.0)
+    return float((num / n_i[nz]).sum() / total)
 
 
 def brier(grid: ScoreGrid) -> float:

@@ -34,9 +34,8 @@ from scipy import sparse
 from scipy.optimize import linprog
 
 from calmon.stats.grid import ScoreGrid
-from calmon.testers import CalibrationData, register_tester
 
-__all__ = ["u_grid", "ldtc_lp", "ldtc_dual_value", "ldtc", "ldtc_grid", "ldtc_tolerant", "ldtc_tester"]
+__all__ = ["u_grid", "ldtc_lp", "ldtc_dual_value", "ldtc", "ldtc_grid", "ldtc_tolerant", "theorem4_resolution"]
 
 #: Largest LP accepted (number of variables 2 |V| |U| after dropping empty (v, y) pairs).
 MAX_VARIABLES = 3_000_000
@@ -314,98 +313,21 @@ def ldtc_tolerant(beta: float, n: int, eps1: float, eps2: float = 0.0, C: float 
     return {"decision": decision, "threshold": threshold, "alpha": alpha_t, "n_required": n_req}
 
 
-def _resolution(alpha_t: float, fine_bins: int, min_bins: int, max_bins: int, grid_points: int,
+def theorem4_resolution(alpha_t: float, fine_bins: int, min_bins: int, max_bins: int, grid_points: int,
                 max_grid: int) -> tuple[int, int]:
     """LP resolution for Theorem 4: u-grid of >= 6/alpha points (s/2 <= alpha/12), cells with h/2 <= alpha/6.
 
     The total error bound ``s/2 + h/2`` then stays below ``alpha/4 < alpha/3`` (capped by the maxima).
+    Returns ``(cells, u_points)``: cells from ``min_bins`` doubling up to ``max_bins`` (dividing
+    ``fine_bins``), u-grid points between ``grid_points`` and ``max_grid``.
+
+    Examples
+    --------
+    >>> theorem4_resolution(0.06, 4096, 256, 1024, 101, 401)
+    (256, 101)
     """
     m = min(max(grid_points, int(math.ceil(6.0 / alpha_t)) + 1), max_grid)
     b = min_bins
     while b < max_bins and 0.5 / b > alpha_t / 6.0 and fine_bins % (2 * b) == 0:
         b *= 2
     return min(b, fine_bins), m
-
-
-@register_tester("ldtc")
-def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
-                eps1: float | None = None, eps2: float = 0.0, C: float = 36.0, bins: int = 256,
-                max_bins: int = 1024, grid_points: int = 101, max_grid: int = 401, min_eps1: float = 0.05,
-                min_n: int = 20) -> dict[str, Any]:
-    """Registered tester ``ldtc``: dCE by LP on binned data and the tolerant rule of Theorem 4.
-
-    Raw data are first binned on a 4096-cell grid (or the data's own grid is used), then coarsened
-    to ``bins`` cells (more if Theorem 4's resolution needs it, up to ``max_bins``).  Without ``eps1``
-    the tester uses ``eps2 = 0`` and ``eps1 = max(sqrt(C/n), min_eps1)``: the smallest gap this
-    sample can resolve.  No p-value (``alpha``, ``mc`` and ``rng`` are unused).
-
-    Parameters
-    ----------
-    data
-        :class:`~calmon.testers.CalibrationData` with a grid and/or raw data.
-    alpha, mc, rng
-        Registry interface (unused).
-    eps1, eps2, C
-        Theorem 4 parameters.
-    bins, max_bins
-        LP cells (powers of two dividing the fine grid).
-    grid_points, max_grid
-        u-grid size: at least ``grid_points`` and ``6/(eps1 - eps2) + 1``, at most ``max_grid``.
-    min_eps1
-        Floor for the default ``eps1``.
-    min_n
-        Fewer events give "insufficient data".
-
-    Returns
-    -------
-    dict
-        ``statistic`` (= ``estimate``), ``value`` (dCE^U of the binned data), ``bounds``, ``error_bound``,
-        ``threshold``, ``p_value`` (None), ``decision``, ``method``, ``eps1``, ``eps2``, ``bins``,
-        ``u_points``.
-
-    Examples
-    --------
-    >>> rng = np.random.default_rng(4)
-    >>> z = rng.random(20000); y = (rng.random(20000) < z).astype(float)
-    >>> res = ldtc_tester(CalibrationData(n=20000, z=z, y=y, raw_is_complete=True), alpha=0.05, mc=0, rng=rng)
-    >>> res["decision"]
-    'calibrated'
-    """
-    grid = data.grid
-    if data.z is not None and data.y is not None and (data.raw_is_complete or grid is None):
-        z = np.asarray(data.z, dtype=np.float64).ravel()
-        y = np.asarray(data.y, dtype=np.float64).ravel()
-        if z.shape != y.shape:
-            raise ValueError("raw scores and outcomes differ in length")
-        bad_z = z.size and (not np.all(np.isfinite(z)) or z.min() < 0 or z.max() > 1)
-        if bad_z or not np.all((y == 0) | (y == 1)):
-            raise ValueError("scores must lie in [0, 1] and outcomes in {0, 1}")
-        grid = ScoreGrid(4096)
-        grid.update(z, y)
-        source = "raw"
-    elif grid is not None:
-        if grid.channels is not None:
-            raise ValueError("the ldtc tester needs a single-channel grid")
-        source = f"grid{grid.bins}"
-    else:
-        raise ValueError("the ldtc tester needs raw scores/outcomes or a ScoreGrid")
-    n = grid.count
-    out: dict[str, Any] = {"method": "ldtc", "p_value": None, "n": int(n), "source": source}
-    if eps1 is None:
-        eps2 = 0.0
-        eps1 = min(1.0, max(math.sqrt(C / max(n, 1)), min_eps1))
-    if not 0.0 <= eps2 < eps1 <= 1.0:
-        raise ValueError(f"Theorem 4 needs 0 <= eps2 < eps1 <= 1, got eps1={eps1}, eps2={eps2}")
-    if n < min_n:
-        out.update({"statistic": None, "value": None, "bounds": None, "threshold": eps2 + (eps1 - eps2) / 2,
-                    "decision": "insufficient data", "eps1": eps1, "eps2": eps2})
-        return out
-    b, m = _resolution(eps1 - eps2, grid.bins, bins, max_bins, grid_points, max_grid)
-    res = ldtc_grid(grid, bins=b, u=u_grid(m))
-    tol = ldtc_tolerant(res["estimate"], n, eps1, eps2, C, error_bound=res["error_bound"])
-    out.update({"statistic": res["estimate"], "value": res["value"], "estimate": res["estimate"],
-                "bounds": res["bounds"], "error_bound": res["error_bound"], "grid_error": res["grid_error"],
-                "binning_error": res["binning_error"], "threshold": tol["threshold"],
-                "decision": tol["decision"], "eps1": eps1, "eps2": eps2, "n_required": tol["n_required"],
-                "bins": res["bins"], "u_points": m, "rule": "theorem4"})
-    return out

@@ -1,18 +1,23 @@
-"""Recalibration maps (Platt, angular, temperature, histogram, isotonic, ...) and their JSON documents.
+"""Recalibration maps (Platt, angular, temperature, histogram, isotonic, l_p) and their JSON documents.
 
-The registry is filled lazily: :func:`get_calibrator` imports the modules listed in
-:data:`calmon.calibration.base.BUILTIN_MODULES`.
+* :mod:`~calmon.calibration.base` -- the :class:`Calibrator` interface and the versioned document;
+* :mod:`~calmon.calibration.document` -- a document (or file) back to its calibrator (:func:`load`);
+* :mod:`~calmon.calibration.params` -- validation of inputs and of stored parameters;
+* :mod:`~calmon.calibration.registry` -- the explicit table of methods, :func:`get_calibrator`,
+  :func:`make_calibrator`, :func:`check_methods`;
+* one module per method (``platt``, ``angular``, ``temperature``, ``histogram``, ``isotonic``, ``lp``);
+* scheduled refresh: :mod:`~calmon.calibration.metrics` (held-out errors),
+  :mod:`~calmon.calibration.split` (hash splits), :mod:`~calmon.calibration.store` (publishers and the
+  directory store), :mod:`~calmon.calibration.refresh` (fit, compare, publish).
 """
 
-from calmon.calibration.base import (
+from calmon.calibration.base import FORMAT, FORMAT_VERSION, Calibrator, CalibratorError
+from calmon.calibration.document import from_document, load
+from calmon.calibration.registry import (
     CALIBRATORS,
-    FORMAT,
-    FORMAT_VERSION,
-    Calibrator,
-    CalibratorError,
+    MethodSpec,
+    check_methods,
     get_calibrator,
-    load,
-    load_builtin,
     make_calibrator,
     register_calibrator,
 )
@@ -23,9 +28,11 @@ __all__ = [
     "FORMAT_VERSION",
     "Calibrator",
     "CalibratorError",
+    "MethodSpec",
+    "check_methods",
+    "from_document",
     "get_calibrator",
     "load",
-    "load_builtin",
     "make_calibrator",
     "register_calibrator",
 ]

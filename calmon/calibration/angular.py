@@ -31,13 +31,8 @@ from typing import Any
 import numpy as np
 from scipy import linalg, special
 
-from calmon.calibration.base import (
-    Calibrator,
-    check_binary,
-    param_choice,
-    param_float,
-    register_calibrator,
-)
+from calmon.calibration.base import Calibrator
+from calmon.calibration.params import check_binary, param_choice, param_float
 from calmon.calibration.platt import logit
 
 LINKS = ("logit", "probit")
@@ -196,6 +191,34 @@ def estimate_angle(X: np.ndarray, y: np.ndarray, w_hat: np.ndarray, sigma: np.nd
     Li & Sur, eqs. (11)-(13) and Theorem 13; Bellec (2022), "Observable adjustments in single-index
     models for regularized M-estimators". The printed ``gamma = Tr(X H X^T D)`` is corrected here.
     """
+    X, y, w_hat, sigma = _check_angle_inputs(X, y, w_hat, sigma, gamma)
+    n, d = X.shape
+    eta = X @ w_hat
+    if psi is None or loss_hessian is None:
+        psi, dd = _loss_derivatives(loss, y, eta)
+    else:
+        psi, dd = np.asarray(psi, dtype=np.float64), np.asarray(loss_hessian, dtype=np.float64)
+    L = _hessian_factor(X, dd, penalty_hessian)
+    # Tr(D X H X^T D) = ||L^{-1} X^T D||_F^2 ; Tr(X H X^T D) = ||L^{-1} X^T D^{1/2}||_F^2
+    sq = np.sqrt(dd)
+    B = linalg.solve_triangular(L, X.T * sq, lower=True)
+    df = float(np.sum(B * B))
+    v = float((dd.sum() - float(np.sum((B * sq) ** 2))) / n)
+    g_val = _gamma(gamma, L, sigma, df, n, v)
+    r2 = float(psi @ psi / n)
+    a2 = _a2(X, psi, eta, sigma, v, g_val, r2)
+    norm = float(np.sqrt(w_hat @ sigma @ w_hat))
+    if sign is None:
+        sign = _holdout_sign(holdout_scores, holdout_labels)
+    inner = float(np.sign(sign) * np.sqrt(max(a2, 0.0))) if np.isfinite(a2) else float("nan")
+    cos = float(np.clip(inner / norm, -1.0, 1.0)) if norm > 0 and np.isfinite(inner) else float("nan")
+    return {"a2": a2, "inner": inner, "norm": norm, "cos_theta": cos, "theta": float(np.arccos(cos)),
+            "sign": float(np.sign(sign)), "gamma": g_val, "gamma_rule": gamma, "v": v, "r": float(np.sqrt(r2)),
+            "df": df}
+
+
+def _check_angle_inputs(X: np.ndarray, y: np.ndarray, w_hat: np.ndarray, sigma: np.ndarray,
+                        gamma: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     X = np.asarray(X, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     w_hat = np.asarray(w_hat, dtype=np.float64)
@@ -207,11 +230,12 @@ def estimate_angle(X: np.ndarray, y: np.ndarray, w_hat: np.ndarray, sigma: np.nd
         raise ValueError(f"shapes: X {X.shape}, y {y.shape}, w_hat {w_hat.shape}, sigma {sigma.shape} disagree")
     if gamma not in GAMMAS:
         raise ValueError(f"gamma must be one of {GAMMAS}, got {gamma!r}")
-    eta = X @ w_hat
-    if psi is None or loss_hessian is None:
-        psi, dd = _loss_derivatives(loss, y, eta)
-    else:
-        psi, dd = np.asarray(psi, dtype=np.float64), np.asarray(loss_hessian, dtype=np.float64)
+    return X, y, w_hat, sigma
+
+
+def _hessian_factor(X: np.ndarray, dd: np.ndarray, penalty_hessian: float | np.ndarray) -> np.ndarray:
+    """Lower Cholesky factor ``L`` of ``H^{-1} = X^T D X + n hess g``."""
+    n, d = X.shape
     ph = np.asarray(penalty_hessian, dtype=np.float64)
     M = X.T @ (X * dd[:, None])
     if ph.ndim == 0:
@@ -221,22 +245,24 @@ def estimate_angle(X: np.ndarray, y: np.ndarray, w_hat: np.ndarray, sigma: np.nd
     else:
         raise ValueError(f"penalty_hessian must be a scalar or ({d}, {d}), got shape {ph.shape}")
     cf = linalg.cho_factor(M, lower=True)
-    L = np.tril(cf[0])
-    # Tr(D X H X^T D) = ||L^{-1} X^T D||_F^2 ; Tr(X H X^T D) = ||L^{-1} X^T D^{1/2}||_F^2
-    sq = np.sqrt(dd)
-    B = linalg.solve_triangular(L, X.T * sq, lower=True)
-    df = float(np.sum(B * B))
-    tr_dxhxd = float(np.sum((B * sq) ** 2))
-    v = float((dd.sum() - tr_dxhxd) / n)
-    if gamma == "sigma":
+    return np.tril(cf[0])
+
+
+def _gamma(rule: str, L: np.ndarray, sigma: np.ndarray, df: float, n: int, v: float) -> float:
+    """The leave-one-out correction ``gamma`` by ``rule`` (see :func:`estimate_angle`)."""
+    if rule == "sigma":
         C = linalg.cholesky(sigma, lower=True)
         G = linalg.solve_triangular(L, C, lower=True)
-        g_val = float(np.sum(G * G))
-    elif gamma == "df":
-        g_val = df / (n * v)
-    else:
-        g_val = df
-    r2 = float(psi @ psi / n)
+        return float(np.sum(G * G))
+    if rule == "df":
+        return df / (n * v)
+    return df
+
+
+def _a2(X: np.ndarray, psi: np.ndarray, eta: np.ndarray, sigma: np.ndarray, v: float, g_val: float,
+        r2: float) -> float:
+    """Eq. (11): the estimate of ``<w*, w_hat>_Sigma**2`` (NaN when its denominator is not positive)."""
+    n, d = X.shape
     resid = eta - g_val * psi
     rr = float(resid @ resid)
     psi_eta = float(psi @ eta)
@@ -245,24 +271,20 @@ def estimate_angle(X: np.ndarray, y: np.ndarray, w_hat: np.ndarray, sigma: np.nd
     quad = float(xtpsi @ linalg.cho_solve(sc, xtpsi))  # ||Sigma^{-1/2} X^T psi||^2
     num = (v / n * rr + psi_eta / n - g_val * r2) ** 2
     den = quad / n**2 + 2 * v / n * psi_eta + v * v / n * rr - d / n * r2
-    a2 = float(num / den) if den > 0 else float("nan")
-    norm = float(np.sqrt(w_hat @ sigma @ w_hat))
-    if sign is None:
-        if holdout_scores is None or holdout_labels is None:
-            raise ValueError("give holdout_scores and holdout_labels (eq. 12) or an explicit sign")
-        hs = np.asarray(holdout_scores, dtype=np.float64)
-        hy = np.asarray(holdout_labels, dtype=np.float64)
-        # labels in {0,1}: use 2y - 1 so that the statistic does not depend on the base rate
-        stat = float(hs @ (2.0 * hy - 1.0))
-        sign = 1.0 if stat >= 0 else -1.0
-    inner = float(np.sign(sign) * np.sqrt(max(a2, 0.0))) if np.isfinite(a2) else float("nan")
-    cos = float(np.clip(inner / norm, -1.0, 1.0)) if norm > 0 and np.isfinite(inner) else float("nan")
-    return {"a2": a2, "inner": inner, "norm": norm, "cos_theta": cos, "theta": float(np.arccos(cos)),
-            "sign": float(np.sign(sign)), "gamma": g_val, "gamma_rule": gamma, "v": v, "r": float(np.sqrt(r2)),
-            "df": df}
+    return float(num / den) if den > 0 else float("nan")
 
 
-@register_calibrator
+def _holdout_sign(scores: np.ndarray | None, labels: np.ndarray | None) -> float:
+    """Eq. (12): the sign of the correlation of holdout scores with +-1 labels."""
+    if scores is None or labels is None:
+        raise ValueError("give holdout_scores and holdout_labels (eq. 12) or an explicit sign")
+    hs = np.asarray(scores, dtype=np.float64)
+    hy = np.asarray(labels, dtype=np.float64)
+    # labels in {0,1}: use 2y - 1 so that the statistic does not depend on the base rate
+    stat = float(hs @ (2.0 * hy - 1.0))
+    return 1.0 if stat >= 0 else -1.0
+
+
 class AngularCalibrator(Calibrator):
     """Angular predictor ``E_Z F(a (cos(theta) (s - c) / scale + sin(theta) Z) + b)`` for a declared link.
 

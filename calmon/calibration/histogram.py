@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 
-from calmon.calibration.base import Calibrator, check_binary, param_array, param_float, register_calibrator
+from calmon.calibration.base import Calibrator
+from calmon.calibration.params import check_binary, param_array, param_float
 
 
-@register_calibrator
 class HistogramCalibrator(Calibrator):
     """Equal-mass histogram binning.
 

@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from calmon.calibration.base import Calibrator, check_binary, param_array, register_calibrator
+from calmon.calibration.base import Calibrator
+from calmon.calibration.params import check_binary, param_array
 
 
 def pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -76,7 +77,6 @@ def _unique_weighted(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> tuple[np.nd
     return ux, sy / sw, sw
 
 
-@register_calibrator
 class IsotonicCalibrator(Calibrator):
     """Isotonic regression (non-decreasing) calibration map.
 

@@ -15,13 +15,8 @@ from typing import Any
 import numpy as np
 
 from calmon.algorithms.multiclass_lp import LevelSetMap, LPFit, fit_lp, fit_lp_raw
-from calmon.calibration.base import (
-    Calibrator,
-    CalibratorError,
-    check_multiclass,
-    param_float,
-    register_calibrator,
-)
+from calmon.calibration.base import Calibrator, CalibratorError
+from calmon.calibration.params import check_multiclass, param_float
 
 #: Diagnostics copied into ``training`` (and the document) after a fit.
 SUMMARY_KEYS = ("eps", "p", "delta", "beta", "lam", "heavy_bins", "groups", "iterations", "iteration_cap",
@@ -43,7 +38,6 @@ def _parse_p(p: Any) -> float:
     return float(p)
 
 
-@register_calibrator
 class LPCalibrator(Calibrator):
     """Multiclass recalibration with Err_p(h) <= eps (Algorithm 2), by level-set binning.
 
@@ -81,7 +75,8 @@ class LPCalibrator(Calibrator):
     >>> cal = LPCalibrator(eps=0.05).fit(f, y)
     >>> cal.training["stopped"], cal.predict(f[:2]).shape
     ('converged', (2, 3))
-    >>> back = Calibrator.from_document(json.loads(json.dumps(cal.to_document())))
+    >>> from calmon.calibration import from_document
+    >>> back = from_document(json.loads(json.dumps(cal.to_document())))
     >>> bool(np.allclose(back.predict(f), cal.predict(f)))
     True
 

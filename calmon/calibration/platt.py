@@ -19,13 +19,8 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special
 
-from calmon.calibration.base import (
-    Calibrator,
-    check_binary,
-    param_choice,
-    param_float,
-    register_calibrator,
-)
+from calmon.calibration.base import Calibrator
+from calmon.calibration.params import check_binary, param_choice, param_float
 
 LINKS = ("logit", "probit")
 TRANSFORMS = ("logit", "identity")
@@ -153,7 +148,6 @@ def fit_glm2(u: np.ndarray, t: np.ndarray, w: np.ndarray, *, link: str = "logit"
     return float(theta[0]), float(theta[1])
 
 
-@register_calibrator
 class PlattCalibrator(Calibrator):
     """Platt scaling ``F(A logit(z) + B)`` with a logit or probit link.
 

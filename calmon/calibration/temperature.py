@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 from scipy import optimize, special
 
-from calmon.calibration.base import Calibrator, check_multiclass, param_float, register_calibrator
+from calmon.calibration.base import Calibrator
+from calmon.calibration.params import check_multiclass, param_float
 
 LOG_EPS = 1e-12
 
@@ -33,7 +34,6 @@ def temperature_nll(beta: float, logits: np.ndarray, labels: np.ndarray) -> tupl
     return nll, grad
 
 
-@register_calibrator
 class TemperatureCalibrator(Calibrator):
     """Temperature scaling ``softmax(log p / T)`` for K-class probabilities.
 

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from calmon.calibration.base import Calibrator, load
+from calmon.calibration.base import Calibrator
+from calmon.calibration.document import load
 from calmon.io import Dataset, read_input
 
 FORMATS = ("csv", "jsonl", "npz")
@@ -98,7 +99,7 @@ def write_output(res: dict[str, Any], path: str, fmt: str | None, model: str | N
         if res["ids"] is not None:
             arrays["ids"] = np.asarray(res["ids"], dtype=str)
         with open(path, "wb") as fh:
-            np.savez(fh, **arrays)
+            np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub types **kwds as the allow_pickle flag
         return
     text = _csv_text(res) if fmt == "csv" else _jsonl_text(res, model)
     if path == "-":

@@ -11,8 +11,9 @@ from typing import Any
 from calmon import __version__
 from calmon.algorithms.ece import reliability, summary
 from calmon.io import Dataset, read_input
+from calmon.jsonio import clean
 from calmon.stats.model import ModelStats
-from calmon.testers import CalibrationData, run_tester
+from calmon.testers import CalibrationData, check_params, run_tester
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -64,7 +65,10 @@ def report(ds: Dataset, args: argparse.Namespace) -> dict[str, Any]:
         data = CalibrationData(n=ds.n, grid=stats.fine, z=ds.z, y=ds.y, probs=ds.probs, labels=ds.labels,
                                levelset=None, raw_is_complete=True)
         params = parse_test_params(args.test_param, names)
-        doc["tests"] = {name: run_tester(name, data, alpha=args.alpha, mc=args.mc, seed=args.seed, **params[name])
+        for name in names:
+            check_params(name, params[name])
+        doc["tests"] = {name: run_tester(name, data, alpha=args.alpha, mc=args.mc, seed=args.seed,
+                                         **params[name]).to_dict()
                         for name in names}
     return doc
 
@@ -125,22 +129,11 @@ def render(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _clean(x: Any) -> Any:
-    """JSON has no NaN: write null instead."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
-    if isinstance(x, dict):
-        return {k: _clean(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_clean(v) for v in x]
-    return x
-
-
 def run(args: argparse.Namespace) -> int:
     ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
     doc = report(ds, args)
     if args.json:
-        json.dump(_clean(doc), sys.stdout, indent=2, allow_nan=False)
+        json.dump(clean(doc), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")
     else:
         print(render(doc))

@@ -9,14 +9,16 @@ from typing import Any
 
 import numpy as np
 
-from calmon.calibration.base import CALIBRATORS, Calibrator, load_builtin, make_calibrator, write_json_atomic
-from calmon.calibration.refresh import binary_metrics, hash_split, multiclass_metrics
+from calmon.calibration.base import Calibrator
+from calmon.calibration.metrics import binary_metrics, multiclass_metrics
+from calmon.calibration.registry import CALIBRATORS, make_calibrator
+from calmon.calibration.split import hash_split
 from calmon.io import Dataset, read_input
+from calmon.jsonio import write_json_atomic
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    load_builtin()
-    methods = ", ".join(sorted(CALIBRATORS))
+    methods = ", ".join(CALIBRATORS.names())
     p = sub.add_parser("fit", help="fit a recalibration map (Platt, isotonic, ...) on a labeled file",
                        description="Fit a calibrator on JSONL events, CSV or NPZ and write a versioned JSON "
                                    f"document (methods: {methods}). Binary methods fit the binary score, or "
@@ -60,10 +62,17 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
 
 def _errors(cal: Calibrator | None, ds: Dataset, sel: np.ndarray, bins: int, multiclass: bool) -> dict[str, Any]:
     if multiclass:
-        probs = ds.probs[sel] if cal is None else cal.predict(ds.probs[sel])
-        return multiclass_metrics(probs, ds.labels[sel], bins)
+        x, y = _multiclass(ds)
+        probs = x[sel] if cal is None else cal.predict(x[sel])
+        return multiclass_metrics(probs, y[sel], bins)
     z = ds.z[sel]
     return binary_metrics(z if cal is None else cal.predict(z), ds.y[sel], bins)
+
+
+def _multiclass(ds: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    if ds.probs is None or ds.labels is None:
+        raise ValueError(f"{ds.source} has {ds.kind} data, not multiclass probabilities and labels")
+    return ds.probs, ds.labels
 
 
 def fit_dataset(ds: Dataset, method: str, options: dict[str, Any], *, holdout: float = 0.0, salt: str = "calmon",
@@ -91,7 +100,8 @@ def fit_dataset(ds: Dataset, method: str, options: dict[str, Any], *, holdout: f
     if train.sum() < 2:
         raise ValueError(f"only {int(train.sum())} training rows; need at least 2")
     if multiclass:
-        cal.fit(ds.probs[train], ds.labels[train])
+        x, y = _multiclass(ds)
+        cal.fit(x[train], y[train])
     else:
         cal.fit(ds.z[train], ds.y[train])
     evaluation: dict[str, Any] = {}

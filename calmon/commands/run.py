@@ -54,18 +54,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.exit_when_done:
         cfg.ingest.exit_when_done = True
+    from calmon.agent.runtime import Agent, StartupError
+
+    try:
+        agent = Agent(cfg)  # validates testers, their parameters, alert rules and recalibration methods
+    except ConfigError as exc:
+        print(f"calmon run: configuration error: {exc}", file=sys.stderr)
+        return 2
     if args.check_config:
         import json
 
         print(json.dumps(cfg.to_dict(), indent=2, default=str))
         return 0
-    from calmon.agent.runtime import Agent, StartupError
-
-    try:
-        agent = Agent(cfg)
-    except ConfigError as exc:
-        print(f"calmon run: configuration error: {exc}", file=sys.stderr)
-        return 2
     try:
         agent.open()
     except (StartupError, ValueError, OSError) as exc:

@@ -16,7 +16,7 @@ allow-list, windows and testers by the configuration, reliability bins by
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
@@ -66,109 +66,19 @@ class AgentCollector:
     (True, True)
     """
 
-    def __init__(self, state_fn: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, state_fn: Callable[[], Mapping[str, Any]]) -> None:
         self.state_fn = state_fn
 
     def describe(self) -> list[Metric]:
         return []
 
-    def collect(self) -> Iterator[Metric]:  # noqa: C901 - a flat list of families
+    def collect(self) -> Iterator[Metric]:
         st = self.state_fn()
-        info = GaugeMetricFamily("calmon_build_info", "Build information", labels=["version"])
-        info.add_metric([st.get("version", __version__)], 1.0)
-        yield info
-        ready = GaugeMetricFamily("calmon_ready", "1 when sources are connected and state is loaded")
-        ready.add_metric([], 1.0 if st.get("ready") else 0.0)
-        yield ready
-
-        ev = CounterMetricFamily("calmon_events", "Accepted events by model and type", labels=["model", "type"])
-        for (model, kind), n in sorted(st.get("events", {}).items()):
-            ev.add_metric([model, kind], n)
-        yield ev
-        rej = CounterMetricFamily("calmon_events_rejected", "Rejected records by reason", labels=["reason"])
-        for reason, n in sorted(st.get("rejected", {}).items()):
-            rej.add_metric([reason], n)
-        yield rej
-        late = CounterMetricFamily("calmon_events_late", "Labeled events older than the allowed lateness (dropped)",
-                                   labels=["model"])
-        for model, n in sorted(st.get("late", {}).items()):
-            late.add_metric([model], n)
-        yield late
-
-        join = st.get("join", {})
-        for name, key, doc in (("calmon_join_joined", "joined", "Predictions joined with their outcome"),
-                               ("calmon_join_expired", "expired",
-                                "Predictions whose outcome never came within the TTL"),
-                               ("calmon_join_duplicate_ids", "duplicates", "Predictions with an id already pending")):
-            fam = CounterMetricFamily(name, doc, labels=["model"])
-            for model, n in sorted(join.get(key, {}).items()):
-                fam.add_metric([model], n)
-            yield fam
-        orphan = CounterMetricFamily("calmon_join_orphan_outcomes", "Outcomes whose prediction is unknown or expired")
-        orphan.add_metric([], join.get("orphans", 0))
-        yield orphan
-        pend = GaugeMetricFamily("calmon_join_pending", "Predictions waiting for an outcome", labels=["model"])
-        for model, n in sorted(st.get("pending", {}).items()):
-            pend.add_metric([model], n)
-        yield pend
-
-        src_total = CounterMetricFamily("calmon_source_records", "Records read per source", labels=["source"])
-        lag_s = GaugeMetricFamily("calmon_source_lag_seconds", "Now minus the event time of the newest record read",
-                                  labels=["source"])
-        lag_r = GaugeMetricFamily("calmon_source_lag_records", "Records not yet read (Kafka consumer lag)",
-                                  labels=["source"])
-        lag_b = GaugeMetricFamily("calmon_source_lag_bytes", "Bytes not yet read (file sources)", labels=["source"])
-        for name, s in sorted(st.get("sources", {}).items()):
-            src_total.add_metric([name], s.get("records", 0))
-            if s.get("lag_seconds") is not None:
-                lag_s.add_metric([name], s["lag_seconds"])
-            if s.get("lag_records") is not None:
-                lag_r.add_metric([name], s["lag_records"])
-            if s.get("lag_bytes") is not None:
-                lag_b.add_metric([name], s["lag_bytes"])
-        yield from (src_total, lag_s, lag_r, lag_b)
-
-        sched = st.get("scheduler", {})
-        total = CounterMetricFamily("calmon_evaluations", "Evaluation rounds completed")
-        total.add_metric([], sched.get("evaluations", 0))
-        over = CounterMetricFamily("calmon_evaluation_overruns", "Rounds that exceeded the time budget")
-        over.add_metric([], sched.get("overruns", 0))
-        last = GaugeMetricFamily("calmon_last_evaluation_timestamp_seconds", "End of the last evaluation round")
-        if sched.get("last_timestamp") is not None:
-            last.add_metric([], sched["last_timestamp"])
-        yield from (total, over, last)
-
-        ck = st.get("checkpoint", {})
-        ck_ts = GaugeMetricFamily("calmon_checkpoint_last_timestamp_seconds", "Time of the last checkpoint")
-        ck_d = GaugeMetricFamily("calmon_checkpoint_duration_seconds", "Duration of the last checkpoint")
-        if ck.get("last_timestamp") is not None:
-            ck_ts.add_metric([], ck["last_timestamp"])
-            ck_d.add_metric([], ck.get("duration", 0.0))
-        yield from (ck_ts, ck_d)
-        mem = GaugeMetricFamily("calmon_state_bytes", "Bytes held by the windowed statistics", labels=["model"])
-        for model, n in sorted(st.get("state_bytes", {}).items()):
-            mem.add_metric([model], n)
-        yield mem
-
+        for part in (_process, _events, _join, _sources, _scheduler, _checkpoint):
+            yield from part(st)
         yield from self._evaluations(st.get("evaluations", []))
-
-        alert = GaugeMetricFamily("calmon_alert_active", "1 while the alert is firing",
-                                  labels=["alert", "model", "segment", "window", "severity"])
-        for a in st.get("alerts", []):
-            alert.add_metric([a.get("alert", ""), a.get("model", ""), a.get("segment", ""), a.get("window", ""),
-                              a.get("severity", "")], 1.0 if a.get("state") == "firing" else 0.0)
-        yield alert
-
-        cal_v = GaugeMetricFamily("calmon_calibrator_version", "Version of the published calibrator",
-                                  labels=["model", "method"])
-        cal_e = GaugeMetricFamily("calmon_calibrator_error", "Calibration error before/after the calibrator",
-                                  labels=["model", "method", "stage", "metric"])
-        for c in st.get("calibrators", []):
-            cal_v.add_metric([c["model"], c["method"]], _num(c.get("version")))
-            for stage in ("before", "after"):
-                for metric, v in sorted((c.get(stage) or {}).items()):
-                    cal_e.add_metric([c["model"], c["method"], stage, metric], _num(v))
-        yield from (cal_v, cal_e)
+        yield from _alerts(st)
+        yield from _calibrators(st)
 
     @staticmethod
     def _evaluations(evaluations: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -209,6 +119,118 @@ class AgentCollector:
         yield from (t_stat, t_p, t_rej, t_ins)
 
 
+# -- metric families, one function per part of the state -------------------------------------------------
+State = Mapping[str, Any]
+
+
+def _process(st: State) -> Iterator[Metric]:
+    info = GaugeMetricFamily("calmon_build_info", "Build information", labels=["version"])
+    info.add_metric([st.get("version", __version__)], 1.0)
+    yield info
+    ready = GaugeMetricFamily("calmon_ready", "1 when sources are connected and state is loaded")
+    ready.add_metric([], 1.0 if st.get("ready") else 0.0)
+    yield ready
+    mem = GaugeMetricFamily("calmon_state_bytes", "Bytes held by the windowed statistics", labels=["model"])
+    for model, n in sorted(st.get("state_bytes", {}).items()):
+        mem.add_metric([model], n)
+    yield mem
+
+
+def _events(st: State) -> Iterator[Metric]:
+    ev = CounterMetricFamily("calmon_events", "Accepted events by model and type", labels=["model", "type"])
+    for (model, kind), n in sorted(st.get("events", {}).items()):
+        ev.add_metric([model, kind], n)
+    yield ev
+    rej = CounterMetricFamily("calmon_events_rejected", "Rejected records by reason", labels=["reason"])
+    for reason, n in sorted(st.get("rejected", {}).items()):
+        rej.add_metric([reason], n)
+    yield rej
+    late = CounterMetricFamily("calmon_events_late", "Labeled events older than the allowed lateness (dropped)",
+                               labels=["model"])
+    for model, n in sorted(st.get("late", {}).items()):
+        late.add_metric([model], n)
+    yield late
+
+
+def _join(st: State) -> Iterator[Metric]:
+    join = st.get("join", {})
+    for name, key, doc in (("calmon_join_joined", "joined", "Predictions joined with their outcome"),
+                           ("calmon_join_expired", "expired", "Predictions whose outcome never came within the TTL"),
+                           ("calmon_join_duplicate_ids", "duplicates", "Predictions with an id already pending")):
+        fam = CounterMetricFamily(name, doc, labels=["model"])
+        for model, n in sorted(join.get(key, {}).items()):
+            fam.add_metric([model], n)
+        yield fam
+    orphan = CounterMetricFamily("calmon_join_orphan_outcomes", "Outcomes whose prediction is unknown or expired")
+    orphan.add_metric([], join.get("orphans", 0))
+    yield orphan
+    pend = GaugeMetricFamily("calmon_join_pending", "Predictions waiting for an outcome", labels=["model"])
+    for model, n in sorted(st.get("pending", {}).items()):
+        pend.add_metric([model], n)
+    yield pend
+
+
+def _sources(st: State) -> Iterator[Metric]:
+    src_total = CounterMetricFamily("calmon_source_records", "Records read per source", labels=["source"])
+    lag = {"lag_seconds": GaugeMetricFamily("calmon_source_lag_seconds",
+                                            "Now minus the event time of the newest record read", labels=["source"]),
+           "lag_records": GaugeMetricFamily("calmon_source_lag_records", "Records not yet read (Kafka consumer lag)",
+                                            labels=["source"]),
+           "lag_bytes": GaugeMetricFamily("calmon_source_lag_bytes", "Bytes not yet read (file sources)",
+                                          labels=["source"])}
+    for name, s in sorted(st.get("sources", {}).items()):
+        src_total.add_metric([name], s.get("records", 0))
+        for key, fam in lag.items():
+            if s.get(key) is not None:
+                fam.add_metric([name], s[key])
+    yield src_total
+    yield from lag.values()
+
+
+def _scheduler(st: State) -> Iterator[Metric]:
+    sched = st.get("scheduler", {})
+    total = CounterMetricFamily("calmon_evaluations", "Evaluation rounds completed")
+    total.add_metric([], sched.get("evaluations", 0))
+    over = CounterMetricFamily("calmon_evaluation_overruns", "Rounds that exceeded the time budget")
+    over.add_metric([], sched.get("overruns", 0))
+    last = GaugeMetricFamily("calmon_last_evaluation_timestamp_seconds", "End of the last evaluation round")
+    if sched.get("last_timestamp") is not None:
+        last.add_metric([], sched["last_timestamp"])
+    yield from (total, over, last)
+
+
+def _checkpoint(st: State) -> Iterator[Metric]:
+    ck = st.get("checkpoint", {})
+    ck_ts = GaugeMetricFamily("calmon_checkpoint_last_timestamp_seconds", "Time of the last checkpoint")
+    ck_d = GaugeMetricFamily("calmon_checkpoint_duration_seconds", "Duration of the last checkpoint")
+    if ck.get("last_timestamp") is not None:
+        ck_ts.add_metric([], ck["last_timestamp"])
+        ck_d.add_metric([], ck.get("duration", 0.0))
+    yield from (ck_ts, ck_d)
+
+
+def _alerts(st: State) -> Iterator[Metric]:
+    alert = GaugeMetricFamily("calmon_alert_active", "1 while the alert is firing",
+                              labels=["alert", "model", "segment", "window", "severity"])
+    for a in st.get("alerts", []):
+        alert.add_metric([a.get("alert", ""), a.get("model", ""), a.get("segment", ""), a.get("window", ""),
+                          a.get("severity", "")], 1.0 if a.get("state") == "firing" else 0.0)
+    yield alert
+
+
+def _calibrators(st: State) -> Iterator[Metric]:
+    cal_v = GaugeMetricFamily("calmon_calibrator_version", "Version of the published calibrator",
+                              labels=["model", "method"])
+    cal_e = GaugeMetricFamily("calmon_calibrator_error", "Calibration error before/after the calibrator",
+                              labels=["model", "method", "stage", "metric"])
+    for c in st.get("calibrators", []):
+        cal_v.add_metric([c["model"], c["method"]], _num(c.get("version")))
+        for stage in ("before", "after"):
+            for metric, v in sorted((c.get(stage) or {}).items()):
+                cal_e.add_metric([c["model"], c["method"], stage, metric], _num(v))
+    yield from (cal_v, cal_e)
+
+
 class AgentMetrics:
     """The agent's private registry: the state collector plus the evaluation-latency histogram.
 
@@ -226,7 +248,7 @@ class AgentMetrics:
     (True, True)
     """
 
-    def __init__(self, state_fn: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, state_fn: Callable[[], Mapping[str, Any]]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.evaluation_duration = Histogram("calmon_evaluation_duration_seconds", "Duration of one evaluation round",
                                              buckets=EVALUATION_BUCKETS, registry=self.registry)

@@ -25,11 +25,11 @@ floating point, so every dyadic level ``2**b`` (``b <= d``) is an exact ``coarse
 
 from __future__ import annotations
 
-import base64
-import zlib
 from typing import Any
 
 import numpy as np
+
+from calmon.jsonio import pack_array, unpack_array
 
 FIELDS: tuple[str, ...] = ("n", "sum_z", "sum_y", "sum_zz", "sum_zy", "sum_vv")
 QUANTUM_BITS = 28
@@ -48,18 +48,6 @@ def cell_index(z: np.ndarray, bins: int) -> np.ndarray:
 def quantize(x: np.ndarray) -> np.ndarray:
     """Fixed-point representation (units of ``2**-28``) used by every stored sum."""
     return np.rint(np.asarray(x, dtype=np.float64) * _SCALE)
-
-
-def _pack(a: np.ndarray) -> dict[str, Any]:
-    raw = np.ascontiguousarray(a, dtype="<i8").tobytes()
-    return {"dtype": "<i8", "shape": list(a.shape), "zlib_b64": base64.b64encode(zlib.compress(raw, 6)).decode()}
-
-
-def _unpack(d: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:
-    if d.get("dtype") != "<i8" or tuple(d.get("shape", ())) != shape:
-        raise ValueError(f"array field has dtype/shape {d.get('dtype')}/{d.get('shape')}, expected <i8/{list(shape)}")
-    raw = zlib.decompress(base64.b64decode(d["zlib_b64"]))
-    return np.frombuffer(raw, dtype="<i8").reshape(shape).astype(np.int64)
 
 
 class ScoreGrid:
@@ -249,7 +237,7 @@ class ScoreGrid:
     def to_dict(self) -> dict[str, Any]:
         """Versioned, pickle-free document: each int64 field as zlib-compressed little-endian bytes in base64."""
         return {"format": FORMAT, "version": FORMAT_VERSION, "bins": self.bins, "channels": self.channels,
-                "quantum_bits": QUANTUM_BITS, "fields": {f: _pack(self._raw[f]) for f in FIELDS}}
+                "quantum_bits": QUANTUM_BITS, "fields": {f: pack_array(self._raw[f]) for f in FIELDS}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScoreGrid:
@@ -258,7 +246,7 @@ class ScoreGrid:
         if d.get("quantum_bits") != QUANTUM_BITS:
             raise ValueError(f"grid uses quantum 2^-{d.get('quantum_bits')}, this build uses 2^-{QUANTUM_BITS}")
         out = cls(d["bins"], d["channels"])
-        out._raw = {f: _unpack(d["fields"][f], out.shape) for f in FIELDS}
+        out._raw = {f: unpack_array(d["fields"][f], "<i8", out.shape) for f in FIELDS}
         return out
 
     def __repr__(self) -> str:

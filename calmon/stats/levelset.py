@@ -39,98 +39,24 @@ Bairaktari, Nguyen. Multiclass calibration under the probability-weighted l_p er
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import math
-import zlib
 from typing import Any
 
 import numpy as np
 
-#: One rounding tolerance for every use of R (``floor(lambda * u + ROUND_TOL)``): 0.3 * 10 is
-#: 2.9999999999999996 in binary floating point and must land in bin 3.  It must stay below 1 / K
-#: (see :func:`rho`), which holds for any K < 1e9.
-ROUND_TOL = 1e-9
+from calmon.jsonio import pack_array, unpack_array
+from calmon.stats.levelkeys import ROUND_TOL, level_keys, rho, unique_keys
+
+__all__ = ["LevelSetStats", "ROUND_TOL", "level_keys", "unique_keys", "rho", "default_pools", "route",
+           "DEFAULT_MAX_BINS"]
+
 QUANTUM_BITS = 28
 _SCALE = float(2**QUANTUM_BITS)
 FORMAT = "calmon.levelset"
 FORMAT_VERSION = 1
 DEFAULT_MAX_BINS = 65536
 _MASK64 = (1 << 64) - 1
-
-
-def level_keys(probs: np.ndarray, lam: int) -> np.ndarray:
-    """Integer level-set keys ``floor(lam * u + ROUND_TOL)`` of probability rows (the rounding R).
-
-    Parameters
-    ----------
-    probs
-        Probabilities of shape ``(n, K)`` (or ``(K,)``); rows are used as given (normalise first).
-    lam
-        Grid resolution lambda.
-
-    Returns
-    -------
-    numpy.ndarray
-        int64 keys of the same shape, clipped to ``0..lam``; the bin is ``key / lam``.
-
-    Examples
-    --------
-    >>> level_keys(np.array([[0.3, 0.7, 0.0]]), 10).tolist()
-    [[3, 7, 0]]
-    """
-    k = np.floor(np.asarray(probs, dtype=np.float64) * lam + ROUND_TOL).astype(np.int64)
-    np.clip(k, 0, lam, out=k)
-    return k
-
-
-def unique_keys(keys: np.ndarray, lam: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Distinct rows of integer level-set keys: ``(unique rows, index of first occurrence, inverse)``.
-
-    Rows are encoded as one int64 in base ``lam + 1`` when ``K log2(lam + 1) < 62`` (fast 1-d
-    ``numpy.unique``), else compared as raw bytes.
-
-    Examples
-    --------
-    >>> u, first, inv = unique_keys(np.array([[1, 0], [0, 1], [1, 0]]), 1)
-    >>> u.tolist(), inv.tolist()
-    ([[1, 0], [0, 1]], [0, 1, 0])
-    """
-    keys = np.asarray(keys, dtype=np.int64)
-    k = keys.shape[1]
-    if k * math.log2(lam + 1) < 62:
-        code = keys @ ((lam + 1) ** np.arange(k, dtype=np.int64))
-        _, first, inv = np.unique(code, return_index=True, return_inverse=True)
-    else:
-        view = np.ascontiguousarray(keys.astype("<i4")).view(np.dtype((np.void, 4 * k))).ravel()
-        _, first, inv = np.unique(view, return_index=True, return_inverse=True)
-    return keys[first], first, inv.ravel()
-
-
-def rho(keys: np.ndarray, lam: int) -> np.ndarray:
-    """The canonical simplex point of a level set: ``rho(v)_i = v_i + (1 - sum v) / K``.
-
-    Parameters
-    ----------
-    keys
-        Integer keys ``lam * v`` of shape ``(n, K)`` or ``(K,)``.
-    lam
-        Grid resolution.
-
-    Returns
-    -------
-    numpy.ndarray
-        float64 points of the simplex with ``R(rho(v)) = v`` (exactly, under :data:`ROUND_TOL`).
-
-    Examples
-    --------
-    >>> rho(np.array([3, 6, 0]), 10).round(4).tolist()
-    [0.3333, 0.6333, 0.0333]
-    """
-    c = np.asarray(keys, dtype=np.float64)
-    k = c.shape[-1]
-    slack = (lam - c.sum(axis=-1, keepdims=True)) / k
-    return (c + slack) / lam
 
 
 def default_pools(lam: int) -> int:
@@ -203,19 +129,6 @@ def route(ids: Any, pools: int, salt: int = 0, start_seq: int = 0) -> tuple[np.n
         seq = np.arange(start_seq, start_seq + len(missing), dtype=np.uint64) ^ np.uint64(salt & _MASK64)
         out[np.asarray(missing)] = (_splitmix64(seq) % np.uint64(pools)).astype(np.int64)
     return out, len(missing)
-
-
-def _pack(a: np.ndarray) -> dict[str, Any]:
-    raw = np.ascontiguousarray(a, dtype="<i8").tobytes()
-    return {"dtype": "<i8", "shape": list(a.shape),
-            "zlib_b64": base64.b64encode(zlib.compress(raw, 6)).decode()}
-
-
-def _unpack(d: dict[str, Any], shape: tuple[int, ...]) -> np.ndarray:
-    if not isinstance(d, dict) or d.get("dtype") != "<i8" or tuple(d.get("shape", ())) != shape:
-        raise ValueError(f"levelset array field has bad dtype/shape, expected <i8/{list(shape)}")
-    raw = zlib.decompress(base64.b64decode(d["zlib_b64"]))
-    return np.frombuffer(raw, dtype="<i8").reshape(shape).astype(np.int64)
 
 
 class LevelSetStats:
@@ -307,7 +220,7 @@ class LevelSetStats:
         """Row index of each key (unique keys), creating bins; -1 where the cap sends it to overflow."""
         rows = np.empty(len(keys), dtype=np.int64)
         kb = np.ascontiguousarray(keys, dtype="<i4")
-        new = []
+        new: list[int] = []
         for i in range(len(kb)):
             b = kb[i].tobytes()
             r = self._index.get(b)
@@ -605,13 +518,6 @@ class LevelSetStats:
         out._copy_overflow(self)
         return out
 
-    def select_pools(self, pools: list[int] | np.ndarray) -> dict[str, np.ndarray]:
-        """Per-bin ``n`` and label ``counts`` summed over the given pools (and those pools' size)."""
-        idx = np.asarray(pools, dtype=np.int64)
-        nb = self._nb
-        return {"n": self._n[idx, :nb].sum(axis=0), "counts": self._cnt[idx, :nb].sum(axis=0),
-                "size": int(self._n[idx, :nb].sum() + self._on[idx].sum())}
-
     # -- serialisation ---------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """Versioned JSON document (no pickle); bins sorted by key: equal statistics, equal documents."""
@@ -624,13 +530,13 @@ class LevelSetStats:
             "max_bins": self.max_bins, "salt": self.salt, "seq": int(self._seq), "quantum_bits": QUANTUM_BITS,
             "num_bins": int(nb),
             "fields": {
-                "keys": _pack(keys[order]),
-                "n": _pack(self._n[:, :nb][:, order]),
-                "counts": _pack(self._cnt[:, :nb][:, order]),
-                "sum_f": _pack(self._sf[:nb][order]),
-                "sum_sq": _pack(self._sq[:nb][order]),
-                "overflow_n": _pack(self._on), "overflow_counts": _pack(self._ocnt),
-                "overflow_sum_f": _pack(self._osf), "overflow_sum_sq": _pack(self._osq),
+                "keys": pack_array(keys[order]),
+                "n": pack_array(self._n[:, :nb][:, order]),
+                "counts": pack_array(self._cnt[:, :nb][:, order]),
+                "sum_f": pack_array(self._sf[:nb][order]),
+                "sum_sq": pack_array(self._sq[:nb][order]),
+                "overflow_n": pack_array(self._on), "overflow_counts": pack_array(self._ocnt),
+                "overflow_sum_f": pack_array(self._osf), "overflow_sum_sq": pack_array(self._osq),
             },
         }
 
@@ -649,20 +555,20 @@ class LevelSetStats:
             raise ValueError(f"levelset document has {nb} bins, cap is {out.max_bins}")
         k, p = out.classes, out.pools
         f = d["fields"]
-        keys = _unpack(f["keys"], (nb, k))
+        keys = unpack_array(f["keys"], "<i8", (nb, k))
         if (keys < 0).any() or (keys > out.lam).any() or (keys.sum(axis=1) > out.lam).any():
             raise ValueError("levelset document has keys outside the level-set grid")
         out._alloc(max(16, nb))
         out._nb = nb
         out._keys[:nb] = keys
-        out._n[:, :nb] = _unpack(f["n"], (p, nb))
-        out._cnt[:, :nb] = _unpack(f["counts"], (p, nb, k))
-        out._sf[:nb] = _unpack(f["sum_f"], (nb, k))
-        out._sq[:nb] = _unpack(f["sum_sq"], (nb, k))
-        out._on = _unpack(f["overflow_n"], (p,))
-        out._ocnt = _unpack(f["overflow_counts"], (p, k))
-        out._osf = _unpack(f["overflow_sum_f"], (k,))
-        out._osq = _unpack(f["overflow_sum_sq"], (k,))
+        out._n[:, :nb] = unpack_array(f["n"], "<i8", (p, nb))
+        out._cnt[:, :nb] = unpack_array(f["counts"], "<i8", (p, nb, k))
+        out._sf[:nb] = unpack_array(f["sum_f"], "<i8", (nb, k))
+        out._sq[:nb] = unpack_array(f["sum_sq"], "<i8", (nb, k))
+        out._on = unpack_array(f["overflow_n"], "<i8", (p,))
+        out._ocnt = unpack_array(f["overflow_counts"], "<i8", (p, k))
+        out._osf = unpack_array(f["overflow_sum_f"], "<i8", (k,))
+        out._osq = unpack_array(f["overflow_sum_sq"], "<i8", (k,))
         out._seq = int(d["seq"])
         out._index = {out._keys[i].astype("<i4").tobytes(): i for i in range(nb)}
         if len(out._index) != nb:

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
+from calmon.stats.levelset import LevelSetStats
 from calmon.stats.reservoir import Reservoir
-
-if TYPE_CHECKING:
-    from calmon.testers import CalibrationData
 
 FORMAT = "calmon.model_stats"
 FORMAT_VERSION = 1
@@ -60,10 +59,8 @@ class ModelStats:
         self.classwise = ScoreGrid(ece_bins, channels=classes) if classes > 2 else None
         width = 2 if classes == 2 else classes + 1
         self.reservoir = Reservoir(reservoir, width, seed) if reservoir else None
-        self.levelset = None
+        self.levelset: LevelSetStats | None = None
         if levelset_lambda is not None and classes > 2:
-            from calmon.stats.levelset import LevelSetStats
-
             self.levelset = LevelSetStats(classes, levelset_lambda, levelset_pools)
 
     @property
@@ -123,8 +120,6 @@ class ModelStats:
 
     def calibration_data(self) -> CalibrationData:
         """What testers get from these statistics: the grid, the reservoir sample, the level-set bins."""
-        from calmon.testers import CalibrationData  # testers import the stats package
-
         z = y = probs = labels = None
         if self.reservoir is not None and self.reservoir.seen:
             rows = self.reservoir.rows
@@ -157,8 +152,6 @@ class ModelStats:
         out.reservoir = None if d["reservoir"] is None else Reservoir.from_dict(d["reservoir"])
         out.levelset = None
         if d.get("levelset") is not None:
-            from calmon.stats.levelset import LevelSetStats
-
             out.levelset = LevelSetStats.from_dict(d["levelset"])
         return out
 

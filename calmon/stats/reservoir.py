@@ -8,8 +8,11 @@ from typing import Any
 
 import numpy as np
 
+from calmon.jsonio import clean, pack_array, unpack_array
+
 FORMAT = "calmon.reservoir"
-FORMAT_VERSION = 1
+#: 2: rows as a :func:`calmon.jsonio.pack_array` document; 1 (still read): a bare base64 string.
+FORMAT_VERSION = 2
 
 
 class Reservoir:
@@ -92,19 +95,21 @@ class Reservoir:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        raw = np.ascontiguousarray(self.rows, dtype="<f8").tobytes()
+        """Versioned, pickle-free document (rows packed with :func:`calmon.jsonio.pack_array`)."""
         return {"format": FORMAT, "version": FORMAT_VERSION, "capacity": self.capacity, "width": self.width,
-                "seen": self.seen, "rows_zlib_b64": base64.b64encode(zlib.compress(raw, 6)).decode(),
-                "rng": _jsonable(self._rng.bit_generator.state)}
+                "seen": self.seen, "rows": pack_array(self.rows, "<f8"),
+                "rng": clean(self._rng.bit_generator.state)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Reservoir:
-        if d.get("format") != FORMAT or d.get("version") != FORMAT_VERSION:
+        """Rebuild from :meth:`to_dict` output (version 1 documents included)."""
+        if d.get("format") != FORMAT or d.get("version") not in (1, FORMAT_VERSION):
             raise ValueError(f"not a {FORMAT} v{FORMAT_VERSION} document")
         out = cls(d["capacity"], d["width"])
         out.seen = int(d["seen"])
-        rows = np.frombuffer(zlib.decompress(base64.b64decode(d["rows_zlib_b64"])), dtype="<f8")
-        rows = rows.reshape(-1, out.width)
+        rows = _rows_v1(d["rows_zlib_b64"], out.width) if d["version"] == 1 else unpack_array(d["rows"], "<f8")
+        if rows.ndim != 2 or rows.shape[1] != out.width or len(rows) > out.capacity:
+            raise ValueError(f"reservoir rows have shape {rows.shape}, expected (<= {out.capacity}, {out.width})")
         out._data[: len(rows)] = rows
         out._rng.bit_generator.state = d["rng"]
         return out
@@ -116,6 +121,6 @@ class Reservoir:
     __hash__ = None  # type: ignore[assignment]
 
 
-def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: (_jsonable(v) if isinstance(v, dict) else int(v) if isinstance(v, np.integer) else v)
-            for k, v in state.items()}
+def _rows_v1(packed: str, width: int) -> np.ndarray:
+    """Rows of a version-1 document: zlib-compressed little-endian float64 in a bare base64 string."""
+    return np.frombuffer(zlib.decompress(base64.b64decode(packed)), dtype="<f8").reshape(-1, width)

@@ -1,34 +1,15 @@
-"""Agent configuration: a YAML document validated against a typed schema, with environment overrides.
-
-Every section is a dataclass; :func:`load_config` reads YAML, substitutes ``${VAR}`` /
-``${VAR:-default}`` in strings, applies ``CALMON__SECTION__KEY=value`` environment overrides
-(``__`` separates the key path; list items by index, e.g. ``CALMON__SOURCES__0__PATH``;
-values are parsed as YAML scalars), and builds the dataclasses.  Any unknown key or bad value
-raises :class:`ConfigError` whose message starts with the key path, e.g.
-``exporter.port: must be an integer in [0, 65535], got 'http'`` -- ``calmon run`` prints that
-line and exits with status 2.
-
-Durations are numbers of seconds or strings like ``"250ms"``, ``"30s"``, ``"5m"``, ``"1h"``,
-``"7d"``.  See ``config/calmon.example.yaml`` for every field with its meaning.
-"""
+"""The configuration schema: one dataclass per section, each validating itself with key paths."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-ENV_PREFIX = "CALMON__"
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class ConfigError(ValueError):
@@ -344,11 +325,50 @@ class IngestConfig:
 
 
 @dataclass
+class AlertmanagerConfig:
+    """Push alert states to Alertmanager's v2 API after each round (off while ``url`` is empty)."""
+
+    url: str = ""
+    timeout: Duration = Duration(5.0)
+    #: ``endsAt`` of a firing alert is now + this: Alertmanager resolves it by itself if the agent dies.
+    firing_ttl: Duration = Duration(300.0)
+    #: Link shown by Alertmanager (e.g. the agent's status page).
+    generator_url: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+    external_labels: dict[str, str] = field(default_factory=dict)
+
+    def validate(self, path: str) -> None:
+        if self.url:
+            _check(bool(re.fullmatch(r"https?://[^/\s]+(/\S*)?", self.url)), f"{path}.url",
+                   f"expected http(s)://host:port[/prefix], got {self.url!r}")
+        _check(self.timeout > 0, f"{path}.timeout", "must be positive")
+        _check(self.firing_ttl > 0, f"{path}.firing_ttl", "must be positive")
+
+
+@dataclass
 class AlertsConfig:
     """Alert rules for :mod:`calmon.alerts` (format defined there), evaluated after each round."""
 
     enabled: bool = True
     rules: list[dict[str, Any]] = field(default_factory=list)
+    alertmanager: AlertmanagerConfig = field(default_factory=AlertmanagerConfig)
+
+
+@dataclass
+class PublisherConfig:
+    """Where refreshed calibrators are published: a directory store or a Kafka compacted topic."""
+
+    type: Literal["directory", "kafka"] = "directory"
+    #: ``directory``: ``path`` (default ``<state_dir>/calibrators``); ``kafka``: ``bootstrap_servers``, ``topic``...
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, path: str) -> None:
+        if self.type == "directory":
+            unknown = sorted(set(self.options) - {"path"})
+            _check(not unknown, f"{path}.options.{unknown[0] if unknown else ''}",
+                   "unknown option of a directory publisher (known: path)")
+        else:
+            _check(bool(self.options.get("topic")), f"{path}.options.topic", "is required for a kafka publisher")
 
 
 @dataclass
@@ -360,8 +380,20 @@ class RecalibrationConfig:
     #: Window whose statistics the calibrators are fitted on.
     window: str = "24h"
     methods: list[str] = field(default_factory=lambda: ["temperature"])
-    #: Passed through to the refresh module (publisher, store directory...).
+    #: ``min_train``, ``min_holdout`` (rows of the reservoir), ``store_dir`` (deprecated: use ``publishers``).
     options: dict[str, Any] = field(default_factory=dict)
+    #: Where new revisions go; empty = one directory store at ``<state_dir>/calibrators``.
+    publishers: list[PublisherConfig] = field(default_factory=list)
+
+    def validate(self, path: str) -> None:
+        unknown = sorted(set(self.options) - {"min_train", "min_holdout", "store_dir"})
+        _check(not unknown, f"{path}.options.{unknown[0] if unknown else ''}",
+               "unknown option (known: min_train, min_holdout, store_dir)")
+        for key in ("min_train", "min_holdout"):
+            v = self.options.get(key, 1)
+            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{path}.options.{key}",
+                   f"must be an integer >= 1, got {v!r}")
+        _check(self.every > 0, f"{path}.every", "must be positive")
 
 
 @dataclass
@@ -406,203 +438,3 @@ class Config:
         return dataclasses.asdict(self)
 
 
-# --------------------------------------------------------------------------------------------- building
-def _type_name(tp: Any) -> str:
-    return getattr(tp, "__name__", str(tp))
-
-
-def _build(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    args = typing.get_args(tp)
-    if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        return _build(inner[0], value, path)
-    if origin is Literal:
-        _check(value in args, path, f"must be one of {', '.join(map(str, args))}, got {value!r}")
-        return value
-    if tp is Duration:
-        return Duration(parse_duration(value, path))
-    if tp is bool:
-        _check(isinstance(value, bool), path, f"must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        _check(isinstance(value, int) and not isinstance(value, bool), path,
-               f"must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        _check(isinstance(value, int | float) and not isinstance(value, bool), path,
-               f"must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        _check(isinstance(value, str | int | float) and not isinstance(value, bool), path,
-               f"must be a string, got {value!r}")
-        return str(value)
-    if tp is Any:
-        return value
-    if origin is list:
-        _check(isinstance(value, list), path, f"must be a list, got {type(value).__name__}")
-        return [_build(args[0], v, f"{path}.{i}") for i, v in enumerate(value)]
-    if origin is dict:
-        _check(isinstance(value, dict), path, f"must be a mapping, got {type(value).__name__}")
-        return {str(k): _build(args[1], v, f"{path}.{k}") for k, v in value.items()}
-    if dataclasses.is_dataclass(tp):
-        if tp is TesterConfig and isinstance(value, str):
-            value = {"name": value}
-        if tp is TierConfig and isinstance(value, list) and len(value) == 2:
-            value = {"width": value[0], "count": value[1]}
-        if value is None:
-            value = {}
-        _check(isinstance(value, dict), path, f"must be a mapping, got {type(value).__name__}")
-        hints = typing.get_type_hints(tp)
-        known = {f.name for f in dataclasses.fields(tp)}
-        for key in value:
-            if key not in known:
-                where = f"{path}.{key}" if path else str(key)
-                raise ConfigError(where, f"unknown key (known keys: {', '.join(sorted(known))})")
-        kwargs = {k: _build(hints[k], v, f"{path}.{k}" if path else k) for k, v in value.items()}
-        obj = tp(**kwargs)
-        if hasattr(obj, "validate"):
-            obj.validate(path)
-        return obj
-    raise ConfigError(path, f"unsupported schema type {_type_name(tp)}")  # pragma: no cover
-
-
-def _substitute(value: Any, env: typing.Mapping[str, str], path: str) -> Any:
-    if isinstance(value, str):
-        def repl(m: re.Match[str]) -> str:
-            if m.group(1) in env:
-                return env[m.group(1)]
-            if m.group(2) is not None:
-                return m.group(2)
-            raise ConfigError(path, f"environment variable {m.group(1)} is not set")
-        return _ENV_REF.sub(repl, value)
-    if isinstance(value, list):
-        return [_substitute(v, env, f"{path}.{i}") for i, v in enumerate(value)]
-    if isinstance(value, dict):
-        return {k: _substitute(v, env, f"{path}.{k}" if path else str(k)) for k, v in value.items()}
-    return value
-
-
-def apply_env_overrides(doc: dict[str, Any], env: typing.Mapping[str, str]) -> dict[str, Any]:
-    """Apply ``CALMON__A__B=value`` overrides (keys lower-cased, values parsed as YAML scalars).
-
-    Examples
-    --------
-    >>> apply_env_overrides({"exporter": {"port": 1}}, {"CALMON__EXPORTER__PORT": "9100"})
-    {'exporter': {'port': 9100}}
-    """
-    for var in sorted(env):
-        if not var.startswith(ENV_PREFIX):
-            continue
-        keys = [k.lower() for k in var[len(ENV_PREFIX):].split("__")]
-        path = ".".join(keys)
-        if not all(keys):
-            raise ConfigError(path, f"bad environment override name {var}")
-        try:
-            value = yaml.safe_load(env[var]) if env[var] != "" else ""
-        except yaml.YAMLError as exc:
-            raise ConfigError(path, f"cannot parse value of {var}: {exc}") from None
-        node: Any = doc
-        for i, key in enumerate(keys[:-1]):
-            nxt_is_index = keys[i + 1].isdigit()
-            if isinstance(node, list):
-                _check(key.isdigit() and int(key) < len(node), ".".join(keys[: i + 1]),
-                       f"no list item {key} (from {var})")
-                node = node[int(key)]
-            else:
-                if key not in node or node[key] is None:
-                    node[key] = [] if nxt_is_index else {}
-                node = node[key]
-        last = keys[-1]
-        if isinstance(node, list):
-            _check(last.isdigit() and int(last) <= len(node), path, f"no list item {last} (from {var})")
-            if int(last) == len(node):
-                node.append(value)
-            else:
-                node[int(last)] = value
-        else:
-            node[last] = value
-    return doc
-
-
-def build_config(doc: dict[str, Any] | None, env: typing.Mapping[str, str] | None = None,
-                 base_dir: str | Path | None = None) -> Config:
-    """Validate a configuration document (already parsed YAML) and return a :class:`Config`.
-
-    Parameters
-    ----------
-    doc
-        Parsed YAML mapping (``None`` = empty).
-    env
-        Environment for ``${VAR}`` substitution and ``CALMON__...`` overrides (default ``os.environ``).
-    base_dir
-        Directory against which relative ``state_dir`` and source paths are resolved (default: cwd).
-
-    Returns
-    -------
-    Config
-
-    Raises
-    ------
-    ConfigError
-        Naming the key path and the reason.
-
-    Examples
-    --------
-    >>> cfg = build_config({"sources": [{"path": "events.jsonl"}], "exporter": {"port": 9100}}, env={})
-    >>> cfg.exporter.port, cfg.sources[0].type, cfg.windows.names[-1]
-    (9100, 'file', 'all')
-    >>> try:
-    ...     build_config({"sources": [{"path": "x"}], "exporter": {"prot": 1}}, env={})
-    ... except ConfigError as err:
-    ...     print(err.path)
-    exporter.prot
-    """
-    env = os.environ if env is None else env
-    doc = {} if doc is None else doc
-    _check(isinstance(doc, dict), "", f"the configuration must be a mapping, got {type(doc).__name__}")
-    doc = _substitute(doc, env, "")
-    doc = apply_env_overrides(doc, env)
-    cfg = _build(Config, doc, "")
-    if base_dir is not None:
-        base = Path(base_dir)
-        cfg.state_dir = str(base / cfg.state_dir) if not Path(cfg.state_dir).is_absolute() else cfg.state_dir
-        for s in cfg.sources:
-            if s.path and not Path(s.path).is_absolute():
-                s.path = str(base / s.path)
-    return cfg
-
-
-def load_config(path: str | Path, env: typing.Mapping[str, str] | None = None) -> Config:
-    """Read, override and validate the YAML file ``path`` (relative paths resolve against its directory).
-
-    Parameters
-    ----------
-    path
-        YAML file.
-    env
-        Environment (default ``os.environ``).
-
-    Returns
-    -------
-    Config
-
-    Raises
-    ------
-    ConfigError
-        For a missing/unreadable file, bad YAML, an unknown key or a bad value.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except OSError as exc:
-        raise ConfigError(str(path), f"cannot read configuration: {exc.strerror or exc}") from None
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(str(path), f"invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
-    return build_config(doc, env=env, base_dir=p.resolve().parent)

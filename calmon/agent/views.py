@@ -1,0 +1,80 @@
+"""The agent's views: the published evaluation results, the Prometheus state and the status document.
+
+Evaluation results are *published*, not shared: the scheduler builds a new immutable
+:class:`Published` after each round and replaces the runtime's reference to it in one
+assignment.  A reader takes the reference once and sees one consistent round, without a lock
+and without racing the scheduler (the status page used to read calibrators while they were
+being written).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calmon import __version__
+from calmon.agent.state import AgentState
+from calmon.agent.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo, SourceView
+from calmon.config import format_duration
+from calmon.jsonio import clean
+
+__all__ = ["Published", "metrics_state", "status_document"]
+
+
+@dataclass(frozen=True)
+class Published:
+    """One round's results as every reader sees them (replaced whole, never mutated)."""
+
+    evaluations: tuple[Evaluation, ...] = ()
+    alerts: tuple[dict[str, Any], ...] = ()
+    calibrators: Mapping[str, CalibratorInfo] = field(default_factory=dict)
+    scheduler: SchedulerInfo = field(default_factory=lambda: SchedulerInfo(evaluations=0, overruns=0,
+                                                                           last_timestamp=None))
+    #: The alert engine's state after this round (``None`` before the first round or without rules).
+    alert_doc: Mapping[str, Any] | None = None
+
+
+def metrics_state(state: AgentState, pub: Published, checkpoint: CheckpointInfo, ready: bool,
+                  now: float) -> dict[str, Any]:
+    """Consistent copy of everything the Prometheus collector exports (see :mod:`calmon.exporter.metrics`)."""
+    with state.lock:
+        c = state.counters.copy()
+        sources: dict[str, SourceView] = {
+            name: {"records": c.records.get(name, 0), "lag_seconds": info.lag_seconds(now),
+                   "lag_bytes": info.lag_bytes, "lag_records": info.lag_records}
+            for name, info in state.sources.items()}
+        jc = state.joiner.counters
+        join = {"joined": dict(jc.joined), "expired": dict(jc.expired), "duplicates": dict(jc.duplicates),
+                "orphans": jc.orphans}
+        pending = state.joiner.pending_count()
+        state_bytes = {name: mw.nbytes() for name, mw in state.models.items()}
+        watermark = state.watermark
+    return {
+        "version": __version__, "ready": ready, "watermark": watermark,
+        "events": c.events, "rejected": c.rejected, "late": c.late, "join": join, "pending": pending,
+        "sources": sources, "scheduler": dict(pub.scheduler), "checkpoint": dict(checkpoint),
+        "state_bytes": state_bytes, "evaluations": list(pub.evaluations), "alerts": list(pub.alerts),
+        "calibrators": [dict(v) for v in pub.calibrators.values() if v.get("version") is not None],
+    }
+
+
+def status_document(st: Mapping[str, Any], pub: Published, *, windows: list[str], tiers: list[tuple[float, int]],
+                    started_at: float, now: float) -> dict[str, Any]:
+    """The document served at ``/api/status`` and rendered at ``/``, built from :func:`metrics_state`."""
+    return clean({
+        "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+        "version": __version__,
+        "evaluations": st["evaluations"], "alerts": st["alerts"], "calibrators": dict(pub.calibrators),
+        "agent": {
+            "ready": st["ready"], "uptime_seconds": now - started_at, "watermark": st["watermark"],
+            "windows": windows, "tiers": [f"{c} x {format_duration(w)}" for w, c in tiers],
+            "events": [{"model": m, "type": k, "count": n} for (m, k), n in sorted(st["events"].items())],
+            "rejected": st["rejected"], "late": st["late"], "join": st["join"], "pending": st["pending"],
+            "sources": st["sources"], "scheduler": st["scheduler"], "checkpoint": st["checkpoint"],
+            "state_bytes": st["state_bytes"],
+        },
+    })
+
+

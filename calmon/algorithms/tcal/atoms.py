@@ -1,0 +1,269 @@
+"""The Monte Carlo engine of T-Cal: atoms (raw distinct scores, or non-empty fine cells) and their levels.
+
+Under calibration, and conditionally on the scores, the outcomes of an atom of ``N`` events with
+score ``p`` are ``Bin(N, p)``; every dyadic level's cell sums are unions of atoms (or of a finer
+level's cells), so one set of draws gives the joint null of all levels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from scipy import sparse
+
+from calmon.algorithms.tcal.estimators import check_binary, check_bins, check_grid
+from calmon.stats.grid import ScoreGrid, cell_index
+
+__all__ = ["Atoms", "Level", "simulate_null", "BATCH_ELEMENTS"]
+
+#: Elements (draws x atoms) simulated per batch; bounds memory to a few tens of MB.
+BATCH_ELEMENTS = 2_000_000
+
+
+@dataclass
+class Level:
+    bins: int
+    starts_all: np.ndarray  # atom index where each non-empty cell starts (cells are contiguous atom runs)
+    keep: np.ndarray  # cells with N >= 2 (a single event contributes exactly 0 to the DPE)
+    N: np.ndarray  # kept cells only, as Z, ZZ, V, W
+    Z: np.ndarray  # sum z over the cell
+    ZZ: np.ndarray  # sum z^2
+    V: np.ndarray
+    W: np.ndarray
+    P3: np.ndarray
+    M1: np.ndarray
+    M2: np.ndarray
+    source: int = -1  # level whose cells this level's cells are unions of (-1: the atoms)
+    full: bool = True  # sums of all cells (usable as a source) or of the kept cells only
+    matrix: Any = None  # sparse 0/1 matrix summing source rows into this level's cells
+
+
+@dataclass
+class Atoms:
+    """Sorted atoms: N events with (approximately) one score each; draws are Bin(N, p).
+
+    Examples
+    --------
+    >>> a = Atoms.from_raw(np.array([0.2, 0.2, 0.7]), np.array([0.0, 1.0, 1.0]))
+    >>> a.N.tolist(), a.p.tolist(), a.k_obs.tolist()
+    ([2.0, 1.0], [0.2, 0.7], [1.0, 1.0])
+    """
+
+    n: int
+    N: np.ndarray
+    p: np.ndarray
+    zsum: np.ndarray
+    zzsum: np.ndarray
+    V: np.ndarray
+    W: np.ndarray
+    k_obs: np.ndarray  # observed positives
+    g_obs: np.ndarray  # observed sum y(1 - 2z)
+    exact: bool
+    key: np.ndarray  # raw: the score; grid: the fine cell index
+    P3: np.ndarray  # sum v^3 (grid: W^2 / V, exact when the cell's scores are equal)
+    M1: np.ndarray  # sum E r^3 = sum v (1 - 2z) (grid: V (1 - 2 zbar))
+    M2: np.ndarray  # sum (E r^3)^2 (grid: M1^2 / N)
+    fine_bins: int | None = None
+    levels: list[Level] = field(default_factory=list)
+    _plan: list[int] | None = None
+
+    @classmethod
+    def from_raw(cls, z: np.ndarray, y: np.ndarray) -> Atoms:
+        vals, inv, cnt = np.unique(z, return_inverse=True, return_counts=True)
+        inv = inv.ravel()
+        k = np.bincount(inv, weights=y, minlength=vals.size)
+        v = vals * (1.0 - vals)
+        N = cnt.astype(np.float64)
+        mu3 = v * (1.0 - 2.0 * vals)
+        return cls(n=z.size, N=N, p=vals, zsum=vals * N, zzsum=vals * vals * N, V=v * N, W=v * v * N,
+                   k_obs=k, g_obs=k * (1.0 - 2.0 * vals), exact=True, key=vals, P3=N * v**3, M1=N * mu3,
+                   M2=N * mu3**2)
+
+    @classmethod
+    def from_grid(cls, grid: ScoreGrid) -> Atoms:
+        n = grid.n
+        ok = np.flatnonzero(n > 0)
+        N = n[ok]
+        sz, szz, sy, szy = grid.sum_z[ok], grid.sum_zz[ok], grid.sum_y[ok], grid.sum_zy[ok]
+        p = np.clip(sz / N, 0.0, 1.0)
+        V = np.maximum(sz - szz, 0.0)
+        W = grid.sum_vv[ok]
+        M1 = V * (1.0 - 2.0 * p)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            P3 = np.where(V > 0, W * W / np.where(V > 0, V, 1.0), 0.0)
+        return cls(n=int(N.sum()), N=N, p=p, zsum=sz, zzsum=szz, V=V, W=W, k_obs=np.rint(sy),
+                   g_obs=sy - 2.0 * szy, exact=False, key=ok, P3=P3, M1=M1, M2=M1 * M1 / N, fine_bins=grid.bins)
+
+    def add_level(self, bins: int) -> Level:
+        if self.fine_bins is None:
+            idx = cell_index(self.key, bins)
+        else:
+            if self.fine_bins % bins:
+                raise ValueError(f"level with {bins} bins does not divide the grid's {self.fine_bins} cells")
+            idx = self.key // (self.fine_bins // bins)
+        starts = np.r_[0, np.flatnonzero(np.diff(idx)) + 1]
+        sums = {name: np.add.reduceat(getattr(self, name), starts)
+                for name in ("N", "zsum", "zzsum", "V", "W", "P3", "M1", "M2")}
+        keep = sums["N"] >= 2
+        lev = Level(bins=bins, starts_all=starts, keep=keep, N=sums["N"][keep], Z=sums["zsum"][keep],
+                     ZZ=sums["zzsum"][keep], V=sums["V"][keep], W=sums["W"][keep], P3=sums["P3"][keep],
+                     M1=sums["M1"][keep], M2=sums["M2"][keep])
+        self.levels.append(lev)
+        self._plan = None
+        return lev
+
+    def _make_plan(self) -> list[int]:
+        """Order levels finest first; choose for each how its cell sums are computed.
+
+        A level with many cells (more than half the atoms: mostly singletons) sums only its kept cells
+        straight from the atoms; a coarser level sums all its cells from the finest level computed in
+        full that it coarsens (dyadic levels nest), so the total work is a few passes over the atoms.
+        """
+        order = sorted(range(len(self.levels)), key=lambda j: -self.levels[j].starts_all.size)
+        A = self.N.size
+        atom_ids = np.arange(A)
+        full_done: list[int] = []
+        for j in order:
+            lev = self.levels[j]
+            cells = lev.starts_all.size
+            owner = np.repeat(np.arange(cells), np.diff(np.r_[lev.starts_all, A]))  # cell of each atom
+            if 2 * cells > A:
+                rows = np.flatnonzero(lev.keep[owner])
+                kept_id = np.cumsum(lev.keep) - 1
+                lev.source, lev.full = -1, False
+                lev.matrix = sparse.csr_matrix((np.ones(rows.size), (kept_id[owner[rows]], atom_ids[rows])),
+                                               shape=(int(lev.keep.sum()), A))
+                continue
+            lev.source, lev.full = -1, True
+            src_starts, src_size = np.arange(A), A
+            for i in reversed(full_done):  # the coarsest finer level that nests: fewest rows to sum
+                cand = self.levels[i].starts_all
+                pos = np.searchsorted(cand, lev.starts_all)
+                if np.all(pos < cand.size) and np.array_equal(cand[pos], lev.starts_all):
+                    lev.source, src_starts, src_size = i, cand, cand.size
+                    break
+            src_owner = owner[src_starts]  # this level's cell of each source row
+            lev.matrix = sparse.csr_matrix((np.ones(src_size), (src_owner, np.arange(src_size))),
+                                           shape=(cells, src_size))
+            full_done.append(j)
+        self._plan = order
+        return order
+
+    def observed(self) -> tuple[np.ndarray, np.ndarray]:
+        """Observed DPE and plug-in at every level (segment sums; no simulation plan needed)."""
+        dpe = np.zeros(len(self.levels))
+        plug = np.zeros(len(self.levels))
+        s_atom = self.k_obs - self.zsum
+        q_atom = self.g_obs + self.zzsum
+        for j, lev in enumerate(self.levels):
+            N = np.add.reduceat(self.N, lev.starts_all)
+            S = np.add.reduceat(s_atom, lev.starts_all)
+            Q = np.add.reduceat(q_atom, lev.starts_all)
+            plug[j] = (S * S / N).sum() / self.n
+            k = lev.keep
+            dpe[j] = ((S[k] * S[k] - Q[k]) / N[k]).sum() / self.n
+        return dpe, plug
+
+    def variance(self, lev: Level) -> float:
+        return float(2.0 / self.n**2 * (np.maximum(lev.V**2 - lev.W, 0.0) / lev.N**2).sum())
+
+    def third_cumulant(self, lev: Level) -> float:
+        """``E (T^d)^3`` under the null: ``(8 / n^3) sum_c (e2(mu3) + 6 e3(v)) / N_c^3`` (see module notes)."""
+        e3 = (lev.V**3 - 3.0 * lev.V * lev.W + 2.0 * lev.P3) / 6.0
+        e2m = (lev.M1**2 - lev.M2) / 2.0
+        return float(8.0 / self.n**3 * ((e2m + 6.0 * e3) / lev.N**3).sum())
+
+    def stats(self, k: np.ndarray, g: np.ndarray) -> np.ndarray:
+        """DPE at every level from per-atom positives ``k`` and ``sum y(1-2z)`` ``g`` of shape (atoms, r).
+
+        Returns an array of shape ``(r, levels)``.  Cell sums of a level are ``reduceat`` sums of the
+        cells of the finest level it coarsens (or of the atoms), so nested dyadic levels cost little more
+        than the finest one.
+        """
+        order = self._plan if self._plan is not None else self._make_plan()
+        r = k.shape[1]
+        X = np.concatenate([k, g], axis=1)
+        cell_sums: dict[int, np.ndarray] = {}
+        out = np.zeros((r, len(self.levels)))
+        for j in order:
+            lev = self.levels[j]
+            C = lev.matrix @ (X if lev.source < 0 else cell_sums[lev.source])
+            if lev.full:
+                cell_sums[j] = C
+                C = C[lev.keep]
+            if lev.N.size == 0:
+                continue
+            S = C[:, :r] - lev.Z[:, None]
+            Q = C[:, r:] + lev.ZZ[:, None]
+            S *= S
+            S -= Q
+            out[:, j] = (1.0 / lev.N) @ S / self.n
+        return out
+
+    def draw(self, r: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``r`` null draws of per-atom positives (Bernoulli for single events), shape (atoms, r).
+
+        Draws are generated draw-major, so the stream of draws does not depend on the batch sizes.
+        """
+        A = self.N.size
+        k = np.empty((A, r))
+        one = self.N == 1
+        if one.all():
+            k[:] = (rng.random((r, A)) < self.p).T
+        elif not one.any():
+            k[:] = rng.binomial(self.N.astype(np.int64), self.p, size=(r, A)).T
+        else:
+            u = rng.random((r, int(one.sum())))
+            b = rng.binomial(self.N[~one].astype(np.int64), self.p[~one], size=(r, int((~one).sum())))
+            k[one] = (u < self.p[one]).T
+            k[~one] = b.T
+        return k, k * (1.0 - 2.0 * self.p)[:, None]
+
+
+def simulate_null(z: np.ndarray | None = None, grid: ScoreGrid | None = None, *, bins: Sequence[int],
+                  draws: int, rng: np.random.Generator | int | None = None) -> np.ndarray:
+    """Null draws of the DPE at several scales: Y-only on raw scores ``z`` (exact) or on a grid (approximate).
+
+    Parameters
+    ----------
+    z
+        Raw scores (exact Y-only law: ``y* ~ Ber(z)``); or ``None`` to use ``grid``.
+    grid
+        Fine :class:`ScoreGrid` (per cell ``k ~ Bin(N, zbar)``).
+    bins
+        Numbers of bins (for a grid, divisors of ``grid.bins``).
+    draws
+        Number of draws.
+    rng
+        Generator or seed.
+
+    Returns
+    -------
+    Array ``(draws, len(bins))`` of simulated DPE values (scalar convention), all scales from the same draws.
+
+    Examples
+    --------
+    >>> z = np.random.default_rng(0).uniform(size=500)
+    >>> simulate_null(z, bins=[4, 16], draws=3, rng=0).shape
+    (3, 2)
+    """
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    if z is not None:
+        z, _ = check_binary(z, np.zeros(np.shape(z)))
+        atoms = Atoms.from_raw(z, np.zeros_like(z))
+    elif grid is not None:
+        check_grid(grid)
+        atoms = Atoms.from_grid(grid)
+    else:
+        raise ValueError("give raw scores z or a grid")
+    for m in bins:
+        atoms.add_level(check_bins(m))
+    cap = max(1, BATCH_ELEMENTS // max(1, atoms.N.size))
+    out = []
+    for lo in range(0, int(draws), cap):
+        k, g = atoms.draw(min(cap, int(draws) - lo), rng)
+        out.append(atoms.stats(k, g))
+    return np.vstack(out) if out else np.zeros((0, len(bins)))

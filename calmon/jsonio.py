@@ -1,0 +1,123 @@
+"""JSON plumbing shared by every room: JSON-safe copies, packed arrays and atomic, durable writes.
+
+One implementation of each, so that every document calmon writes (checkpoints, calibrators,
+reports) is cleaned the same way and every file it replaces survives a crash: the bytes go to a
+temporary file in the same directory, which is fsynced, renamed over the target with
+``os.replace`` and followed by an fsync of the directory (without it a crash can forget the
+rename on some file systems).
+
+Examples
+--------
+>>> import numpy as np, tempfile, pathlib, json
+>>> clean({"a": float("nan"), "b": np.int64(3), "c": (1.5, np.array([1, 2]))})
+{'a': None, 'b': 3, 'c': [1.5, [1, 2]]}
+>>> a = np.array([[1, -2], [3, 2**40]], dtype=np.int64)
+>>> bool(np.array_equal(unpack_array(pack_array(a), "<i8", (2, 2)), a))
+True
+>>> p = pathlib.Path(tempfile.mkdtemp()) / "sub" / "doc.json"
+>>> write_json_atomic(p, {"x": 1})
+>>> json.loads(p.read_text())
+{'x': 1}
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["clean", "pack_array", "unpack_array", "write_bytes_atomic", "write_json_atomic", "fsync_dir"]
+
+
+def clean(x: Any) -> Any:
+    """JSON-safe deep copy: non-finite floats become ``None``; numpy scalars and arrays, tuples and
+    sets become plain Python; dict keys become strings."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k if isinstance(k, str) else str(k): clean(v) for k, v in x.items()}
+    if isinstance(x, list | tuple | set | frozenset):
+        return [clean(v) for v in x]
+    if isinstance(x, np.ndarray):
+        return clean(x.tolist())
+    if isinstance(x, np.generic):
+        return clean(x.item())
+    if isinstance(x, Path):
+        return str(x)
+    return x
+
+
+def pack_array(a: np.ndarray, dtype: str = "<i8", level: int = 6) -> dict[str, Any]:
+    """A pickle-free JSON form of an array: little-endian bytes, zlib-compressed, in base64."""
+    raw = np.ascontiguousarray(a, dtype=dtype).tobytes()
+    packed = base64.b64encode(zlib.compress(raw, level)).decode()
+    return {"dtype": dtype, "shape": list(np.shape(a)), "zlib_b64": packed}
+
+
+def unpack_array(d: Any, dtype: str = "<i8", shape: tuple[int, ...] | None = None) -> np.ndarray:
+    """Inverse of :func:`pack_array`; checks dtype and (if given) shape, raising ``ValueError``."""
+    if not isinstance(d, dict) or d.get("dtype") != dtype or not isinstance(d.get("zlib_b64"), str):
+        got = d.get("dtype") if isinstance(d, dict) else type(d).__name__
+        raise ValueError(f"packed array has dtype {got!r}, expected {dtype!r}")
+    want = tuple(int(s) for s in d.get("shape", ()))
+    if shape is not None and want != tuple(shape):
+        raise ValueError(f"packed array has shape {list(want)}, expected {list(shape)}")
+    try:
+        raw = zlib.decompress(base64.b64decode(d["zlib_b64"], validate=True))
+    except (ValueError, zlib.error) as exc:
+        raise ValueError(f"packed array is corrupt: {exc}") from None
+    out = np.frombuffer(raw, dtype=dtype)
+    if out.size != math.prod(want):
+        raise ValueError(f"packed array holds {out.size} values, shape {list(want)} needs {math.prod(want)}")
+    return out.reshape(want).astype(np.dtype(dtype).newbyteorder("="))
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """fsync a directory so that a rename in it is durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (temp file, fsync, rename, fsync directory)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    fsync_dir(p.parent)
+
+
+def write_json_atomic(path: str | os.PathLike[str], doc: Any, *, indent: int | None = 2) -> None:
+    """Write ``clean(doc)`` as JSON (strict: no NaN) to ``path`` with :func:`write_bytes_atomic`."""
+    text = json.dumps(clean(doc), indent=indent, allow_nan=False)
+    write_bytes_atomic(path, (text + "\n").encode("utf-8"))

@@ -1,0 +1,138 @@
+"""Tester ``"tcal"``: adaptive T-Cal on whatever the caller has (a file's raw data, a window's grid or sample).
+
+The adapter only chooses the data source and the method; the statistics live in
+:mod:`calmon.algorithms.tcal` and :mod:`calmon.algorithms.binomial_test`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+
+from calmon.algorithms.binomial_test import binomial_test, discrete_support, grid_discrete_support
+from calmon.algorithms.tcal import METHODS, insufficient_result, tcal_test
+from calmon.stats.data import CalibrationData
+from calmon.stats.grid import ScoreGrid
+
+__all__ = ["tcal_tester"]
+
+Source = Literal["raw", "grid", "reservoir"]
+
+
+def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
+                method: str = "auto", combine: str = "bonferroni", levels: Sequence[int] | None = None,
+                bins: Sequence[int] | None = None, screen: bool = True, discrete: bool | None = None,
+                discrete_max_values: int = 50, raw_max: int = 200_000) -> dict[str, Any]:
+    """Tester ``"tcal"``: adaptive T-Cal from a file's raw data or a window's statistics.
+
+    Parameters
+    ----------
+    data
+        What the caller has: ``z``/``y`` (full data when ``raw_is_complete``, else a reservoir sample)
+        and/or the fine ``grid``.
+    alpha, mc, rng
+        Level, Monte Carlo draws, generator (see :func:`~calmon.algorithms.tcal.tcal_test`).
+    method
+        ``"auto"`` (default): exact binomial test when the predictions take few distinct values
+        (Appendix B.4); else Y-only Monte Carlo on raw data when complete (``"mc-raw"``), else Monte Carlo
+        on the fine grid (``"mc-grid"``), else on the reservoir sample.  Or one of ``"mc-raw"``,
+        ``"mc-grid"``, ``"cantelli"``, ``"theorem3"``, ``"moment3"``, ``"binomial"``.
+    combine
+        ``"bonferroni"`` or ``"minp"``.
+    levels, bins
+        Dyadic exponents ``b`` (bins ``2**b``) or explicit numbers of bins; default eq. (7).
+    screen
+        Cantelli screen before Monte Carlo.
+    discrete
+        Force (``True``) or forbid (``False``) the binomial test; ``None`` decides automatically.
+    discrete_max_values
+        At most this many distinct values (and at least 10 events per value) count as discrete.
+    raw_max
+        ``"auto"`` uses the exact raw Monte Carlo on complete raw data only up to this many events; larger
+        files use the grid (the cost of the raw simulation grows with n, the grid's does not).
+
+    Returns
+    -------
+    The dict of :func:`~calmon.algorithms.tcal.tcal_test` (or
+    :func:`~calmon.algorithms.binomial_test.binomial_test`) with ``source`` (``"raw"``, ``"grid"``,
+    ``"reservoir"``).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0); z = rng.uniform(size=3000); y = (rng.uniform(size=3000) < z) * 1.0
+    >>> g = ScoreGrid(); g.update(z, y)
+    >>> tcal_tester(CalibrationData(n=3000, grid=g), alpha=0.05, mc=300, rng=rng)["method"]
+    'mc-grid'
+    """
+    if method not in METHODS:
+        raise ValueError(f"tcal method must be one of {METHODS}, got {method!r}")
+    if levels is not None and bins is not None:
+        raise ValueError("give levels (dyadic exponents) or bins, not both")
+    if levels is not None:
+        bins = [2 ** int(b) for b in levels]
+    grid = _usable_grid(data.grid)
+    source = _source(data, grid, method, raw_max)
+    if source is None:
+        return insufficient_result(method, alpha, int(data.n or 0), "no grid and no raw samples")
+    if method in ("auto", "binomial") and discrete is not False:
+        found = _binomial(data, grid, source, alpha, method, discrete, discrete_max_values)
+        if found is not None:
+            return found
+    if method == "auto":
+        method = "mc-grid" if source == "grid" else "mc-raw"
+    use_z = source != "grid" and method != "mc-grid"
+    if method == "mc-grid" and grid is None:
+        raise ValueError("method 'mc-grid' needs a grid")
+    if method == "mc-raw" and not _has_raw(data):
+        raise ValueError("method 'mc-raw' needs raw scores (full data or a reservoir)")
+    out = tcal_test(data.z if use_z else None, data.y if use_z else None, None if use_z else grid,
+                    alpha=alpha, mc=mc, rng=rng, method=method, bins=bins, combine=combine, screen=screen)
+    out["source"] = "grid" if not use_z else ("raw" if _complete(data) else "reservoir")
+    return out
+
+
+def _has_raw(data: CalibrationData) -> bool:
+    return data.z is not None and data.y is not None and len(data.z) > 0
+
+
+def _complete(data: CalibrationData) -> bool:
+    return _has_raw(data) and data.raw_is_complete
+
+
+def _usable_grid(grid: ScoreGrid | None) -> ScoreGrid | None:
+    """The single-channel, non-empty grid T-Cal can use, if any."""
+    if grid is None or grid.channels is not None or grid.count == 0:
+        return None
+    return grid
+
+
+def _source(data: CalibrationData, grid: ScoreGrid | None, method: str, raw_max: int) -> Source | None:
+    """Complete raw data (unless huge and the method may use the grid), else the grid, else the sample."""
+    if _complete(data) and data.z is not None and (
+            grid is None or len(data.z) <= raw_max or method not in ("auto", "binomial")):
+        return "raw"
+    if grid is not None:
+        return "grid"
+    return "reservoir" if _has_raw(data) else None
+
+
+def _binomial(data: CalibrationData, grid: ScoreGrid | None, source: Source, alpha: float, method: str,
+              discrete: bool | None, max_values: int) -> dict[str, Any] | None:
+    """The exact binomial test (Appendix B.4) when the predictions take few values; ``None`` otherwise."""
+    if source == "grid" and grid is not None:
+        sup = grid_discrete_support(grid, max_values)
+    elif data.z is not None and data.y is not None:
+        sup = discrete_support(data.z, data.y, max_values)
+    else:
+        sup = None
+    if sup is not None:
+        out = binomial_test(*sup, alpha=alpha)
+        out["source"] = source
+        out["n"] = int(np.sum(sup[1]))
+        return out
+    if method == "binomial" or discrete:
+        raise ValueError("predictions take too many distinct values for the binomial test "
+                         f"(more than {max_values}, or fewer than 10 events per value)")
+    return None

@@ -1,0 +1,141 @@
+"""The consumer-client contract :class:`~connectors.kafka.source.KafkaSource` is written against.
+
+One small adapter per client library implements :class:`ConsumerClient`
+(:mod:`connectors.kafka.kafkapython`, :mod:`connectors.kafka.confluent`); the source keeps every
+policy (positions, pending partitions, truncation checks, commits, lag, backoff) and the adapters
+only translate calls.  Library exceptions are mapped to :class:`KafkaConfigError` (bad options: the
+agent must not start) and :class:`KafkaClientError` (broker or network trouble: retried).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from connectors.kafka.positions import TP
+
+
+class KafkaConfigError(ValueError):
+    """The client library rejected its configuration (not retried)."""
+
+
+class KafkaClientError(RuntimeError):
+    """A broker, network or client-state failure (retried with backoff).
+
+    ``fatal`` asks the source to drop and recreate the consumer (its state is unusable).
+    """
+
+    def __init__(self, message: str, *, fatal: bool = False) -> None:
+        super().__init__(message)
+        self.fatal = fatal
+
+
+class RecordLike(Protocol):
+    """What the source reads from a fetched record (kafka-python's ``ConsumerRecord`` fits)."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def value(self) -> bytes | None: ...
+
+
+class Record(NamedTuple):
+    """A fetched record's offset and raw value (``None`` for a null value)."""
+
+    offset: int
+    value: bytes | None
+
+
+#: Records of one poll, per partition in offset order.
+Polled = Mapping[TP, Sequence[RecordLike]]
+
+
+class ConsumerEvents(Protocol):
+    """What a client reports to its source: rebalances and errors that do not fail a call.
+
+    kafka-python calls the rebalance methods on its IO thread (they must not block); confluent-kafka
+    inside ``poll`` on the reading thread, which lets it also call :meth:`position_pending` there.
+    """
+
+    def on_assigned(self, tps: list[TP]) -> None: ...
+
+    def on_revoked(self, tps: list[TP]) -> None: ...
+
+    def position_pending(self, timeout: float) -> None: ...
+
+    def on_error(self, message: str, counted: bool) -> None:
+        """An error reported outside a failing call (``counted``: a record-level error)."""
+
+
+@dataclass
+class ConsumerSettings:
+    """What every adapter needs to create its consumer.
+
+    Examples
+    --------
+    >>> ConsumerSettings("h:1", ["t"], None, "src").group_id is None
+    True
+    """
+
+    bootstrap_servers: str | list[str]
+    topics: list[str]
+    group_id: str | None
+    name: str
+    options: dict[str, Any] = field(default_factory=dict)
+    auto_offset_reset: str = "earliest"
+
+
+class ConsumerClient(Protocol):
+    """A thin adapter over one Kafka consumer of one client library."""
+
+    def config(self) -> dict[str, Any]:
+        """The resolved client configuration (defaults, pass-through options, calmon's forced ones)."""
+
+    def start(self, handler: ConsumerEvents, timeout: float) -> None:
+        """Create the consumer: subscribe to the group, or assign every partition without a group.
+
+        Raises :class:`KafkaConfigError` or :class:`KafkaClientError` (the consumer is then closed).
+        """
+
+    def poll(self, max_records: int, timeout: float) -> Polled:
+        """Records fetched within ``timeout`` seconds, grouped per partition."""
+
+    def committed(self, tps: list[TP], timeout: float) -> dict[TP, int]:
+        """The group's committed offsets of ``tps`` (partitions without one are omitted)."""
+
+    def commit(self, offsets: Mapping[TP, int], timeout: float) -> None: ...
+
+    def seek(self, tp: TP, offset: int) -> None: ...
+
+    def pause(self, tps: list[TP]) -> None: ...
+
+    def resume(self, tps: list[TP]) -> None: ...
+
+    def highwater(self, tp: TP) -> int | None:
+        """High watermark of ``tp`` from the latest fetch (no network call); None if unknown."""
+
+    def beginning_offset(self, tp: TP, timeout: float) -> int:
+        """The first offset still in the log of ``tp``."""
+
+    @property
+    def connected(self) -> bool:
+        """True while the client believes a broker connection is up."""
+
+    def close(self, timeout: float) -> None:
+        """Close without committing (never raises)."""
+
+
+class ClientFactory(Protocol):
+    """An adapter class: validates a library's options and creates a :class:`ConsumerClient`."""
+
+    library: str
+
+    def __call__(self, settings: ConsumerSettings) -> ConsumerClient: ...
+
+    def check_options(self, options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Validate ``client`` pass-through options (``ValueError`` naming the bad ones)."""
+
+    def check_extra(self, extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate options found at the top level of a source's config (they join ``client``)."""

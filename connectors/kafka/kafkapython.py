@@ -1,0 +1,228 @@
+"""The kafka-python adapter of :class:`~connectors.kafka.clients.ConsumerClient`.
+
+kafka-python runs the group's rebalance listener on its IO thread, so the adapter only forwards
+assignments there (the source pauses new partitions and positions them on its own thread).  Its
+high watermarks come from fetch responses (``ListOffsets`` is not used: some brokers, e.g. Tansu
+0.6, answer it with the start of the last batch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from connectors.kafka.clients import (
+    ConsumerEvents,
+    ConsumerSettings,
+    KafkaClientError,
+    KafkaConfigError,
+    Polled,
+)
+from connectors.kafka.positions import TP
+from connectors.kafka.settings import check_client, client_keys
+
+log = logging.getLogger(__name__)
+
+#: Consumer options calmon sets itself.
+FORCED = frozenset({"enable_auto_commit", "key_deserializer", "value_deserializer", "bootstrap_servers", "group_id"})
+DEFAULTS: dict[str, Any] = {
+    "reconnect_backoff_ms": 100,
+    "reconnect_backoff_max_ms": 5000,
+    "request_timeout_ms": 30000,
+    "max_poll_records": 65536,
+    "fetch_max_bytes": 52428800,
+    "max_partition_fetch_bytes": 8388608,
+}
+
+
+@contextlib.contextmanager
+def mapped(op: str) -> Iterator[None]:
+    """Translate kafka-python's exceptions into :class:`KafkaClientError` (``IllegalStateError`` is fatal)."""
+    from kafka.errors import IllegalStateError
+
+    try:
+        yield
+    except (KafkaClientError, KafkaConfigError):
+        raise
+    except Exception as exc:  # noqa: BLE001 - kafka-python raises KafkaError, AssertionError, OSError, KeyError...
+        raise KafkaClientError(repr(exc), fatal=isinstance(exc, IllegalStateError)) from exc
+
+
+def _ktp(tp: TP) -> Any:
+    from kafka import TopicPartition
+
+    return TopicPartition(tp.topic, tp.partition)
+
+
+def _listener(handler: ConsumerEvents) -> Any:
+    """A rebalance listener forwarding to ``handler`` (it runs on kafka-python's IO thread)."""
+    from kafka import ConsumerRebalanceListener
+
+    def tps(parts: Any) -> list[TP]:
+        return [TP(p.topic, p.partition) for p in parts]
+
+    class _Listener(ConsumerRebalanceListener):
+        def on_partitions_revoked(self, revoked: Any) -> None:
+            handler.on_revoked(tps(revoked))
+
+        def on_partitions_assigned(self, assigned: Any) -> None:
+            handler.on_assigned(tps(assigned))
+
+        def on_partitions_lost(self, lost: Any) -> None:
+            handler.on_revoked(tps(lost))
+
+    return _Listener()
+
+
+class KafkaPythonConsumer:
+    """:class:`~connectors.kafka.clients.ConsumerClient` on ``kafka.KafkaConsumer``.
+
+    Examples
+    --------
+    >>> c = KafkaPythonConsumer(ConsumerSettings("h:1", ["t"], "g", "src", {"max_poll_interval_ms": 5000}))
+    >>> cfg = c.config()
+    >>> cfg["group_id"], cfg["enable_auto_commit"], cfg["client_id"], cfg["max_poll_interval_ms"]
+    ('g', False, 'calmon-src', 5000)
+    >>> c.connected
+    False
+    """
+
+    library = "kafka-python"
+
+    def __init__(self, settings: ConsumerSettings) -> None:
+        self.settings = settings
+        self._consumer: Any = None
+
+    @staticmethod
+    def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Validate pass-through consumer options."""
+        return check_client(options, "consumer", FORCED)
+
+    @staticmethod
+    def check_extra(extra: Mapping[str, Any]) -> dict[str, Any]:
+        """Validate options found at the top level of a source's config (they join ``client``)."""
+        known = client_keys("consumer")
+        bad = sorted(k for k in extra if k not in known)
+        if bad:
+            raise ValueError(f"unknown kafka source option(s) {bad}")
+        return dict(extra)
+
+    def config(self) -> dict[str, Any]:
+        s = self.settings
+        cfg = dict(DEFAULTS)
+        cfg.update(s.options)
+        cfg.update(
+            bootstrap_servers=s.bootstrap_servers,
+            group_id=s.group_id,
+            enable_auto_commit=False,
+            auto_offset_reset=s.auto_offset_reset,
+            client_id=cfg.get("client_id", f"calmon-{s.name}"),
+        )
+        cfg.setdefault("bootstrap_timeout_ms", 2000)
+        return cfg
+
+    def start(self, handler: ConsumerEvents, timeout: float) -> None:
+        from kafka import KafkaConsumer
+        from kafka.errors import KafkaConfigurationError
+
+        cfg = self.config()
+        cfg["bootstrap_timeout_ms"] = int(min(cfg["bootstrap_timeout_ms"], max(timeout, 0.2) * 1000))
+        with mapped("connect"):
+            try:
+                self._consumer = KafkaConsumer(**cfg)
+            except (TypeError, ValueError, KafkaConfigurationError) as exc:
+                raise KafkaConfigError(str(exc)) from exc
+        try:
+            with mapped("subscribe"):
+                self._subscribe(handler)
+        except KafkaClientError:
+            self.close(0.5)
+            raise
+
+    def _subscribe(self, handler: ConsumerEvents) -> None:
+        s = self.settings
+        if s.group_id is not None:
+            self._consumer.subscribe(topics=s.topics, listener=_listener(handler))
+            return
+        tps: list[TP] = []
+        for topic in s.topics:
+            parts = self._consumer.partitions_for_topic(topic)
+            if not parts:
+                raise KafkaClientError(f"topic {topic!r} has no partitions (does it exist?)")
+            tps += [TP(topic, p) for p in sorted(parts)]
+        self._consumer.assign([_ktp(tp) for tp in tps])
+        handler.on_assigned(tps)
+
+    def poll(self, max_records: int, timeout: float) -> Polled:
+        with mapped("poll"):
+            # keys are kafka-python TopicPartitions: tuples equal to (and hashed like) TP
+            polled: Polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=int(max_records))
+        return polled
+
+    def committed(self, tps: list[TP], timeout: float) -> dict[TP, int]:
+        deadline = time.monotonic() + timeout
+        out: dict[TP, int] = {}
+        for tp in tps:
+            left = int(max(0.1, deadline - time.monotonic()) * 1000)
+            with mapped("committed"):
+                off = self._consumer.committed(_ktp(tp), timeout_ms=left)
+            if off is not None:
+                out[tp] = int(off)
+        return out
+
+    def commit(self, offsets: Mapping[TP, int], timeout: float) -> None:
+        from kafka import OffsetAndMetadata
+
+        with mapped("commit"):
+            self._consumer.commit(
+                offsets={_ktp(tp): OffsetAndMetadata(off, "", -1) for tp, off in offsets.items()},
+                timeout_ms=int(timeout * 1000),
+            )
+
+    def seek(self, tp: TP, offset: int) -> None:
+        with mapped("seek"):
+            self._consumer.seek(_ktp(tp), offset)
+
+    def pause(self, tps: list[TP]) -> None:
+        with mapped("pause"):
+            self._consumer.pause(*[_ktp(tp) for tp in tps])
+
+    def resume(self, tps: list[TP]) -> None:
+        with mapped("resume"):
+            self._consumer.resume(*[_ktp(tp) for tp in tps])
+
+    def highwater(self, tp: TP) -> int | None:
+        from kafka.errors import IllegalStateError
+
+        try:
+            hw = self._consumer.highwater(_ktp(tp))
+        except IllegalStateError:  # revoked meanwhile
+            return None
+        return None if hw is None else int(hw)
+
+    def beginning_offset(self, tp: TP, timeout: float) -> int:
+        with mapped("beginning_offsets"):
+            return int(self._consumer.beginning_offsets([_ktp(tp)], timeout_ms=int(timeout * 1000))[_ktp(tp)])
+
+    @property
+    def connected(self) -> bool:
+        consumer = self._consumer
+        if consumer is None:
+            return False
+        try:
+            return bool(consumer._manager.least_used_connections())
+        except AttributeError:  # internals of another kafka-python version
+            return True
+
+    def close(self, timeout: float) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is None:
+            return
+        try:
+            with mapped("close"):
+                consumer.close(autocommit=False, timeout_ms=int(timeout * 1000))
+        except KafkaClientError as exc:
+            log.warning("kafka consumer %s: close failed: %s", self.settings.name, exc)
