@@ -93,6 +93,8 @@ class CheckpointStore:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.keep = int(keep)
+        #: The file :meth:`load` last returned the state of (for messages naming it).
+        self.loaded_path: Path | None = None
 
     # ------------------------------------------------------------------ helpers
     def generations(self) -> list[int]:
@@ -212,10 +214,13 @@ class CheckpointStore:
         errors = []
         for g in reversed(gens):
             try:
-                return self.read(g)
+                state = self.read(g)
             except CheckpointError as exc:
                 log.warning("skipping damaged checkpoint: %s", exc)
                 errors.append(str(exc))
+                continue
+            self.loaded_path = self.path_of(g)
+            return state
         if gens:
             raise CheckpointError(f"no readable checkpoint in {self.directory}: " + "; ".join(errors))
         return None

@@ -16,57 +16,41 @@ Three event types share one JSON schema (one object per line in files, per messa
 * ``segment``: optional string (e.g. a country); model and segment names are at most 128
   characters of ``[A-Za-z0-9_.:/-]``.
 
-Every rejected record gets one reason code from :data:`REASONS` and a detail message.
-Decoding uses msgspec with a typed schema (the fastest decoder measured, see README);
-records msgspec cannot type are re-read with the standard json module only to name the reason.
+Every rejected record gets one reason code from :data:`REASONS` and a detail message, and no
+record makes :meth:`Decoder.decode` raise (hostile input, issue #14: invalid UTF-8, deep nesting,
+oversized records, huge numbers, absurd times, id floods). Decoding uses msgspec with a typed schema
+(the fastest decoder measured, see README); records msgspec cannot type are re-read one by one by
+:mod:`calmon.eventparse` only to name the reason. State-changing decisions (admitting a model or a
+segment, fixing a model's classes) are taken in record order, so batch boundaries never matter.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-import msgspec
 import numpy as np
+
+from calmon.eventparse import InvalidEvent, OversizedRecord, Rejection, _Event, parse_records
+
+__all__ = ["Decoder", "DecodedBatch", "ModelBatch", "Rejection", "InvalidEvent", "OversizedRecord", "REASONS",
+           "KINDS", "PREDICTION", "OUTCOME", "LABELED", "parse_timestamp"]
 
 REASONS: tuple[str, ...] = (
     "not_json", "not_object", "missing_field", "bad_type", "bad_timestamp", "non_finite", "out_of_range",
     "probs_sum", "label_range", "k_mismatch", "unknown_type", "too_many_models", "too_many_segments",
+    "bad_encoding", "too_deep", "too_large", "id_too_long", "too_many_classes", "future_timestamp", "past_timestamp",
 )
 KINDS: tuple[str, ...] = ("prediction", "outcome", "labeled")
 PREDICTION, OUTCOME, LABELED = 0, 1, 2
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
 _MAX_EPOCH = 1e11
-_CHUNK = 1024
-
-
-class _Event(msgspec.Struct):
-    type: str | None = None
-    id: str | int | None = None
-    model: str | None = None
-    ts: float | str | None = None
-    score: float | None = None
-    probs: list[float] | None = None
-    label: int | None = None
-    segment: str | None = None
-
-
-_struct_decoder = msgspec.json.Decoder(_Event)
-
-
-@dataclass
-class Rejection:
-    """A record that failed validation: its index in the batch, reason code and detail."""
-
-    index: int
-    reason: str
-    detail: str
-    origin: str | None = None
 
 
 @dataclass
@@ -112,13 +96,6 @@ class DecodedBatch:
         return out
 
 
-class InvalidEvent(ValueError):
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
 def parse_timestamp(ts: float | str | None) -> float:
     """Epoch seconds from an RFC 3339 string or a number; NaN for ``None``.
 
@@ -144,20 +121,38 @@ def parse_timestamp(ts: float | str | None) -> float:
 
 
 class Decoder:
-    """Decode raw JSON records into validated per-model columns.
+    """Decode raw JSON records into validated per-model columns; never raises for a record.
+
+    Every record becomes an event or exactly one :class:`Rejection` (reason codes in
+    :data:`REASONS`), and every decision that changes the decoder's state (admitting a model, fixing
+    its classes, admitting a segment) is taken in record order, so a stream decodes the same
+    whatever its batch boundaries.
 
     Parameters
     ----------
     models
-        Declared models and their number of classes (2 = binary). Undeclared models are
-        discovered from their first event (K fixed from then on) while fewer than
-        ``max_models`` are known; a model beyond the cap is rejected (``too_many_models``).
+        Declared models and their number of classes (2 = binary). Undeclared models are admitted at
+        their first well-formed record (any event type: outcomes count too) while fewer than
+        ``max_models`` are known; beyond the cap their records are rejected (``too_many_models``).
+        An admitted model's classes are fixed by its first prediction (K from then on).
     max_models, max_segments
         Cardinality caps (segments counted per model) protecting the metrics backend.
     prob_tolerance
         Accepted deviation of ``sum(probs)`` from 1.
     discover
         Whether undeclared models are accepted at all.
+    max_classes
+        Largest number of classes a model may get from its first event (``too_many_classes``).
+    max_record_bytes
+        Longer records are rejected unread (``too_large``).
+    max_id_bytes
+        Longest id in UTF-8 bytes (``id_too_long``).
+    future_skew, past_horizon
+        Event times after ``clock() + future_skew`` (``future_timestamp``) or before
+        ``clock() - past_horizon`` (``past_timestamp``) are rejected; ``math.inf`` (the default)
+        disables the check. The agent passes its ``limits``.
+    clock
+        Wall clock in epoch seconds, read once per :meth:`decode`.
 
     Examples
     --------
@@ -166,90 +161,143 @@ class Decoder:
     ...                   b'nope'])
     >>> len(out.models["m"]), [r.reason for r in out.rejected]
     (1, ['out_of_range', 'not_json'])
+    >>> dec = Decoder(future_skew=60, clock=lambda: 1767225600.0)
+    >>> out = dec.decode([b'{"model": "m", "id": "a", "score": 0.5, "ts": "9999-12-31T23:59:59Z"}'])
+    >>> [r.reason for r in out.rejected]
+    ['future_timestamp']
     """
 
     def __init__(self, models: dict[str, int] | None = None, max_models: int = 100, max_segments: int = 50,
-                 prob_tolerance: float = 1e-3, discover: bool = True) -> None:
+                 prob_tolerance: float = 1e-3, discover: bool = True, *, max_classes: int = 1000,
+                 max_record_bytes: float = math.inf, max_id_bytes: int = 256, future_skew: float = math.inf,
+                 past_horizon: float = math.inf, clock: Callable[[], float] = time.time) -> None:
+        self.max_classes = int(max_classes)
         self.models: dict[str, int] = {}
         for name, k in (models or {}).items():
-            if not _NAME_RE.match(name) or int(k) < 2:
-                raise ValueError(f"model {name!r}: needs a valid name and classes >= 2, got {k!r}")
+            if not _NAME_RE.match(name) or not 2 <= int(k) <= self.max_classes:
+                raise ValueError(f"model {name!r}: needs a valid name and 2 <= classes <= {self.max_classes}, "
+                                 f"got {k!r}")
             self.models[name] = int(k)
         self.declared = set(self.models)
+        self.names: set[str] = set(self.models)  # admitted model names (a model may await its classes)
         self.max_models = int(max_models)
         self.max_segments = int(max_segments)
         self.prob_tolerance = float(prob_tolerance)
         self.discover = discover
+        self.max_record_bytes = max_record_bytes
+        self.max_id_bytes = int(max_id_bytes)
+        self.future_skew = float(future_skew)
+        self.past_horizon = float(past_horizon)
+        self.clock = clock
         self.segments: dict[str, set[str]] = {}
 
     # -- checkpoint state ------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
-        return {"models": dict(self.models), "segments": {m: sorted(s) for m, s in self.segments.items()}}
+        return {"models": dict(self.models), "segments": {m: sorted(s) for m, s in self.segments.items()},
+                "names": sorted(self.names)}
 
     def load_state(self, d: dict[str, Any]) -> None:
         self.models.update({str(k): int(v) for k, v in d.get("models", {}).items()})
         for m, segs in d.get("segments", {}).items():
             self.segments.setdefault(m, set()).update(segs)
+        self.names.update(self.models, (str(n) for n in d.get("names", ())))
 
     # -- decoding --------------------------------------------------------------------------
     def decode(self, records: list[bytes], origins: list[str] | None = None) -> DecodedBatch:
         """Decode and validate ``records`` (bytes or str, one JSON object each)."""
-        events, rejected = _parse(records)
+        now = self.clock()
+        events, rejected = parse_records(records, self.max_record_bytes)
+        groups = [self._checked_form(model, np.asarray(idx, dtype=np.int64), evs)
+                  for model, (idx, evs) in _group_by_model(events).items()]
+        self._admit(groups)
         out: dict[str, ModelBatch] = {}
-        for model, (idx, evs) in _group_by_model(events).items():
-            batch = self._model_batch(model, np.asarray(idx, dtype=np.int64), evs, rejected)
+        for g in groups:
+            batch = self._model_batch(g, now, rejected)
             if batch is not None and len(batch):
-                out[model] = batch
+                out[g.model] = batch
         rejected.sort(key=lambda r: r.index)
         if origins is not None:
             for r in rejected:
                 r.origin = origins[r.index]
         return DecodedBatch(out, rejected, len(records))
 
-    def _model_batch(self, model: str, index: np.ndarray, evs: list[_Event],
-                     rejected: list[Rejection]) -> ModelBatch | None:
-        """Validate the events of one model (``""``: outcomes without a model) in a fixed order of checks:
-        the first failed check of an event names its reason."""
+    def _checked_form(self, model: str, index: np.ndarray, evs: list[_Event]) -> _Group:
+        """The checks that need no decoder state: model name, event structure, id length, class count."""
         v = _Verdicts(len(evs))
         if model and not _NAME_RE.match(model):
             v.reject_all("bad_type", f"model name {model[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
         c = _columns(evs)
         _check_structure(c, v, has_model=model != "")
-        classes = self._classes(model, evs, v) if model else 2
+        _check_ids(c.ids, v, self.max_id_bytes)
+        if c.has_probs.any():  # whatever the model's classes, so the reason never depends on batch boundaries
+            lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
+            v.reject(lens > self.max_classes, "too_many_classes", f"more than {self.max_classes} classes")
+        return _Group(model, index, evs, c, v)
+
+    def _admit(self, groups: list[_Group]) -> None:
+        """Admit new model names in the record order of their first well-formed record, up to the cap."""
+        first = {}
+        for g in groups:
+            if g.model and g.model not in self.names:
+                ok = np.flatnonzero(g.v.ok)
+                if ok.size:
+                    first[g.model] = (int(g.index[ok[0]]), g)
+        for _, g in sorted(first.values(), key=lambda t: t[0]):
+            if not self.discover:
+                g.v.reject_all("too_many_models", f"model {g.model[:40]!r} is not declared")
+            elif len(self.names) >= self.max_models:
+                g.v.reject_all("too_many_models", f"more than {self.max_models} models")
+            else:
+                self.names.add(g.model)
+
+    def _model_batch(self, g: _Group, now: float, rejected: list[Rejection]) -> ModelBatch | None:
+        """Validate the events of one model (``""``: outcomes without a model) in a fixed order of checks:
+        the first failed check of an event names its reason."""
+        model, c, v, evs = g.model, g.columns, g.v, g.evs
+        classes, known_from = self._classes(model, c, v) if model else (2, 0)
         score = probs = None
         if classes == 2:
             score = _binary_scores(c, v, model, self.prob_tolerance)
         else:
-            probs = _class_probs(c, v, model, classes, self.prob_tolerance)
+            probs = _class_probs(c, v, model, classes, self.prob_tolerance, known_from)
         ts = _timestamps(evs, v)
+        self._check_time(ts, v, now)
         segment = np.array(["" if e.segment is None else e.segment for e in evs], dtype=object)
         if model and (segment != "").any():
             self._check_segments(model, segment, v)
-        rejected.extend(v.rejections(index))
+        rejected.extend(v.rejections(g.index))
         ok = v.ok
         if not ok.any():
             return None
         return ModelBatch(model, classes, c.kind[ok], c.ids[ok], ts[ok], segment[ok], c.label[ok],
-                          None if score is None else score[ok], None if probs is None else probs[ok], index[ok])
+                          None if score is None else score[ok], None if probs is None else probs[ok], g.index[ok])
 
-    def _classes(self, model: str, evs: list[_Event], v: _Verdicts) -> int:
-        """The model's number of classes; an undeclared model is discovered from its first valid prediction."""
+    def _classes(self, model: str, c: _Columns, v: _Verdicts) -> tuple[int, int]:
+        """The model's number of classes, fixed by its first valid prediction, and the position from which
+        it is known in this batch (0: known before it). Before that position (outcomes that precede the
+        model's first prediction in record order) the model counts as binary."""
         known = self.models.get(model)
         if known is not None:
-            return known
-        first = next((e for e, ok in zip(evs, v.ok) if ok and (e.score is not None or e.probs is not None)), None)
-        if first is None:
-            return 2
-        if not self.discover:
-            v.reject_all("too_many_models", f"model {model[:40]!r} is not declared")
-        elif len(self.models) >= self.max_models:
-            v.reject_all("too_many_models", f"more than {self.max_models} models")
-        else:
-            k = 2 if first.score is not None else len(first.probs or [])
-            if k >= 2:
-                self.models[model] = k
-                return k
-        return 2
+            return known, 0
+        ok = np.flatnonzero(v.ok & (c.has_score | c.has_probs))
+        if not ok.size:
+            return 2, v.n
+        first = int(ok[0])
+        k = 2 if c.has_score[first] else len(c.probs[first] or [])
+        if k >= 2:
+            self.models[model] = k
+            return k, first
+        return 2, v.n
+
+    def _check_time(self, ts: np.ndarray, v: _Verdicts, now: float) -> None:
+        """Reject event times beyond the future skew or the past horizon of the wall clock."""
+        if math.isinf(self.future_skew) and math.isinf(self.past_horizon):
+            return
+        with np.errstate(invalid="ignore"):
+            v.reject(ts > now + self.future_skew, "future_timestamp",
+                     f"ts is more than {self.future_skew:g} s ahead of the wall clock")
+            v.reject(ts < now - self.past_horizon, "past_timestamp",
+                     f"ts is more than {self.past_horizon:g} s behind the wall clock")
 
     def _check_segments(self, model: str, segment: np.ndarray, v: _Verdicts) -> None:
         """Admit new segment names of a model up to ``max_segments``."""
@@ -264,30 +312,6 @@ class Decoder:
                 v.reject_one(j, "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
             else:
                 known.add(s)
-
-
-def _parse(records: list[bytes]) -> tuple[list[_Event | None], list[Rejection]]:
-    """msgspec-decode every record (a clean chunk in one comprehension); ``None`` for a rejected record."""
-    events: list[_Event | None] = []
-    rejected: list[Rejection] = []
-    dec = _struct_decoder.decode
-    for start in range(0, len(records), _CHUNK):
-        chunk = records[start:start + _CHUNK]
-        try:
-            events.extend([dec(rec) for rec in chunk])
-            continue
-        except (msgspec.DecodeError, TypeError):
-            pass
-        for i, rec in enumerate(chunk, start):
-            try:
-                events.append(dec(rec))
-            except (msgspec.DecodeError, TypeError):
-                try:
-                    events.append(_slow_decode(rec))
-                except InvalidEvent as e:
-                    events.append(None)
-                    rejected.append(Rejection(i, e.reason, e.detail))
-    return events, rejected
 
 
 def _group_by_model(events: list[_Event | None]) -> dict[str, tuple[list[int], list[_Event]]]:
@@ -366,6 +390,26 @@ def _columns(evs: list[_Event]) -> _Columns:
                     np.array([x is not None for x in probs], dtype=bool), has_label, scores, probs)
 
 
+@dataclass
+class _Group:
+    """One model's events of a batch with their columns and verdicts."""
+
+    model: str
+    index: np.ndarray
+    evs: list[_Event]
+    columns: _Columns
+    v: _Verdicts
+
+
+def _check_ids(ids: np.ndarray, v: _Verdicts, max_bytes: int) -> None:
+    """Reject ids longer than ``max_bytes`` in UTF-8 (characters first: a character is at most 4 bytes)."""
+    chars = np.fromiter(map(len, ids), dtype=np.int64, count=ids.size)
+    for j in np.flatnonzero(chars * 4 > max_bytes).tolist():
+        s = ids[j]
+        if chars[j] > max_bytes or len(s.encode("utf-8", "surrogatepass")) > max_bytes:
+            v.reject_one(j, "id_too_long", f"id of {chars[j]} characters exceeds {max_bytes} bytes")
+
+
 def _check_structure(c: _Columns, v: _Verdicts, has_model: bool) -> None:
     """Event types (inferred where omitted, written into ``c.kind``), required fields and label sign."""
     has_pred = c.has_score | c.has_probs
@@ -405,7 +449,7 @@ def _binary_scores(c: _Columns, v: _Verdicts, model: str, tol: float) -> np.ndar
     return score
 
 
-def _class_probs(c: _Columns, v: _Verdicts, model: str, classes: int, tol: float) -> np.ndarray:
+def _class_probs(c: _Columns, v: _Verdicts, model: str, classes: int, tol: float, known_from: int = 0) -> np.ndarray:
     """The ``(n, classes)`` probability rows of a multiclass model's events, validated."""
     n = v.n
     probs = np.full((n, classes), np.nan)
@@ -423,6 +467,9 @@ def _class_probs(c: _Columns, v: _Verdicts, model: str, classes: int, tol: float
         v.reject(_mask(n, pos[~np.isfinite(sub).all(axis=1)]), "non_finite", "probs contains NaN or infinity")
         v.reject(_mask(n, pos[~((sub >= 0) & (sub <= 1)).all(axis=1)]), "out_of_range", "probs must lie in [0, 1]")
         v.reject(_mask(n, pos[np.abs(sub.sum(axis=1) - 1.0) > tol]), "probs_sum", "probs do not sum to 1")
+    before = np.arange(n) < known_from  # outcomes before the model's first prediction: as if binary
+    v.reject(c.has_label & before & (c.label > 1), "label_range", "label must be 0 or 1 before the model's "
+             "first prediction fixes its classes")
     v.reject(c.has_label & (c.label >= classes), "label_range", f"label must be < {classes}")
     return probs
 
@@ -450,38 +497,3 @@ def _mask(n: int, pos: np.ndarray) -> np.ndarray:
     m = np.zeros(n, bool)
     m[pos] = True
     return m
-
-
-_FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "type": (str,), "id": (str, int), "model": (str,), "ts": (int, float, str), "score": (int, float),
-    "label": (int,), "segment": (str,),
-}
-
-
-def _slow_decode(rec: bytes | str) -> _Event:
-    """Re-read a record msgspec rejected, to accept what is valid and name the reason otherwise."""
-    try:
-        obj = json.loads(rec)
-    except (ValueError, UnicodeDecodeError, TypeError, RecursionError):
-        raise InvalidEvent("not_json", "record is not valid JSON") from None
-    if not isinstance(obj, dict):
-        raise InvalidEvent("not_object", f"record is a JSON {type(obj).__name__}, not an object")
-    for name, types in _FIELD_TYPES.items():
-        v = obj.get(name)
-        if v is None:
-            continue
-        if isinstance(v, bool) or not isinstance(v, types):
-            raise InvalidEvent("bad_type", f"field {name!r} has type {type(v).__name__}")
-        if isinstance(v, float) and not math.isfinite(v):
-            raise InvalidEvent("non_finite", f"field {name!r} is {v}")
-    probs = obj.get("probs")
-    if probs is not None:
-        if not isinstance(probs, list) or not all(isinstance(p, (int, float)) and not isinstance(p, bool)
-                                                  for p in probs):
-            raise InvalidEvent("bad_type", "field 'probs' must be a list of numbers")
-        if not all(math.isfinite(p) for p in probs):
-            raise InvalidEvent("non_finite", "probs contains NaN or infinity")
-    try:
-        return msgspec.convert({k: v for k, v in obj.items() if k in _Event.__struct_fields__}, _Event)
-    except msgspec.ValidationError as e:
-        raise InvalidEvent("bad_type", str(e)) from None

@@ -11,7 +11,12 @@ Formats
   (loaded with ``allow_pickle=False``).
 
 Any invalid record stops the read with :class:`InputError`, whose message is one line naming
-the file, the line (or array) and the field.
+the file, the line (or array) and the field; with ``skip_invalid`` invalid JSONL records are
+counted by reason code and skipped instead. Records are decoded by :class:`calmon.events.Decoder`,
+which never raises for a record (invalid UTF-8, deep nesting, huge numbers all get a reason code),
+but without the agent's wall-clock limits: offline files are historical and event times do not
+change the result of ``check``, so ``future_timestamp``/``past_timestamp`` are never raised here
+(epoch numbers above 1e11, probable milliseconds, are still ``bad_timestamp``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import numpy as np
 from calmon.agent.join import JoinedBatch, Joiner
 from calmon.csvrows import CsvLayout, read_rows
 from calmon.events import LABELED, PREDICTION, DecodedBatch, Decoder, ModelBatch
+
+_MAX_CLASSES = 100_000  # the largest limits.max_classes the configuration accepts
 
 
 class InputError(ValueError):
@@ -48,6 +55,8 @@ class Dataset:
     probs: np.ndarray | None = None
     labels: np.ndarray | None = None
     ids: np.ndarray | None = None
+    #: Event times (JSON Lines inputs; NaN where an event had none): the report's time view.
+    ts: np.ndarray | None = None
     model: str | None = None
     top_label_only: bool = False
     unjoined_predictions: int = 0
@@ -106,15 +115,18 @@ def _read_npz(name: str, data: bytes) -> Dataset:
     except Exception as e:  # noqa: BLE001 - np.load's zip and npy readers raise many unrelated types
         raise InputError(f"{name}: not a readable NPZ file ({type(e).__name__})") from None
     if "probs" in arrays and "labels" in arrays:
-        probs = np.asarray(arrays["probs"], dtype=np.float64)
-        labels = np.asarray(arrays["labels"])
+        probs = _floats(name, "probs", arrays["probs"])
+        labels = _floats(name, "labels", arrays["labels"])
         if probs.ndim != 2 or probs.shape[1] < 2 or labels.shape != (probs.shape[0],):
             raise InputError(f"{name}: probs must be (n, K >= 2) and labels (n,), got {probs.shape}, {labels.shape}")
         return _multiclass(name, probs, labels, None, "row")
     for zk, yk, top in (("confidence", "correct", True), ("score", "label", False)):
         if zk in arrays and yk in arrays:
-            z = np.asarray(arrays[zk], dtype=np.float64).ravel()
-            y = np.asarray(arrays[yk], dtype=np.float64).ravel()
+            for key in (zk, yk):
+                if arrays[key].ndim != 1:
+                    raise InputError(f"{name}: array {key!r} must be 1-D (n,), got shape {arrays[key].shape}")
+            z = _floats(name, zk, arrays[zk])
+            y = _floats(name, yk, arrays[yk])
             if z.shape != y.shape:
                 raise InputError(f"{name}: {zk} and {yk} have different lengths {z.size} and {y.size}")
             _check_arrays(name, z, y, "row")
@@ -124,6 +136,13 @@ def _read_npz(name: str, data: bytes) -> Dataset:
                 raise InputError(f"{name}: row {i + 1}: {yk} {y[i]!r} is not 0 or 1")
             return Dataset(name, 2, z, y, top_label_only=top)
     raise InputError(f"{name}: NPZ needs arrays confidence+correct, score+label or probs+labels; has {sorted(arrays)}")
+
+
+def _floats(name: str, key: str, a: np.ndarray) -> np.ndarray:
+    """An NPZ array as float64, or a one-line error (strings, objects, complex numbers...)."""
+    if a.dtype.kind not in "biuf":
+        raise InputError(f"{name}: array {key!r} must hold numbers, got dtype {a.dtype}")
+    return np.asarray(a, dtype=np.float64)
 
 
 def _multiclass(name: str, probs: np.ndarray, labels: np.ndarray, ids: np.ndarray | None, what: str,
@@ -206,7 +225,9 @@ def _read_jsonl(name: str, data: bytes, model: str | None, skip_invalid: bool) -
     if lines and lines[-1].strip() == b"":
         lines.pop()
     keep = [i for i, ln in enumerate(lines) if ln.strip()]
-    out = Decoder(max_models=10_000, max_segments=10_000).decode([lines[i] for i in keep])
+    # offline files are historical and their times do not affect the result: no wall-clock limits here
+    out = Decoder(max_models=10_000, max_segments=10_000, max_classes=_MAX_CLASSES,
+                  max_id_bytes=65_536).decode([lines[i] for i in keep])
     skipped: dict[str, int] = {}
     if out.rejected:
         if not skip_invalid:
@@ -261,14 +282,15 @@ def _labeled_dataset(name: str, out: DecodedBatch, model: str, skipped: dict[str
         raise InputError(f"{name}: no labeled events (predictions without outcomes: {unjoined})")
     labels = lab.label if pairs is None else np.concatenate([lab.label, pairs.label])
     ids = lab.ids if pairs is None else np.concatenate([lab.ids, pairs.ids])
+    ts = lab.ts if pairs is None else np.concatenate([lab.ts, pairs.ts])
     if k == 2:
         z = _stack(lab.score, None if pairs is None else pairs.score)
-        return Dataset(name, 2, z, labels.astype(np.float64), ids=ids, model=model, unjoined_predictions=unjoined,
-                       orphan_outcomes=orphans, skipped=skipped)
+        return Dataset(name, 2, z, labels.astype(np.float64), ids=ids, ts=ts, model=model,
+                       unjoined_predictions=unjoined, orphan_outcomes=orphans, skipped=skipped)
     probs = _stack(lab.probs, None if pairs is None else pairs.probs)
     top = probs.argmax(axis=1)
     return Dataset(name, k, probs[np.arange(len(probs)), top], (top == labels).astype(np.float64), probs=probs,
-                   labels=labels, ids=ids, model=model, unjoined_predictions=unjoined, orphan_outcomes=orphans,
+                   labels=labels, ids=ids, ts=ts, model=model, unjoined_predictions=unjoined, orphan_outcomes=orphans,
                    skipped=skipped)
 
 
@@ -276,6 +298,7 @@ def _labeled_dataset(name: str, out: DecodedBatch, model: str, skipped: dict[str
 class _Pairs:
     label: np.ndarray
     ids: np.ndarray
+    ts: np.ndarray
     score: np.ndarray | None
     probs: np.ndarray | None
 
@@ -287,7 +310,8 @@ def _in_prediction_order(joined: JoinedBatch, pred: ModelBatch) -> _Pairs:
         first.setdefault(key, i)
     assert joined.ids is not None
     order = np.argsort([first[key] for key in joined.ids.tolist()], kind="stable")
-    return _Pairs(joined.label[order], joined.ids[order], None if joined.score is None else joined.score[order],
+    return _Pairs(joined.label[order], joined.ids[order], joined.ts[order],
+                  None if joined.score is None else joined.score[order],
                   None if joined.probs is None else joined.probs[order])
 
 

@@ -5,7 +5,11 @@ Each rejected record becomes one line::
     {"reason": "not_json", "source": "files", "origin": "events.jsonl:17", "record": "<raw text>"}
 
 When the raw bytes are not valid UTF-8 the line carries ``"record": "<base64>"`` and
-``"record_encoding": "base64"``. :meth:`FileDeadLetterSink.position` flushes (and fsyncs) and returns
+``"record_encoding": "base64"``. A record longer than ``max_record_bytes`` (64 KiB by default; a
+200 MB line must not become a 200 MB dead letter) keeps only its first bytes, with
+``"truncated": true``, its full ``"size"`` in bytes and the ``"sha256"`` of the whole record; a
+:class:`calmon.events.OversizedRecord` (a line the file source skipped without keeping it) brings
+its own size and digest. :meth:`FileDeadLetterSink.position` flushes (and fsyncs) and returns
 the file's size; the agent stores it in the checkpoint together with the statistics and the source
 positions, and on restart :meth:`FileDeadLetterSink.seek` truncates the file back to that size, so
 the records re-read after the restart are not written twice.
@@ -19,12 +23,15 @@ next run, which re-reads the same records from the start, appends them a second 
 from __future__ import annotations
 
 import base64
+import hashlib
 import logging
 import os
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+
+from calmon.eventparse import OversizedRecord
 
 __all__ = ["FileDeadLetterSink", "DEADLETTER_POSITION_VERSION"]
 
@@ -47,6 +54,8 @@ class FileDeadLetterSink:
     buffer_bytes
         Lines are buffered in memory and written once this many bytes are pending (and on
         :meth:`flush`, :meth:`position` and :meth:`close`).
+    max_record_bytes
+        Longer records keep only their first ``max_record_bytes`` bytes, plus size and SHA-256.
 
     Examples
     --------
@@ -68,10 +77,14 @@ class FileDeadLetterSink:
     """
 
     def __init__(
-        self, path: str | os.PathLike[str], *, fsync: bool = True, buffer_bytes: int = 1 << 20
+        self, path: str | os.PathLike[str], *, fsync: bool = True, buffer_bytes: int = 1 << 20,
+        max_record_bytes: int = 1 << 16,
     ) -> None:
         if buffer_bytes < 0:
             raise ValueError(f"buffer_bytes must be >= 0, got {buffer_bytes}")
+        if max_record_bytes < 1:
+            raise ValueError(f"max_record_bytes must be >= 1, got {max_record_bytes}")
+        self.max_record_bytes = int(max_record_bytes)
         self.path = os.fspath(path)
         self.fsync = bool(fsync)
         self.buffer_bytes = int(buffer_bytes)
@@ -111,15 +124,9 @@ class FileDeadLetterSink:
             raise ValueError(f"{len(records)} records but {len(origins)} origins")
         lines = []
         for i, rec in enumerate(records):
-            if isinstance(rec, str):
-                rec = rec.encode("utf-8", "surrogateescape")
             doc: dict[str, Any] = {"reason": str(reasons[i]), "source": source,
                                    "origin": None if origins is None else origins[i]}
-            try:
-                doc["record"] = bytes(rec).decode("utf-8")
-            except UnicodeDecodeError:
-                doc["record"] = base64.b64encode(rec).decode("ascii")
-                doc["record_encoding"] = "base64"
+            doc.update(self._record_fields(rec))
             lines.append(_enc.encode(doc))
         if not lines:
             return
@@ -129,6 +136,27 @@ class FileDeadLetterSink:
         self.written += len(lines)
         if self._pending_bytes >= self.buffer_bytes:
             self.flush()
+
+    def _record_fields(self, rec: bytes | str) -> dict[str, Any]:
+        """The ``record`` (text or base64) of a dead letter; a bounded prefix, size and hash if long."""
+        if isinstance(rec, str):
+            text = rec
+            try:
+                rec = text.encode("utf-8", "surrogateescape")  # the bytes a surrogateescape decode came from
+            except UnicodeEncodeError:
+                rec = text.encode("utf-8", "surrogatepass")
+        size = len(rec)  # an OversizedRecord's real size
+        raw = bytes(rec)[:self.max_record_bytes]
+        out: dict[str, Any] = {}
+        try:
+            out["record"] = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            out["record"] = base64.b64encode(raw).decode("ascii")
+            out["record_encoding"] = "base64"
+        if isinstance(rec, OversizedRecord) or size > self.max_record_bytes:
+            digest = rec.sha256 if isinstance(rec, OversizedRecord) else hashlib.sha256(rec).hexdigest()
+            out.update(truncated=True, size=size, sha256=digest)
+        return out
 
     def flush(self) -> None:
         """Write buffered lines to the file (to the OS; :meth:`position` also fsyncs)."""

@@ -39,13 +39,13 @@ from typing import Any
 from calmon.csvrows import CsvConverter
 from connectors.base import Batch
 from connectors.filescan import FileSpecs
-from connectors.filetrack import BOM, TrackedFile, csv_header, locate, skip_to_end
+from connectors.filetrack import BOM, FP_MAX, LineSkip, TrackedFile, csv_header, locate, skip_to_end
 
 __all__ = ["FileSource", "CsvConverter", "POSITION_VERSION"]
 
 log = logging.getLogger(__name__)
 
-POSITION_VERSION = 1
+POSITION_VERSION = 2
 
 
 class FileSource:
@@ -82,8 +82,9 @@ class FileSource:
     origins
         Attach ``"path:line"`` origins to each batch (costs ~0.1 us per record).
     max_line_bytes
-        A line longer than this without newline is delivered in pieces (rejected by the decoder)
-        instead of being buffered without bound.
+        A line longer than this is read past without being buffered and delivered as one
+        :class:`calmon.events.OversizedRecord` (its first bytes, real length and SHA-256), which
+        the decoder rejects as ``too_large``; give the agent's ``limits.max_record_bytes``.
 
     Examples
     --------
@@ -113,7 +114,7 @@ class FileSource:
         poll_interval: float = 0.1,
         rotate_grace: float = 1.0,
         origins: bool = True,
-        max_line_bytes: int = 16 << 20,
+        max_line_bytes: int = 1 << 20,
     ) -> None:
         if format not in ("jsonl", "csv", "auto"):
             raise ValueError(f"format must be 'jsonl', 'csv' or 'auto', got {format!r}")
@@ -161,10 +162,10 @@ class FileSource:
             os.close(fd)
             return False
         f.fd = fd
+        f.buf, f.skip = b"", None
         if f.offset > st.st_size:  # truncated while we were away
-            f.offset, f.line, f.conv = 0, 1, None
+            f.rewind()
         os.lseek(fd, f.offset, os.SEEK_SET)
-        f.buf = b""
         f.size = st.st_size
         if f.fmt == "?":
             f.fmt = self._specs.format_of(f.path, fd)
@@ -213,52 +214,85 @@ class FileSource:
                 self.lost.append({"path": f.path, "dev": f.dev, "ino": f.ino, "offset": f.offset})
                 f.done = True
             return 0
-        fd = f.fd
-        assert fd is not None
-        got = 0
         final = not self.follow or (not f.matched and f.detached_at is not None
                                     and time.monotonic() - f.detached_at >= self.rotate_grace)
+        if self.follow and not f.unchanged():
+            log.info("%s: %s was truncated or rewritten, reading from the start", self.name, f.path)
+            f.rewind()
         if f.fmt == "csv" and f.conv is None and f.offset > 0:
             f.conv = csv_header(f)
+        got = 0
         while got < need:
-            want = need - got
-            buf = f.buf
-            eof = False
-            if buf.count(b"\n") < want:
-                size = max(self.chunk_bytes, min(int(want * self._avg_line * 1.1), 64 << 20))
-                chunk = os.read(fd, size)
-                if chunk:
-                    buf = buf + chunk if buf else chunk
-                else:
-                    eof = True
-            if not buf:
-                break
-            parts = buf.split(b"\n", want)
-            rest = parts.pop()
-            nl = len(parts)
-            consumed = len(buf) - len(rest)
-            first_line = f.line
-            if f.offset == 0 and parts and parts[0].startswith(BOM):
-                parts[0] = parts[0][3:]
-            if eof and rest and final:
-                parts.append(rest)  # last line without newline of a finished file
-                consumed += len(rest)
-                rest = b""
-            while len(rest) >= self.max_line_bytes:  # an unterminated line too long to hold back
-                parts.append(rest[: self.max_line_bytes])
-                consumed += self.max_line_bytes
-                rest = rest[self.max_line_bytes:]
-            f.offset += consumed
-            f.line += nl
-            f.buf = rest
-            if parts:
-                self._avg_line = 0.9 * self._avg_line + 0.1 * (consumed / max(len(parts), 1))
-                got += self._emit(f, parts, first_line, out, origins)
+            if f.skip is not None:
+                line = f.skip.line
+                rec = self._skip_line(f, final)
+                if rec is None:
+                    break
+                out.append(rec)
+                if origins is not None:
+                    origins.append(f"{f.path}:{line}")
+                got += 1
+                continue
+            n, eof = self._read_lines(f, need - got, final, out, origins)
+            got += n
             if eof:
                 break
-        if f.offset + len(f.buf) >= f.size or got == 0:
+        if f.read_pos() >= f.size or got == 0:
             self._check_eof(f, final)
         return got
+
+    def _read_lines(self, f: TrackedFile, want: int, final: bool, out: list[bytes],
+                    origins: list[str] | None) -> tuple[int, bool]:
+        """Read and split one chunk: ``(records appended, at end of file)``."""
+        assert f.fd is not None
+        buf = f.buf
+        eof = False
+        if buf.count(b"\n") < want:
+            size = max(self.chunk_bytes, min(int(want * self._avg_line * 1.1), 64 << 20))
+            chunk = os.read(f.fd, size)
+            if chunk:
+                buf = buf + chunk if buf else chunk
+            else:
+                eof = True
+        if not buf:
+            return 0, True
+        parts = buf.split(b"\n", want)
+        rest = parts.pop()
+        nl = len(parts)
+        consumed = len(buf) - len(rest)
+        first_line = f.line
+        if f.offset == 0 and parts and parts[0].startswith(BOM):
+            parts[0] = parts[0][3:]
+        if nl < want and len(rest) >= self.max_line_bytes:  # one unterminated line too long to hold: skip it
+            f.skip = LineSkip(f.line + nl)
+            f.skip.feed(rest)
+            rest = b""
+        elif eof and rest and final:
+            parts.append(rest)  # last line without newline of a finished file
+            consumed += len(rest)
+            rest = b""
+        f.consume(consumed, buf[max(0, consumed - FP_MAX):consumed])
+        f.line += nl
+        f.buf = rest
+        if not parts:
+            return 0, eof
+        self._avg_line = 0.9 * self._avg_line + 0.1 * min(consumed / len(parts), self.max_line_bytes)
+        return self._emit(f, parts, first_line, out, origins), eof
+
+    def _skip_line(self, f: TrackedFile, final: bool) -> bytes | None:
+        """Read past an overlong line without keeping it; the record once its end is known, else None."""
+        assert f.fd is not None and f.skip is not None
+        while True:
+            chunk = os.read(f.fd, self.chunk_bytes)
+            if not chunk:
+                return f.finish_skip(newline=False) if final else None
+            cut = chunk.find(b"\n")
+            if cut < 0:
+                f.skip.feed(chunk)
+                continue
+            f.skip.feed(chunk[:cut])
+            f.buf = chunk[cut + 1:]
+            return f.finish_skip(newline=True)
 
     def _emit(self, f: TrackedFile, parts: list[bytes], first_line: int, out: list[bytes],
               origins: list[str] | None) -> int:
@@ -294,19 +328,17 @@ class FileSource:
         except OSError:
             return
         f.size = st.st_size
-        readpos = f.offset + len(f.buf)
+        readpos = f.read_pos()
         if st.st_size < readpos:  # truncated (copytruncate): start again from 0
             log.info("%s: %s truncated (%d < %d), reading from the start",
                      self.name, f.path, st.st_size, readpos)
-            f.offset, f.line, f.buf, f.conv = 0, 1, b"", None
-            os.lseek(f.fd, 0, os.SEEK_SET)
+            f.rewind()
             return
-        if st.st_size > readpos:
+        if st.st_size > readpos or f.skip is not None:
             return
         if not self.follow:
             if not f.buf:
                 f.done = True
-                f.update_fp()
                 f.close()
         elif final and not f.buf:
             f.close()
@@ -368,9 +400,9 @@ class FileSource:
         """The position just after the last record returned by :meth:`read` (JSON-serialisable)."""
         files = []
         for f in self._order:
-            f.update_fp()
+            fp, fp_len = f.fingerprint()
             files.append({"path": f.path, "dev": f.dev, "ino": f.ino, "offset": f.offset, "line": f.line,
-                          "fp": f.fp, "fp_len": f.fp_len, "done": f.done})
+                          "fp": fp, "fp_len": fp_len, "done": f.done})
         return {"version": POSITION_VERSION, "kind": "files", "source": self.name, "files": files}
 
     def seek(self, position: Mapping[str, Any]) -> None:
@@ -395,9 +427,10 @@ class FileSource:
             f.close()
         self._files = {}
         self.lost = []
+        at_offset = int(position.get("version", 0)) >= 2  # version 1 fingerprinted the first bytes
         for e in position["files"]:
             try:
-                loc = locate(e)
+                loc = locate(e, at_offset)
             except (KeyError, TypeError, ValueError) as exc:
                 raise ValueError(f"FileSource {self.name!r}: bad position entry {e!r}: {exc}") from exc
             if loc is None and e.get("done") and not self.follow:
@@ -410,8 +443,11 @@ class FileSource:
             p, fd = loc
             st = os.fstat(fd)
             f = TrackedFile(p, st.st_dev, st.st_ino, "?", offset=int(e["offset"]), line=int(e.get("line", 1)),
-                      fp=str(e.get("fp", "")), fp_len=int(e.get("fp_len", 0)),
-                      done=bool(e.get("done", False)), size=st.st_size)
+                            done=bool(e.get("done", False)), size=st.st_size)
+            if f.offset <= st.st_size:
+                f.fd = fd
+                f.load_tail()
+                f.fd = None
             os.close(fd)
             if f.done and not self.follow:
                 self._files[f.key()] = f

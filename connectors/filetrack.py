@@ -1,9 +1,16 @@
 """One followed file of :class:`connectors.files.FileSource`: its identity, offsets and fingerprint.
 
 A file is tracked by ``(st_dev, st_ino)``, never by name, so a rename (log rotation) keeps its
-reading state. ``fp`` is the SHA-1 of its first ``fp_len`` (at most 1024) bytes: a checkpointed
-position refers to a file only when the inode *and* the fingerprint match, which rejects an inode
-number reused by a new file.
+reading state. Its fingerprint is the SHA-1 of the (at most 1024) bytes just *before* its offset,
+kept in memory as ``tail``: it describes the bytes now at the position, so a checkpointed position
+refers to a file only when the inode *and* those bytes match (which rejects an inode reused by a
+new file), and a followed file whose bytes before the position changed (truncated, then rewritten
+past the old size before the next poll; ``copytruncate``) is read again from its start instead of
+losing or repeating lines, across restarts too.
+
+A line longer than the source's limit is skipped while it is read (:class:`LineSkip`: its first
+bytes, size and SHA-256), never buffered whole, and handed on as one
+:class:`calmon.events.OversizedRecord`.
 """
 
 from __future__ import annotations
@@ -12,15 +19,46 @@ import hashlib
 import os
 import stat as stat_mod
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from calmon.csvrows import CsvConverter
+from calmon.eventparse import PREFIX_BYTES, OversizedRecord
 
-__all__ = ["TrackedFile", "fingerprint", "locate", "skip_to_end", "csv_header", "FP_MAX", "BOM"]
+__all__ = ["TrackedFile", "LineSkip", "fingerprint", "locate", "skip_to_end", "csv_header", "FP_MAX", "BOM"]
 
 FP_MAX = 1024
 BOM = b"\xef\xbb\xbf"
+
+
+@dataclass
+class LineSkip:
+    """A line longer than the limit, being read past: first bytes, size so far, running SHA-256, last bytes.
+
+    Examples
+    --------
+    >>> sk = LineSkip(line=3)
+    >>> sk.feed(b"a" * 5000); sk.feed(b"b" * 10)
+    >>> r = sk.record()
+    >>> len(r), bytes(r)[:2], len(bytes(r)), sk.tail[-2:]
+    (5010, b'aa', 4096, b'bb')
+    """
+
+    line: int
+    prefix: bytes = b""
+    size: int = 0
+    tail: bytes = b""
+    sha: Any = field(default_factory=hashlib.sha256)
+
+    def feed(self, data: bytes) -> None:
+        if len(self.prefix) < PREFIX_BYTES:
+            self.prefix += data[:PREFIX_BYTES - len(self.prefix)]
+        self.sha.update(data)
+        self.size += len(data)
+        self.tail = (self.tail + data[-FP_MAX:])[-FP_MAX:]
+
+    def record(self) -> OversizedRecord:
+        return OversizedRecord(self.prefix, self.size, self.sha.hexdigest())
 
 
 @dataclass(eq=False)
@@ -32,6 +70,8 @@ class TrackedFile:
     >>> f = TrackedFile("a.jsonl", dev=1, ino=42, fmt="jsonl")
     >>> f.key(), f.offset, f.line
     ((1, 42), 0, 1)
+    >>> f.consume(2001, b"x" * 2000 + bytes([10])); f.offset, len(f.tail), f.fingerprint()[1]
+    (2001, 1024, 1024)
     """
 
     path: str
@@ -40,11 +80,11 @@ class TrackedFile:
     fmt: str
     offset: int = 0  # bytes consumed (just after the last returned line's newline)
     line: int = 1  # number of the line starting at ``offset``
-    fp: str = ""
-    fp_len: int = 0
+    tail: bytes = b""  # the (at most FP_MAX) bytes just before ``offset``
     done: bool = False  # read-once: delivered to EOF
     fd: int | None = None
     buf: bytes = b""  # bytes read past ``offset``, not yet returned
+    skip: LineSkip | None = None  # an overlong line being read past ``offset``
     size: int = 0  # last known size
     matched: bool = True  # still matched by a path/glob/dir spec
     detached_at: float | None = None  # when the name stopped pointing at this inode
@@ -53,11 +93,46 @@ class TrackedFile:
     def key(self) -> tuple[int, int]:
         return (self.dev, self.ino)
 
-    def update_fp(self) -> None:
-        """Extend the fingerprint while the file has fewer than :data:`FP_MAX` consumed bytes in it."""
-        if self.fp_len < FP_MAX and self.offset > self.fp_len and self.fd is not None:
-            n = min(self.offset, FP_MAX)
-            self.fp, self.fp_len = fingerprint(self.fd, n), n
+    def consume(self, n: int, last: bytes) -> None:
+        """Move the offset past ``n`` bytes of returned lines, whose last bytes are ``last`` (up to FP_MAX)."""
+        self.offset += n
+        self.tail = last[-FP_MAX:] if len(last) >= FP_MAX else (self.tail + last)[-FP_MAX:]
+
+    def finish_skip(self, newline: bool) -> OversizedRecord:
+        """The skipped line as one record; the offset moves past it (and its newline)."""
+        assert self.skip is not None
+        sk, self.skip = self.skip, None
+        self.offset += sk.size + newline
+        self.line += newline
+        self.tail = (sk.tail + b"\n" * newline)[-FP_MAX:]
+        return sk.record()
+
+    def read_pos(self) -> int:
+        """The file offset of the next byte to read."""
+        return self.offset + (self.skip.size if self.skip is not None else 0) + len(self.buf)
+
+    def rewind(self) -> None:
+        """Start again from the beginning (the file was truncated or rewritten)."""
+        self.offset, self.line, self.tail, self.buf, self.skip, self.conv = 0, 1, b"", b"", None, None
+        if self.fd is not None:
+            os.lseek(self.fd, 0, os.SEEK_SET)
+
+    def fingerprint(self) -> tuple[str, int]:
+        """``(SHA-1 hex, length)`` of the bytes before the offset, as stored in a position."""
+        return hashlib.sha1(self.tail, usedforsecurity=False).hexdigest(), len(self.tail)
+
+    def unchanged(self) -> bool:
+        """Whether the bytes before the offset are still those that were read (one ``pread``)."""
+        if self.fd is None or not self.tail:
+            return True
+        n = len(self.tail)
+        return os.pread(self.fd, n, self.offset - n) == self.tail
+
+    def load_tail(self) -> None:
+        """Read the bytes before the offset from the open file (after a seek)."""
+        assert self.fd is not None
+        n = min(self.offset, FP_MAX)
+        self.tail = os.pread(self.fd, n, self.offset - n) if n else b""
 
     def close(self) -> None:
         """Close the descriptor (if open) and drop the read-ahead buffer."""
@@ -68,21 +143,25 @@ class TrackedFile:
                 pass
             self.fd = None
         self.buf = b""
+        self.skip = None
 
 
-def fingerprint(fd: int, n: int) -> str:
-    """SHA-1 (hex) of the first ``n`` bytes of an open file."""
-    return hashlib.sha1(os.pread(fd, n, 0), usedforsecurity=False).hexdigest()
+def fingerprint(fd: int, n: int, at: int = 0) -> str:
+    """SHA-1 (hex) of ``n`` bytes of an open file from offset ``at``."""
+    return hashlib.sha1(os.pread(fd, n, at), usedforsecurity=False).hexdigest()
 
 
-def locate(e: Mapping[str, Any]) -> tuple[str, int] | None:
+def locate(e: Mapping[str, Any], at_offset: bool = True) -> tuple[str, int] | None:
     """Find the file of a position entry again: ``(path, open fd)`` or None.
 
     Looks at the recorded path, then at files with the same inode in the same directory (a
-    rotation by rename); the fingerprint (or, without one, the device) must match.
+    rotation by rename); the fingerprint must match: of the ``fp_len`` bytes before the offset
+    (``at_offset``, position version 2) or of the first ``fp_len`` bytes (version 1). A file now
+    shorter than the offset was truncated: it is returned (and read again from its start). Without
+    a fingerprint, the device must match.
     """
     path, ino, dev = str(e["path"]), int(e["ino"]), int(e["dev"])
-    fp, fp_len = str(e.get("fp", "")), int(e.get("fp_len", 0))
+    fp, fp_len, offset = str(e.get("fp", "")), int(e.get("fp_len", 0)), int(e.get("offset", 0))
     candidates = [path]
     try:
         d = os.path.dirname(path) or "."
@@ -97,7 +176,9 @@ def locate(e: Mapping[str, Any]) -> tuple[str, int] | None:
             continue
         st = os.fstat(fd)
         ok = st.st_ino == ino and stat_mod.S_ISREG(st.st_mode)
-        if ok and fp_len > 0:
+        if ok and fp_len > 0 and at_offset:
+            ok = st.st_dev == dev and (st.st_size < offset or fingerprint(fd, fp_len, offset - fp_len) == fp)
+        elif ok and fp_len > 0:
             ok = st.st_size >= fp_len and fingerprint(fd, fp_len) == fp
         elif ok:
             ok = st.st_dev == dev
@@ -123,6 +204,7 @@ def skip_to_end(f: TrackedFile, max_line_bytes: int) -> None:
         pos += len(piece)
     f.line = lines
     f.offset = end
+    f.load_tail()
     os.lseek(f.fd, end, os.SEEK_SET)
 
 

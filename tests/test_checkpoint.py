@@ -156,3 +156,91 @@ def test_save_leaves_no_temporary_file(tmp_path: Path) -> None:
     store.save({"a": 2})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-000000000001.json",
                                                           "checkpoint-000000000002.json"]
+
+
+# -- hand-edited checkpoints (issue #14): one line naming the file and the field -----------------------------------
+def _agent_with_checkpoints(tmp_path: Path) -> Path:
+    """Run an agent to the end of a small stream (two checkpoint generations at least); return its config."""
+    from calmon.agent.runtime import Agent
+    from calmon.config import load_config
+
+    lines = [json.dumps({"model": "m", "ts": 1_767_225_600 + i, "score": 0.5, "label": i % 2}) for i in range(50)]
+    lines += [json.dumps({"type": "prediction", "id": f"p{i}", "model": "m", "ts": 1_767_225_700 + i, "score": 0.4})
+              for i in range(5)]
+    (tmp_path / "ev.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = tmp_path / "calmon.yaml"
+    cfg.write_text(f"state_dir: {tmp_path / 'state'}\nsources: [{{path: {tmp_path / 'ev.jsonl'}}}]\n"
+                   "exporter: {enabled: false}\nevaluation: {tests: []}\ningest: {exit_when_done: true}\n")
+    assert Agent(load_config(cfg)).run() == 0
+    return cfg
+
+
+def _edit_newest(cfg: Path, edit) -> Path:
+    ck = sorted((cfg.parent / "state" / "checkpoints").glob("checkpoint-*.json"))[-1]
+    doc = json.loads(ck.read_text())
+    doc["sha256"] = None  # the documented way to make the store accept an edited file
+    edit(doc["state"])
+    ck.write_text(json.dumps(doc))
+    return ck
+
+
+def _del(*keys):
+    def edit(state):
+        node = state
+        for k in keys[:-1]:
+            node = node[k]
+        del node[keys[-1]]
+    return edit
+
+
+def _set(value, *keys):
+    def edit(state):
+        node = state
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+    return edit
+
+
+@pytest.mark.parametrize("edit,field", [
+    (_del("join", "pending"), "join.pending"),
+    (_set("soon", "join", "ttl"), "join.ttl"),
+    (_set(["a", 1], "join", "pending", "ts"), "join.pending"),
+    (_set("x", "counters", "events"), "counters.events"),
+    (_del("models", "m", "rings"), "models.m.rings"),
+    (_set({"all": {"nonsense": 1}}, "models", "m", "rings"), "models.m"),
+    (_del("sources"), "sources"),
+    (_set({"version": 1, "states": [{"bogus": 1}]}, "alerts"), "alerts"),
+    (_set(None, "decoder"), "decoder"),
+])
+def test_hand_edited_checkpoint_gives_one_line_naming_file_and_field(tmp_path, capsys, edit, field):
+    from calmon.commands import run as run_cmd
+
+    cfg = _agent_with_checkpoints(tmp_path)
+    if field == "alerts":  # alert states are only read when rules are configured
+        cfg.write_text(cfg.read_text() + "alerts: {rules: [{name: Drift, kind: test_rejected, test: tcal}]}\n")
+    ck = _edit_newest(cfg, edit)
+    capsys.readouterr()
+    assert run_cmd.main(["-c", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert str(ck) in lines[0] and f"field {field}" in lines[0], lines[0]
+
+
+def test_damaged_newest_generation_still_falls_back_at_agent_level(tmp_path, capsys):
+    from calmon.agent.runtime import Agent
+    from calmon.config import load_config
+
+    cfg = _agent_with_checkpoints(tmp_path)
+    cks = sorted((tmp_path / "state" / "checkpoints").glob("checkpoint-*.json"))
+    assert len(cks) >= 2
+    cks[-1].write_bytes(cks[-1].read_bytes()[:-40] + b"garbage")  # torn / damaged: checksum fails
+    agent = Agent(load_config(cfg))
+    agent.open()
+    try:
+        assert agent.store is not None and agent.store.loaded_path == cks[-2]
+        previous = json.loads(cks[-2].read_text())["state"]
+        assert agent.state.counters.to_dict() == previous["counters"]
+    finally:
+        agent.close()

@@ -116,3 +116,72 @@ def test_run_exits_2_with_the_key_path(tmp_path):
     p = subprocess.run([sys.executable, "-m", "calmon.commands.run", "-c", str(bad)], capture_output=True,
                        text=True, timeout=60, cwd=ROOT)
     assert p.returncode == 2 and "evaluation.tests.0.name" in p.stderr and "unknown tester" in p.stderr
+
+
+# -- hostile configuration (issue #14): exit 2 and one line naming the key, never a traceback ----------------------
+def run_main(tmp_path, text: str, *args: str, env: dict | None = None, capsys=None) -> tuple[int, str]:
+    """``calmon run -c <text>`` in-process; returns the exit code and stderr."""
+    import os
+
+    from calmon.commands import run as run_cmd
+
+    cfg = tmp_path / "hostile.yaml"
+    cfg.write_text(text)
+    old = dict(os.environ)
+    os.environ.update(env or {})
+    try:
+        code = run_cmd.main(["-c", str(cfg), *args])
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    return code, capsys.readouterr().err
+
+
+GOOD = "state_dir: {d}/state\nsources: [{{path: {d}/ev.jsonl}}]\nexporter: {{enabled: false}}\n"
+
+
+@pytest.mark.parametrize("extra,env,needle", [
+    ("recalibration: {enabled: true, methods: [bogus]}\n", {}, "recalibration.methods"),
+    ("evaluation: {tests: [{name: tcal, params: {nosuch: 1}}]}\n", {}, "evaluation.tests.0.params"),
+    ("ingest: {poll_timeout: 0}\n", {}, "ingest.poll_timeout"),
+    ("", {"CALMON__EXPORTER__PORT__X": "1"}, "exporter.port"),
+    ("", {"CALMON__SOURCES__0__PATH__DEEP": "1"}, "sources.0.path"),
+    ("", {"CALMON__SOURCES__7__PATH": "x"}, "sources.7"),
+    ("exporter: {idle_timeout: 0}\n", {}, "exporter.idle_timeout"),
+    ("exporter: {max_connections: 0}\n", {}, "exporter.max_connections"),
+    ("nested: " + "[" * 5000 + "]" * 5000 + "\n", {}, "nested deeper than"),
+    ("x: &a [*a]\n", {}, "refers to itself"),
+])
+def test_bad_configuration_exits_2_with_one_line(tmp_path, capsys, extra, env, needle):
+    code, err_text = run_main(tmp_path, GOOD.format(d=tmp_path) + extra, "--check-config", env=env, capsys=capsys)
+    assert code == 2, err_text
+    lines = err_text.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in err_text, err_text
+
+
+def test_billion_laughs_is_refused_quickly(tmp_path, capsys):
+    laughs = 'a0: &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n' + "".join(
+        f"a{i}: &a{i} [" + ",".join([f"*a{i - 1}"] * 9) + "]\n" for i in range(1, 10))
+    code, err_text = run_main(tmp_path, GOOD.format(d=tmp_path) + laughs, "--check-config", capsys=capsys)
+    assert code == 2 and "expands to more than" in err_text and len(err_text.strip().splitlines()) == 1
+    # anchors within the bounds keep working, and !!python tags stay refused
+    from calmon.config.loader import load_yaml
+
+    assert load_yaml("base: &b {x: 1}\nc: {<<: *b, y: 2}\n") == {"base": {"x": 1}, "c": {"x": 1, "y": 2}}
+    with pytest.raises(yaml.YAMLError):
+        load_yaml("!!python/object/apply:os.system [echo hi]")
+
+
+@pytest.mark.parametrize("extra,needle", [
+    ("sources: [{{path: {d}/ev.jsonl, options: {{no_such_option: 1}}}}]\n", "sources.0.options"),
+    ("dead_letter: {{type: file, path: dl.jsonl, options: {{no_such_option: 1}}}}\n", "dead_letter.options"),
+])
+def test_bad_connector_options_exit_2_naming_the_key(tmp_path, capsys, extra, needle):
+    text = "state_dir: {d}/state\nexporter: {{enabled: false}}\n" + extra
+    if "sources" not in extra:
+        text += "sources: [{{path: {d}/ev.jsonl}}]\n"
+    (tmp_path / "ev.jsonl").write_text("")
+    code, err_text = run_main(tmp_path, text.format(d=tmp_path), capsys=capsys)
+    assert code == 2, err_text
+    lines = err_text.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "no_such_option" in lines[0], err_text

@@ -167,3 +167,25 @@ def test_killed_before_first_checkpoint_restarts_from_baseline(tmp_path: Path) -
     sink.write([b"a", b"b"], ["not_json"] * 2, "s")
     sink.close()
     assert [r["record"] for r in read_lines(p)] == ["a", "b"]
+
+
+def test_huge_records_keep_a_bounded_prefix_size_and_hash(tmp_path):
+    """A 5 MB record (or a line the file source skipped) becomes a bounded dead letter (issue #14)."""
+    import hashlib
+
+    from calmon.events import OversizedRecord
+
+    p = tmp_path / "dead.jsonl"
+    sink = FileDeadLetterSink(p, max_record_bytes=1000)
+    huge = b'{"id":"' + b"a" * (5 << 20) + b'"}'
+    skipped = OversizedRecord(b"z" * 10_000, 200 << 20, "f" * 64)
+    sink.write([huge, skipped, b'{"score": 2}', "\ud800"], ["too_large", "too_large", "out_of_range", "bad_encoding"],
+               "files", ["a:1", "a:2", "a:3", "a:4"])
+    sink.close()
+    assert p.stat().st_size < 10_000
+    docs = [json.loads(x) for x in p.read_text().splitlines()]
+    assert docs[0]["record"] == huge[:1000].decode() and docs[0]["size"] == len(huge)
+    assert docs[0]["sha256"] == hashlib.sha256(huge).hexdigest() and docs[0]["truncated"] is True
+    assert docs[1]["record"] == "z" * 1000 and docs[1]["size"] == 200 << 20 and docs[1]["sha256"] == "f" * 64
+    assert docs[2] == {"reason": "out_of_range", "source": "files", "origin": "a:3", "record": '{"score": 2}'}
+    assert docs[3]["record_encoding"] == "base64"

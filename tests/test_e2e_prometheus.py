@@ -341,12 +341,16 @@ def test_drift_alert_fires_and_resolves_through_prometheus_and_alertmanager(tmp_
         assert [r["name"] for r in am_alert["receivers"]] == ["ml-calibration"]
         assert am_alert["status"]["state"] == "active"
 
+        # the alert links the agent's status page, and the link works (from the scraped instance label)
+        link = am_alert["annotations"]["status_page"]
+        assert link == f"http://127.0.0.1:{port}/" and firing[0]["annotations"]["status_page"] == link
         # the status page at "/" shows the firing alert and a reliability diagram per evaluated window
-        status, page = http("GET", f"http://127.0.0.1:{port}/")
+        status, page = http("GET", link)
         assert status == 200 and page.startswith("<!DOCTYPE html>"), str(page)[:200]
         n_windows = len(agent_status(port)["evaluations"])
         assert page.count('class="reliability-svg"') == n_windows >= 2
         assert 'data-alert="CalibrationDrift" data-state="firing"' in page
+        assert page.count('class="verdict miscalibrated"') >= 1 and 'id="freshness"' in page
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "status_page_agent.html").write_text(page, encoding="utf-8")
 

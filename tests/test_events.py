@@ -1,3 +1,6 @@
+import json
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -82,3 +85,149 @@ def test_binary_probs_of_length_two_become_scores():
 def test_parse_timestamp():
     assert parse_timestamp("2026-01-01T01:00:00+01:00") == 1767225600.0
     assert np.isnan(parse_timestamp(None))
+
+
+# ------------------------------------------------------------------------------ hostile input (issue #14)
+
+NOW = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+
+
+def _pred(i: int, model: str = "m", **extra: object) -> bytes:
+    return json.dumps({"type": "prediction", "id": f"p{i}", "model": model, "score": 0.5, **extra}).encode()
+
+
+@pytest.mark.parametrize("record,reason", [
+    (b'{"id":"\xff","model":"m","score":0.5,"label":1}', "bad_encoding"),
+    (b'{"model":"m","score":0.5,"label":1,"segment":"a\xc3"}', "bad_encoding"),
+    (b'{"x":' + b"[" * 1200 + b"]" * 1200 + b',"model":"m","score":0.5,"label":1}', "too_deep"),
+    (b"[" * 100_000, "too_deep"),
+    (b'{"model":"m","score":0.5,"label":1,"pad":"' + b"a" * 300_000 + b'"}', "too_large"),
+    (b'{"model":"m","score":0.5,"label":123456789012345678901234567890}', "label_range"),
+    (b'{"id":123456789012345678901234567890,"model":"m","score":0.5}', "id_too_long"),
+    (b'{"id":"' + b"i" * 300 + b'","model":"m","score":0.5}', "id_too_long"),
+    ('{"id":"' + "\u00e9" * 129 + '","model":"m","score":0.5}', "id_too_long"),  # 258 bytes in 129 characters
+    (b'{"model":"m","score":0.5,"label":1,"ts":"9999-12-31T23:59:59Z"}', "future_timestamp"),
+    (b'{"model":"m","score":0.5,"label":1,"ts":99999999999}', "future_timestamp"),
+    (b'{"model":"m","score":0.5,"label":1,"ts":"1970-01-01T00:00:01Z"}', "past_timestamp"),
+    (b'{"model":"m","score":0.5,"label":1,"ts":1e999}', "non_finite"),
+    (b'{"model":"m","score":0.5,"label":1,"ts":' + b"9" * 30 + b"}", "bad_timestamp"),
+    (b'{"model":"n","probs":[' + b",".join([b"0.0001"] * 1001) + b'],"label":1}', "too_many_classes"),
+], ids=lambda x: x if isinstance(x, str) and len(x) < 30 else "")
+def test_hostile_records_get_one_reason(record, reason):
+    dec = Decoder(max_record_bytes=200_000, future_skew=3600, past_horizon=10 * 365 * 86400, clock=lambda: NOW)
+    out = dec.decode([GOOD[0], record, GOOD[1]])
+    assert [(r.index, r.reason) for r in out.rejected] == [(1, reason)]
+    assert len(out.models["m"]) == 2  # the records around it are untouched
+
+
+def test_id_length_is_counted_in_utf8_bytes():
+    dec = Decoder(max_id_bytes=256)
+    ok = [json.dumps({"id": s, "model": "m", "score": 0.5}, ensure_ascii=False).encode()
+          for s in ("i" * 256, "\u00e9" * 128, "\U0001f600" * 64)]
+    assert not dec.decode(ok).rejected
+    assert [r.reason for r in dec.decode([_pred(0).replace(b'"p0"', b'"' + b"i" * 257 + b'"')]).rejected] \
+        == ["id_too_long"]
+
+
+def test_rejected_times_never_reach_the_join():
+    """A prediction from year 5138 is rejected at the decoder, so the watermark stays where it was."""
+    from calmon.agent.ingest import Ingestor
+    from calmon.agent.state import AgentState
+    from calmon.config import build_config
+    from connectors.base import Batch
+
+    st = AgentState(build_config({"sources": [{"path": "x"}]}, env={}))
+    st.decoder.clock = lambda: NOW
+    ing = Ingestor(st, None, lambda: NOW)
+    ing.ingest(Batch([_pred(0, ts=NOW - 60)], None, "s"))
+    ing.ingest(Batch([_pred(1, ts=99999999999), _pred(2, ts="9999-12-31T23:59:59Z"), _pred(3, ts=NOW - 30)],
+                     None, "s"))
+    assert st.watermark == NOW - 30
+    assert st.counters.to_dict()["rejected"] == {"future_timestamp": 2}
+
+
+def test_inferred_classes_obey_max_classes_without_allocating():
+    recs = [json.dumps({"model": "wide", "probs": [1e-5] * 100_000, "label": 0}).encode() for _ in range(10)]
+    dec = Decoder(max_classes=1000)
+    tracemalloc.start()
+    try:
+        out = dec.decode(recs)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert out.reason_counts() == {"too_many_classes": 10} and "wide" not in dec.models
+    assert peak < 200 << 20, peak  # the state once grew to 2.8 GB here
+    assert dec.decode([b'{"model":"wide","probs":[0.5,0.5],"label":1}']).models["wide"].classes == 2
+    with pytest.raises(ValueError, match="classes"):
+        Decoder(models={"x": 1001}, max_classes=1000)
+
+
+def test_outcomes_of_new_models_count_against_the_model_cap():
+    dec = Decoder(max_models=3)
+    outs = [b'{"type":"outcome","id":"a","model":"o%d","label":1}' % i for i in range(1000)]
+    out = dec.decode(outs)
+    assert sorted(out.models) == ["o0", "o1", "o2"] and out.reason_counts() == {"too_many_models": 997}
+    # a prediction of an admitted model fixes its classes later; a new one is beyond the cap
+    out = dec.decode([_pred(1, "o1"), _pred(2, "new")])
+    assert list(out.models) == ["o1"] and dec.models == {"o1": 2}
+    undeclared = Decoder(models={"m": 2}, discover=False).decode([b'{"type":"outcome","id":"a","model":"x","label":1}'])
+    assert [r.reason for r in undeclared.rejected] == ["too_many_models"]
+
+
+def _mixed_models(n: int, seed: int = 3) -> list[bytes]:
+    """Predictions, outcomes and invalid records of many models, first appearances interleaved."""
+    rng = np.random.default_rng(seed)
+    recs = []
+    for i in range(n):
+        m = f"m{int(rng.integers(0, 40))}"
+        k = rng.integers(4)
+        if k == 0:
+            recs.append(b'{"type":"outcome","id":"x%d","model":"%s","label":1}' % (i, m.encode()))
+        elif k == 1:
+            recs.append(b'{"model":"%s","score":1.5,"label":1}' % m.encode())  # well-formed, out of range
+        elif k == 2:
+            recs.append(b'{"model":"%s","label":1}' % m.encode())  # malformed: admits nothing
+        else:
+            recs.append(_pred(i, m, segment=f"s{int(rng.integers(0, 9))}"))
+    return recs
+
+
+@pytest.mark.parametrize("batch", [1, 7, 100, 2001])
+def test_cap_decisions_do_not_depend_on_the_batch_size(batch):
+    recs = _mixed_models(2001)
+    ref = Decoder(max_models=12, max_segments=4)
+    ref_out = ref.decode(recs)
+    dec = Decoder(max_models=12, max_segments=4)
+    reasons: list[tuple[int, str]] = []
+    accepted = 0
+    for start in range(0, len(recs), batch):
+        out = dec.decode(recs[start:start + batch])
+        reasons += [(start + r.index, r.reason) for r in out.rejected]
+        accepted += out.accepted
+    assert reasons == [(r.index, r.reason) for r in ref_out.rejected]
+    assert accepted == ref_out.accepted and dec.state() == ref.state()
+    assert ref_out.reason_counts()["too_many_models"] > 100
+
+
+def test_poison_records_cost_exactly_themselves_in_the_agent(tmp_path):
+    """Invalid UTF-8, deep nesting and an oversized record: each dead-lettered with its reason, the batch goes on."""
+    from calmon.agent.ingest import Ingestor
+    from calmon.agent.state import AgentState
+    from calmon.config import build_config
+    from connectors.base import Batch
+    from connectors.deadletter import FileDeadLetterSink
+
+    cfg = build_config({"sources": [{"path": "x"}], "limits": {"max_record_bytes": 8192}}, env={})
+    st = AgentState(cfg)
+    sink = FileDeadLetterSink(tmp_path / "dead.jsonl")
+    ing = Ingestor(st, sink, lambda: NOW)
+    poison = [b'{"model":"m","id":"\xff","score":0.5,"label":1}', b'{"x":' + b"[" * 3000 + b"]" * 3000 + b"}",
+              b'{"model":"m","score":0.5,"label":1,"pad":"' + b"p" * 9000 + b'"}']
+    good = [b'{"model":"m","score":0.%d,"label":%d}' % (i, i % 2) for i in range(1, 7)]
+    ing.ingest(Batch(good[:2] + poison[:1] + good[2:4] + poison[1:] + good[4:], None, "s"))
+    sink.close()
+    c = st.counters.to_dict()
+    assert c["rejected"] == {"bad_encoding": 1, "too_deep": 1, "too_large": 1}
+    dead = [json.loads(x) for x in (tmp_path / "dead.jsonl").read_text().splitlines()]
+    assert [d["reason"] for d in dead] == ["bad_encoding", "too_deep", "too_large"]
+    assert sum(s.bucket.count for s in st.snapshot() if s.segment == "all" and s.window == "1h") == 6

@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from calmon.exporter.http import Endpoints, HTTPExporter, tls_context
+from calmon.exporter.http import Endpoints, HTTPExporter, HTTPLimits, tls_context
 from calmon.exporter.metrics import AgentMetrics
 
 EVAL = {
@@ -166,3 +166,138 @@ def test_tls(tmp_path):
         assert code == 200
     finally:
         srv.stop()
+
+
+# -- hostile clients (issue #14) ------------------------------------------------------------------------------------
+def _wait(cond, timeout: float = 20.0) -> bool:
+    """Poll ``cond`` until it holds (the deadline is a safety net, not a performance assertion)."""
+    import time
+
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        time.sleep(0.05)
+    return cond()
+
+
+def _handler_threads() -> int:
+    import threading
+
+    return sum(1 for t in threading.enumerate() if t.name.startswith("Thread-") and "process_request" in t.name)
+
+
+def test_500_idle_connections_do_not_hold_500_threads_and_metrics_stays_up():
+    import socket
+
+    limits = HTTPLimits(header_timeout=1.0, idle_timeout=1.0, max_connections=32)
+    srv = HTTPExporter(_endpoints(), "127.0.0.1", 0, limits=limits).start()
+    idle = []
+    try:
+        for _ in range(500):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port), timeout=10))
+        # every idle connection beyond the cap evicted an older one: never more than 32 open ...
+        assert _wait(lambda: len(srv.connections) <= 32)
+        # ... and a scrape gets through while they are all open
+        code, body = get(f"{srv.url}/metrics")
+        assert code == 200 and "calmon_ready 1.0" in body
+        # the survivors are closed at their header deadline: their threads end
+        assert _wait(lambda: len(srv.connections) == 0 and _handler_threads() == 0)
+        table = srv.connections
+        assert table.evicted + table.expired == 500 and table.expired >= 1 and table.refused == 0
+        closed = 0
+        for s in idle:
+            try:
+                closed += s.recv(1) == b""
+            except OSError:
+                closed += 1
+        assert closed == 500
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()
+
+
+def test_slow_request_head_is_cut_at_the_header_deadline():
+    import socket
+    import time
+
+    srv = HTTPExporter(_endpoints(), "127.0.0.1", 0, limits=HTTPLimits(header_timeout=0.5)).start()
+    try:
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        s.sendall(b"GET /metrics HTTP/1.1\r\n")
+        cut = False
+        for _ in range(100):  # one header byte every 0.1 s: 10 s if nobody cuts it
+            try:
+                s.sendall(b"X")
+            except OSError:
+                cut = True
+                break
+            time.sleep(0.1)
+            s.setblocking(False)
+            try:
+                cut = s.recv(1) == b""
+            except BlockingIOError:
+                pass
+            except OSError:
+                cut = True
+            s.setblocking(True)
+            if cut:
+                break
+        assert cut and srv.connections.expired == 1
+        s.close()
+    finally:
+        srv.stop()
+
+
+def test_keep_alive_connection_is_closed_after_the_idle_timeout():
+    import http.client
+
+    srv = HTTPExporter(_endpoints(), "127.0.0.1", 0, limits=HTTPLimits(idle_timeout=0.3)).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=10)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().read() == b"ok\n"
+        conn.request("GET", "/healthz")  # same connection, still open
+        assert conn.getresponse().read() == b"ok\n"
+        assert _wait(lambda: srv.connections.expired == 1 and len(srv.connections) == 0)
+        conn.close()
+    finally:
+        srv.stop()
+
+
+def test_busy_connections_are_not_evicted_and_a_full_table_refuses():
+    import socket
+    import threading
+
+    gate = threading.Event()
+
+    def slow_metrics() -> bytes:
+        gate.wait(10)
+        return b"calmon_ready 1\n"
+
+    ep = Endpoints(slow_metrics, lambda: True, lambda: True, lambda: {}, lambda s: "")
+    srv = HTTPExporter(ep, "127.0.0.1", 0, limits=HTTPLimits(max_connections=1)).start()
+    try:
+        result: dict[str, tuple[int, str]] = {}
+        t = threading.Thread(target=lambda: result.update(r=get(f"{srv.url}/metrics")))
+        t.start()
+        assert _wait(lambda: len(srv.connections) == 1 and srv.connections._conns and
+                     next(iter(srv.connections._conns.values())).busy)
+        extra = socket.create_connection(("127.0.0.1", srv.port), timeout=10)
+        assert _wait(lambda: srv.connections.refused == 1)
+        assert extra.recv(1) == b""
+        extra.close()
+        gate.set()
+        t.join(10)
+        assert result["r"] == (200, "calmon_ready 1\n")
+    finally:
+        gate.set()
+        srv.stop()
+
+
+def test_limits_are_validated():
+    with pytest.raises(ValueError, match="max_connections"):
+        HTTPLimits(max_connections=0)
+    with pytest.raises(ValueError, match="positive"):
+        HTTPLimits(header_timeout=0)

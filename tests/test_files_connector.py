@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from calmon.events import Decoder
+from calmon.events import Decoder, OversizedRecord
 from connectors.base import Batch, ByteLagReporting, Committable, Source
 from connectors.files import CsvConverter, FileSource
 
@@ -336,16 +338,88 @@ def test_seek_truncated_since_checkpoint_restarts_at_zero(tmp_path: Path) -> Non
     assert records(drain(src2, timeout=0.02)) == [ev(9)]
 
 
-def test_overlong_line_is_cut_not_buffered_forever(tmp_path: Path) -> None:
+def test_overlong_line_is_skipped_as_one_record_not_buffered(tmp_path: Path) -> None:
+    """A line beyond max_line_bytes becomes one OversizedRecord (prefix, real size, SHA-256) that the
+    decoder rejects as too_large; the lines around it are untouched (issue #14, 200 MB line)."""
     p = tmp_path / "a.jsonl"
     p.write_bytes(b"x" * 2500)
     src = FileSource(p, follow=True, max_line_bytes=1000, chunk_bytes=512)
-    assert records(drain(src, timeout=0.02)) == [b"x" * 1000, b"x" * 1000]
+    assert records(drain(src, timeout=0.02)) == []  # unterminated: read past, nothing held but a digest
+    assert src.read(10, timeout=0.0) is None and src.position()["files"][0]["offset"] == 0
     write_lines(p, [b"", ev(1)])
-    assert records(drain(src, timeout=0.02)) == [b"x" * 500, ev(1)]
-    # complete lines are never cut, whatever their length
-    write_lines(p, [b"y" * 3000])
-    assert records(drain(src, timeout=0.02)) == [b"y" * 3000]
+    got = drain(src, timeout=0.02)
+    recs = records(got)
+    assert len(recs) == 2 and recs[1] == ev(1)
+    big = recs[0]
+    assert isinstance(big, OversizedRecord) and len(big) == 2500 and bytes(big) == b"x" * 2500
+    assert big.sha256 == hashlib.sha256(b"x" * 2500).hexdigest()
+    assert got[0].origins[0].endswith("a.jsonl:1") and got[-1].origins[-1].endswith("a.jsonl:2")
+    out = Decoder(max_record_bytes=1000).decode(recs)
+    assert [r.reason for r in out.rejected] == ["too_large"] and len(out.models["m"]) == 1
+    # a complete line that is too long is skipped the same way, and a restart continues after it
+    write_lines(p, [b"y" * 3000, ev(2)])
+    b = src.read(1, timeout=0.02)
+    assert b is not None and len(b.records[0]) == 3000 and bytes(b.records[0]) == b"y" * 3000
+    src2 = FileSource(p, follow=True, max_line_bytes=1000, chunk_bytes=512)
+    src2.seek(b.position)
+    assert records(drain(src2, timeout=0.02)) == [ev(2)]
+
+
+def test_huge_line_costs_bounded_memory(tmp_path: Path) -> None:
+    """A 40 MB line without newline is read past in chunks: Python allocations stay a few MB."""
+    p = tmp_path / "a.jsonl"
+    with open(p, "wb") as fh:
+        for _ in range(40):
+            fh.write(b"z" * (1 << 20))
+        fh.write(b"\n" + ev(7) + b"\n")
+    src = FileSource(p, max_line_bytes=1 << 20, chunk_bytes=1 << 20)
+    tracemalloc.start()
+    try:
+        recs = records(drain(src))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert [len(r) for r in recs] == [40 << 20, len(ev(7))]
+    assert peak < 12 << 20, peak
+
+
+def test_copytruncate_then_restart_counts_each_line_once(tmp_path: Path) -> None:
+    p = tmp_path / "a.jsonl"
+    write_lines(p, [ev(i, "old") for i in range(70)])
+    src = FileSource(p, follow=True, poll_interval=0.01)
+    assert len(records(drain(src, timeout=0.02))) == 70
+    with open(p, "r+b") as fh:  # copytruncate: the copy goes elsewhere, the file starts empty
+        fh.truncate(0)
+    assert records(drain(src, timeout=0.02)) == []
+    write_lines(p, [ev(i, "new") for i in range(3)])
+    got = drain(src, timeout=0.02)
+    assert records(got) == [ev(i, "new") for i in range(3)]
+    pos = json.loads(json.dumps(got[-1].position))
+    src.close()
+    write_lines(p, [ev(i, "new") for i in range(3, 5)])
+    src2 = FileSource(p, follow=True, poll_interval=0.01)
+    src2.seek(pos)
+    assert not src2.lost
+    assert records(drain(src2, timeout=0.02)) == [ev(3, "new"), ev(4, "new")]
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_truncation_then_growth_past_the_old_size_loses_nothing(tmp_path: Path, restart: bool) -> None:
+    """Truncated and rewritten beyond the old size before the next poll (or while the agent is down):
+    the bytes before the position changed, so the file is read again from its start."""
+    p = tmp_path / "a.jsonl"
+    write_lines(p, [ev(i, "old") for i in range(5)])
+    src = FileSource(p, follow=True, poll_interval=0.01)
+    pos = drain(src, timeout=0.02)[-1].position
+    new = [ev(i, "renewed") for i in range(70)]
+    with open(p, "r+b") as fh:
+        fh.truncate(0)
+        fh.write(b"".join(x + b"\n" for x in new))
+    if restart:
+        src.close()
+        src = FileSource(p, follow=True, poll_interval=0.01)
+        src.seek(json.loads(json.dumps(pos)))
+    assert records(drain(src, timeout=0.02)) == new
 
 
 # ------------------------------------------------------------------------------ crash / resume

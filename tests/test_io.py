@@ -84,3 +84,63 @@ def test_jsonl_join_in_either_order_with_and_without_model(tmp_path: Path) -> No
 def test_jsonl_without_labeled_events(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="no labeled events .predictions without outcomes: 1"):
         read_input(write(tmp_path, "h.jsonl", '{"id": "a", "model": "m", "score": 0.5}\n'))
+
+
+# ------------------------------------------------------------------------------ hostile input (issue #14)
+
+
+def _poisoned(tmp_path: Path, poison: bytes) -> str:
+    good = [b'{"model":"m","id":"r%d","score":0.%d,"label":%d}' % (i, i, i % 2) for i in range(1, 9)]
+    p = tmp_path / "poison.jsonl"
+    p.write_bytes(b"\n".join(good[:4] + [poison] + good[4:]) + b"\n")
+    return str(p)
+
+
+@pytest.mark.parametrize("poison,reason", [
+    (b'{"model":"m","id":"\xff","score":0.5,"label":1}', "bad_encoding"),
+    (b'{"model":"m","x":' + b"[" * 5000 + b"]" * 5000 + b',"score":0.5,"label":1}', "too_deep"),
+    (b"[" * 100_000, "too_deep"),
+], ids=["bad_encoding", "too_deep_field", "too_deep_top"])
+def test_poison_records_in_check(tmp_path: Path, poison: bytes, reason: str) -> None:
+    path = _poisoned(tmp_path, poison)
+    with pytest.raises(InputError) as err:
+        read_input(path)
+    assert str(err.value).startswith(f"{path}: line 5: {reason}: ") and "\n" not in str(err.value)
+    ds = read_input(path, skip_invalid=True)
+    assert ds.n == 8 and ds.skipped == {reason: 1}
+
+
+def test_check_keeps_historical_and_future_times(tmp_path: Path) -> None:
+    """Offline files are historical: no wall-clock limits (times do not change the result of check)."""
+    p = tmp_path / "old.jsonl"
+    p.write_bytes(b'{"model":"m","ts":"1990-01-01T00:00:00Z","score":0.2,"label":0}\n'
+                  b'{"model":"m","ts":"9999-12-31T23:59:59Z","score":0.7,"label":1}\n')
+    assert read_input(str(p)).n == 2
+
+
+@pytest.mark.parametrize("arrays,message", [
+    ({"score": np.full((3, 3), 0.5), "label": np.ones((3, 3))}, "array 'score' must be 1-D (n,), got shape (3, 3)"),
+    ({"confidence": np.full(3, 0.5), "correct": np.ones((3, 1))}, "array 'correct' must be 1-D"),
+    ({"score": np.array(["a", "b"]), "label": np.ones(2)}, "array 'score' must hold numbers"),
+    ({"probs": np.full((2, 3, 1), 0.5), "labels": np.zeros(2)}, "probs must be (n, K >= 2)"),
+    ({"probs": np.full((2, 2), 0.5), "labels": np.zeros((2, 2))}, "labels (n,)"),
+], ids=["score_3x3", "correct_2d", "strings", "probs_3d", "labels_2d"])
+def test_npz_shapes_are_checked(tmp_path: Path, arrays: dict, message: str) -> None:
+    p = tmp_path / "bad.npz"
+    np.savez(p, **arrays)
+    with pytest.raises(InputError) as err:
+        read_input(str(p))
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_check_command_on_a_deep_record(tmp_path: Path) -> None:
+    """`calmon check` as a user runs it: exit 2 with one line, or skip the record with --skip-invalid."""
+    import subprocess
+    import sys
+
+    path = _poisoned(tmp_path, b'{"model":"m","x":' + b"[" * 5000 + b"]" * 5000 + b"}")
+    run = [sys.executable, "-m", "calmon", "check", path, "--tests", "none", "--json"]
+    r = subprocess.run(run, capture_output=True, timeout=120)
+    assert r.returncode == 2 and b"too_deep" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    r = subprocess.run([*run, "--skip-invalid"], capture_output=True, timeout=120)
+    assert r.returncode == 0, r.stderr

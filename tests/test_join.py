@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import zlib
 
 import numpy as np
@@ -162,3 +163,106 @@ def test_version_1_state_still_loads():
     assert again.to_dict() == j.to_dict() and again.to_dict()["version"] == 2
     with pytest.raises(ValueError, match="version"):
         Joiner.from_dict(dict(v1, version=99))
+
+
+# -- hostile input (issue #14) ----------------------------------------------------------------------------------
+def _mixed_stream(n: int = 3000, seed: int = 0, labeled_only: bool = False) -> list[bytes]:
+    """Labeled events, predictions and outcomes; 10 % of the events are hours older than their neighbours."""
+    rng = np.random.default_rng(seed)
+    recs, t = [], float(int(time.time()) - 200_000)  # in the past, within the decoder's time horizon
+    for i in range(n):
+        t += rng.exponential(30)
+        ts = t - (rng.exponential(4000) if rng.random() < 0.1 else 0)
+        k = 0 if labeled_only else rng.integers(4)
+        if k == 0:
+            recs.append({"model": "m", "ts": ts, "score": float(rng.random()), "label": int(rng.integers(2))})
+        elif k == 1:
+            recs.append({"type": "prediction", "id": f"p{i}", "model": "m", "ts": ts, "score": float(rng.random())})
+        else:
+            recs.append({"type": "outcome", "id": f"p{int(rng.integers(max(0, i - 50), i + 1))}", "model": "m",
+                         "ts": ts, "label": int(rng.integers(2))})
+    return [json.dumps(r).encode() for r in recs]
+
+
+def _agent_state_after(records: list[bytes], batch_size: int) -> dict:
+    from calmon.agent.ingest import Ingestor
+    from calmon.agent.state import AgentState
+    from calmon.config import build_config
+    from connectors.base import Batch
+
+    # reservoir 0: the reservoir's sampling is randomised per bucket update, not part of this contract
+    cfg = build_config({"sources": [{"path": "x"}], "windows": {"allowed_lateness": "2h"}, "join": {"ttl": "30m"},
+                        "models": {"default": {"reservoir": 0}}}, env={})
+    st = AgentState(cfg)
+    ing = Ingestor(st, None, time.time)
+    for i in range(0, len(records), batch_size):
+        ing.ingest(Batch(records[i:i + batch_size], {}, "s"))
+    doc = st.to_doc()
+    doc["counters"].pop("batches")
+    doc["counters"]["events"].sort()
+    return doc
+
+
+@pytest.mark.parametrize("labeled_only", [False, True])
+def test_late_and_join_state_do_not_depend_on_the_batch_size(labeled_only):
+    """Labeled events move the watermark like predictions: "late" means the same at any batch size.
+
+    Before, the watermark carried from one batch to the next ignored labeled events: on the
+    labeled-only stream 0 events were late at batch size 1, 42 at 7 and 48 at 1000 and 65536.
+    """
+    records = _mixed_stream(labeled_only=labeled_only)
+    ref = _agent_state_after(records, 65536)
+    assert ref["counters"]["late"]["m"] > 5  # the old events really are late against labeled-event time
+    if not labeled_only:
+        assert sum(ref["join"]["counters"]["expired"].values()) > 100
+    for bs in (1, 7, 1000):
+        assert _agent_state_after(records, bs) == ref, bs
+
+
+def test_labeled_events_advance_the_watermark():
+    dec, j = Decoder(), Joiner(60.0)
+    j.process(dec.decode([ev(id="a", model="m", ts=100, score=0.5)]).models)
+    j.process(dec.decode([ev(model="m", ts=500, score=0.5, label=1)]).models)
+    assert j.watermark == 500.0
+    # the pending prediction expired at the sweep the labeled event's time triggered (at the next record)
+    out = j.process(dec.decode([ev(id="a", model="m", ts=501, label=1)]).models)
+    assert out == {} and j.counters.expired == {"m": 1} and "a" in j.early
+
+
+def test_sweeps_follow_event_time_while_following():
+    """No end of input: entries past the TTL are forgotten as the watermark moves on (every ttl/4)."""
+    dec, j = Decoder(), Joiner(ttl=100.0)
+    j.process(dec.decode([ev(id=f"p{i}", model="m", ts=i, score=0.5) for i in range(50)]).models)
+    j.process(dec.decode([ev(id=f"o{i}", model="m", ts=50 + i, label=1) for i in range(5)]).models)
+    assert j.pending_count() == {"m": 50}
+    j.process(dec.decode([ev(model="m", ts=1000, score=0.5, label=1)]).models)  # labeled only: no sweep yet
+    j.process(dec.decode([ev(id="late", model="m", ts=1001, score=0.5)]).models)  # swept before this one
+    assert j.pending_count() == {"m": 1} and j.counters.expired == {"m": 50}
+    assert j.counters.orphans == 5 and not j.early
+
+
+def test_byte_bound_evicts_the_oldest_and_counts_them():
+    """300 predictions with long ids against a byte bound: the newest that fit stay, the rest expire."""
+    dec, j = Decoder(), Joiner(ttl=1e9, max_bytes=50_000)
+    recs = [ev(id=f"{i:05d}" + "x" * 200, model="m", ts=i, score=0.5) for i in range(300)]
+    j.process(dec.decode(recs).models)
+    kept = len(j.pending)
+    one = j.nbytes // kept
+    assert j.nbytes <= 50_000 < j.nbytes + one and 50 < kept < 150
+    assert j.counters.expired == {"m": 300 - kept}
+    assert next(iter(j.pending)).startswith(f"{300 - kept:05d}")  # the newest survive
+    doc = json.dumps(j.to_dict())
+    assert len(doc) < 300 * kept
+    again = Joiner.from_dict(json.loads(doc), max_bytes=50_000)
+    assert again.nbytes == j.nbytes and again.to_dict() == j.to_dict()
+    # early outcomes count against the same bound
+    j.process(dec.decode([ev(id=f"o{i:05d}" + "y" * 200, model="m", ts=400, label=1) for i in range(50)]).models)
+    assert j.nbytes <= 50_000 and len(j.early) == 50 and len(j.pending) < kept
+
+
+def test_eviction_of_many_keeps_the_oldest_first_order():
+    """A capped buffer evicts in insertion order through a long run of evictions (the O(1) path)."""
+    dec, j = Decoder(), Joiner(ttl=1e9, max_pending=1000)
+    for start in range(0, 20_000, 5000):
+        j.process(dec.decode([ev(id=f"p{i}", model="m", ts=i, score=0.5) for i in range(start, start + 5000)]).models)
+    assert list(j.pending) == [f"p{i}" for i in range(19_000, 20_000)] and j.counters.expired == {"m": 19_000}

@@ -156,3 +156,54 @@ def test_default_resolution_and_speed_budget() -> None:
     assert (b, m) == (256, 101)
     b, m = theorem4_resolution(0.02, 4096, 256, 1024, 101, 401)
     assert m == 301 and 0.5 / b <= 0.02 / 6
+
+
+# ----------------------------------------------------------------------------------------------------------
+# the null-simulation p-value (issue #20)
+# ----------------------------------------------------------------------------------------------------------
+def test_fixed_lp_matches_the_full_lp() -> None:
+    from calmon.algorithms.ldtc import FixedLP, ldtc_lp
+
+    rng = np.random.default_rng(11)
+    v = np.sort(rng.random(12))
+    lp = FixedLP(v, u_grid(21))
+    for _ in range(3):
+        n = rng.integers(1, 40, v.size).astype(float)
+        n1 = rng.binomial(n.astype(int), v).astype(float)
+        n1[0] = 0.0  # an empty (v, y) pair stays in the fixed LP with mass 0
+        assert lp.solve(n1, n - n1) == pytest.approx(ldtc_lp(v, n1, n - n1, u_grid(21))["value"], abs=1e-9)
+
+
+def test_null_pvalue_level_reduced_and_power() -> None:
+    from calmon.algorithms.ldtc import ldtc_null_pvalue
+
+    # 60 calibrated replications at alpha 0.05 (expected 3, sd 1.7): more than 8 rejections fails;
+    # the on-demand table with 1000 replications is scripts/ldtc_level.py
+    rng = np.random.default_rng(12)
+    rejections = 0
+    for _ in range(60):
+        z = rng.random(1500)
+        g = ScoreGrid(1024)
+        g.update(z, (rng.random(1500) < z).astype(float))
+        rejections += ldtc_null_pvalue(g, mc=39, rng=rng)["p_value"] <= 0.05
+    assert rejections <= 8
+    z = rng.random(3000)
+    g = ScoreGrid(1024)
+    g.update(z, (rng.random(3000) < z**1.6).astype(float))
+    res = ldtc_null_pvalue(g, mc=39, rng=rng)
+    assert res["p_value"] <= 0.05 and res["mc_draws"] == 39 and not res["curtailed"]
+
+
+def test_tester_reports_p_value_and_one_decision_rule_with_smce() -> None:
+    rng = np.random.default_rng(13)
+    z = rng.random(4000)
+    y = (rng.random(4000) < z**1.5).astype(float)
+    data = CalibrationData(n=4000, z=z, y=y, raw_is_complete=True)
+    res = run_tester("ldtc", data, mc=99, seed=1, bins=64).to_dict()
+    assert res["rule"] == "p-value" and res["p_value"] is not None
+    assert res["decision"] == ("miscalibrated" if res["p_value"] < 0.05 else "calibrated") == "miscalibrated"
+    assert run_tester("smce", data, mc=99, seed=1).to_dict()["decision"] == res["decision"]
+    tol = run_tester("ldtc", data, mc=99, seed=1, bins=64, eps1=0.3).to_dict()
+    assert tol["rule"] == "theorem4" and tol["p_value"] is not None
+    none = run_tester("ldtc", data, mc=0, seed=1, bins=64).to_dict()
+    assert none["p_value"] is None and none["rule"] == "theorem4-default"

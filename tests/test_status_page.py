@@ -128,7 +128,10 @@ def check_dom(dom: Collector, snap: dict) -> None:
         assert float(bar["height"]) / SIZE == pytest.approx(b["mean_outcome"], abs=2e-5)
         assert (float(bar["y"]) - PAD_TOP) / SIZE == pytest.approx(1 - b["mean_outcome"], abs=2e-5)
     dom_tests = dom.find("tr", class_="test")
-    assert len(dom_tests) == 2 * (len(evs) - 1)
+    missing = dom.find("tr", class_="missing")
+    assert len(dom_tests) - len(missing) == 2 * (len(evs) - 1)
+    # the window without results shows both configured testers as missing, not nothing
+    assert sorted(m["data-test"] for m in missing) == ["smce", "tcal"]
 
 
 def test_render_is_self_contained_escaped_and_faithful():
@@ -213,3 +216,104 @@ def test_render_accepts_the_agents_shapes():
     text = "".join(dom.text)
     assert "ece before = 0.12" in text and "ece after = 0.01" in text and "platt" in text
     assert [r["data-state"] for r in dom.find("tr", class_="alert")] == ["firing"]
+
+
+def overconfident_bins(n: int = 40000, temperature: float = 0.5, seed: int = 5) -> list[dict]:
+    """Binary scores sharpened by a temperature < 1: the true probability is less extreme than the score."""
+    rng = np.random.default_rng(seed)
+    p = rng.beta(2, 2, size=n)
+    logit = np.log(p / (1 - p))
+    z = 1 / (1 + np.exp(-logit / temperature))
+    y = (rng.random(n) < p).astype(float)
+    return reliability(z, y)
+
+
+def test_direction_regions_and_histogram_from_the_bins():
+    from calmon.statuspage import bin_regions, direction_text
+
+    over = overconfident_bins()
+    regions = bin_regions(over)
+    # over-confident binary model: the low-score bins sit ABOVE the diagonal, the high-score bins BELOW
+    assert regions and all(r["sign"] > 0 for r in regions if r["hi"] <= 0.5)
+    assert all(r["sign"] < 0 for r in regions if r["lo"] >= 0.5)
+    assert direction_text(regions, binary=True).startswith("over-confident")
+    under = bin_regions(overconfident_bins(temperature=2.0))
+    assert direction_text(under, binary=True).startswith("under-confident")
+    rng = np.random.default_rng(9)
+    z = rng.random(40000)
+    assert bin_regions(reliability(z, (rng.random(40000) < z).astype(float))) == []  # calibrated: nothing
+    dom = parse(reliability_svg(over, regions=regions))
+    assert len(dom.find("rect", class_="region")) == len(regions)
+    hist = dom.find("rect", class_="hist")
+    peak = max(b["events"] for b in over)
+    assert [int(h["data-events"]) for h in hist] == [b["events"] for b in over if b["events"]]
+    tallest = max(float(h["height"]) for h in hist)
+    for h in hist:
+        assert float(h["height"]) / tallest == pytest.approx(int(h["data-events"]) / peak, abs=1e-4)
+
+
+def test_plain_names_summary_freshness_and_calibrators():
+    over = overconfident_bins()
+    ev = {"model": "m", "segment": "all", "window": "5m", "n": 40000, "reliability": over,
+          "metrics": {"ece": 0.06, "ece_l2_debiased": -1e-5, "l2_bins": 64, "mean_confidence": 0.5,
+                      "base_rate": 0.5, "accuracy": 0.69},
+          "tests": {"tcal": {"statistic": 1e-3, "p_value": 1e-4, "decision": "miscalibrated", "alpha": 0.01}}}
+    other = {**ev, "window": "30m", "tests": {**ev["tests"], "smce": {"decision": "miscalibrated",
+                                                                       "p_value": 0.001, "statistic": 0.02}}}
+    snap = {"generated_at": 1000.0, "evaluations": [ev, other],
+            "agent": {"windows": ["5m", "30m"], "scheduler": {"every": 15.0, "overruns": 2, "evaluations": 9,
+                                                               "last_timestamp": 990.0, "last_duration": 2.5}},
+            "calibrators": {"m": {"method": "platt", "version": 2, "before": {"ece": 0.13},
+                                  "after": {"ece": 0.02}}}}
+    page = render(snap)
+    dom = parse(page)
+    text = "".join(dom.text)
+    assert 'content="15"' in page  # reloads with the evaluation period
+    assert "mean score" in text and "mean confidence" not in text and ">l2_bins<" not in page
+    assert "not detectable" in text and "-1e-05" not in text.replace("= -1e-05", "")
+    assert "last evaluation 10 s ago" in text and "2 round(s) overran" in text and "took 2.5 s" in text
+    assert "over-confident" in text and dom.find("rect", class_="region")
+    figs = dom.find("figure", class_="reliability")
+    assert [f["data-window"] for f in figs] == ["5m", "30m"]  # the configured order, not the string order
+    (missing,) = dom.find("tr", class_="missing")  # smce answered for 30m only
+    assert missing["data-test"] == "smce"
+    assert dom.find("th", title=next(a["title"] for t, a in dom.elements if t == "th" and "p-value:" in
+                                     a.get("title", "")))
+    (cal,) = dom.find("tr", class_="calibrator")
+    assert "13.00 %" in text and "2.00 %" in text and "recalibrated" in text
+    # with the verdict module's summary, its words and regions are shown (escaped), not the page's own
+    summary = {"calibrated": False, "direction": "over-confident", "ece": 0.06, "ece_ci": [0.05, 0.07],
+               "regions": [{"lo": 0.0, "hi": 0.2, "sign": 1, "gap": 0.04}], "recommendation": "fit <platt>",
+               "text": "Scores are too extreme & should be softened."}
+    dom = parse(render({**snap, "evaluations": [{**ev, "summary": summary}]}))
+    text = "".join(dom.text)
+    assert "Scores are too extreme & should be softened." in text and "fit <platt>" in text
+    assert "5.00 % to 7.00 %" in text
+    (region,) = dom.find("rect", class_="region")
+    assert region["data-lo"] == "0.000" and region["data-hi"] == "0.200" and "above" in region["class"]
+    # before the first round: when it runs
+    text = "".join(parse(render({"agent": {"uptime_seconds": 4.0, "scheduler": {"every": 15.0}}})).text)
+    assert "no evaluation yet" in text and "the first round runs about 11 s from now" in text
+
+
+def test_renders_the_verdict_modules_summary():
+    """The agent puts calmon.verdict.summarize(...).to_dict() into each evaluation: rendered as is."""
+    verdict = pytest.importorskip("calmon.verdict")
+    from calmon.stats.grid import ScoreGrid
+
+    rng = np.random.default_rng(11)
+    p = rng.beta(2, 2, size=30000)
+    z = 1 / (1 + np.exp(-np.log(p / (1 - p)) / 0.5))
+    y = (rng.random(p.size) < p).astype(float)
+    grid = ScoreGrid(1024)
+    grid.update(z, y)
+    tests = {"tcal": {"p_value": 0.0, "decision": "miscalibrated", "statistic": 0.01}}
+    summary = verdict.summarize(grid, tests, alpha=0.01).to_dict()
+    ev = {"model": "m", "segment": "all", "window": "1h", "n": int(p.size), "metrics": {"ece": summary["ece"]},
+          "reliability": reliability(z, y), "tests": tests, "summary": summary}
+    dom = parse(render({"evaluations": [ev]}))
+    text = "".join(dom.text)
+    assert summary["text"] in text and summary["recommendation"] in text
+    assert len(dom.find("rect", class_="region")) == len(summary["regions"]) > 0
+    for rect, r in zip(dom.find("rect", class_="region"), summary["regions"]):
+        assert ("above" if r["sign"] == "+" else "below") in rect["class"]

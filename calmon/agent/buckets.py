@@ -24,6 +24,8 @@ from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats, top_label
 
 FORMAT = "calmon.bucket"
+#: Cells of the prediction-side grid (label-free estimates and score drift need no finer resolution).
+PRED_BINS = 256
 
 
 class BucketStats:
@@ -45,13 +47,15 @@ class BucketStats:
     (2, [1.0, 1.0])
     """
 
-    __slots__ = ("stats", "rel")
+    __slots__ = ("stats", "rel", "pred")
 
     def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20, seed: int = 0) -> None:
         self.stats = ModelStats(classes, bins=bins, ece_bins=15, reservoir=reservoir,
                                 levelset_lambda=levelset_lambda, seed=seed)
         self.rel = ScoreGrid(reliability_bins)
+        #: Prediction-side statistics: every prediction's score (top-label confidence) as it arrives, labels or not.
+        self.pred = ScoreGrid(PRED_BINS)
 
     @property
     def count(self) -> int:
@@ -70,9 +74,17 @@ class BucketStats:
             conf, correct = top_label(probs, labels)
             self.rel.update(conf, correct)
 
+    def update_predictions(self, score: np.ndarray | None = None, probs: np.ndarray | None = None) -> None:
+        """Add predictions (with or without their outcome) to the prediction-side grid."""
+        z = np.max(probs, axis=1) if probs is not None else score
+        if z is None:
+            raise ValueError("BucketStats.update_predictions needs score (binary) or probs (multiclass)")
+        self.pred.update(z, np.zeros(z.size))
+
     def merge(self, other: BucketStats) -> None:
         self.stats.merge(other.stats)
         self.rel.merge(other.rel)
+        self.pred.merge(other.pred)
 
     def copy(self) -> BucketStats:
         import copy
@@ -80,13 +92,14 @@ class BucketStats:
         out = BucketStats.__new__(BucketStats)
         out.stats = copy.deepcopy(self.stats)
         out.rel = self.rel.copy()
+        out.pred = self.pred.copy()
         return out
 
     def nbytes(self) -> int:
-        return self.stats.nbytes() + self.rel.nbytes()
+        return self.stats.nbytes() + self.rel.nbytes() + self.pred.nbytes()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "stats": self.stats.to_dict(), "rel": self.rel.to_dict()}
+        return {"format": FORMAT, "stats": self.stats.to_dict(), "rel": self.rel.to_dict(), "pred": self.pred.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BucketStats:
@@ -95,6 +108,8 @@ class BucketStats:
         out = cls.__new__(cls)
         out.stats = ModelStats.from_dict(d["stats"])
         out.rel = ScoreGrid.from_dict(d["rel"])
+        # buckets checkpointed before prediction-side statistics existed start with an empty grid
+        out.pred = ScoreGrid.from_dict(d["pred"]) if "pred" in d else ScoreGrid(PRED_BINS)
         return out
 
 
@@ -152,6 +167,24 @@ class ModelWindows:
                               labels[rows])
             return update
 
+        self._add_all(ts, segment, adder, watermark)
+
+    def add_predictions(self, ts: np.ndarray, segment: np.ndarray, score: np.ndarray | None, probs: np.ndarray | None,
+                        watermark: float) -> None:
+        """Add predictions (labeled or not) to the prediction-side grids of segment ``all`` and their segment."""
+        if ts.size == 0:
+            return
+
+        def adder(sel: np.ndarray | None) -> Any:
+            def update(bucket: BucketStats, idx: np.ndarray) -> None:
+                rows = idx if sel is None else sel[idx]
+                bucket.update_predictions(None if score is None else score[rows],
+                                          None if probs is None else probs[rows])
+            return update
+
+        self._add_all(ts, segment, adder, watermark)
+
+    def _add_all(self, ts: np.ndarray, segment: np.ndarray, adder: Any, watermark: float) -> None:
         self.rings["all"].add(ts, adder(None), watermark)
         for seg in self.segments:
             sel = np.flatnonzero(segment == seg)

@@ -21,15 +21,22 @@ class StartupError(RuntimeError):
     """The agent cannot start (bad checkpoint, unusable source...): one line, exit code 2."""
 
 
-def build_source(scfg: SourceConfig) -> Source:
-    """Construct the connector of a :class:`~calmon.config.SourceConfig`."""
-    where = f"sources.{scfg.name}"
+def build_source(scfg: SourceConfig, index: int | None = None, max_record_bytes: int | None = None) -> Source:
+    """Construct the connector of a :class:`~calmon.config.SourceConfig` (``index``: its place in ``sources``).
+
+    An unknown or mistyped option raises :class:`StartupError` naming the key, e.g.
+    ``sources.0.options: FileSource.__init__() got an unexpected keyword argument 'x'``.
+    """
+    where = f"sources.{scfg.name if index is None else index}"
     try:
         if scfg.type == "file":
             from connectors.files import FileSource
 
             assert scfg.path is not None  # validated by the config
-            return FileSource(scfg.path, format=scfg.format, follow=scfg.follow, name=scfg.name, **scfg.options)
+            opts = dict(scfg.options)
+            if max_record_bytes is not None:  # limits.max_record_bytes, unless the source sets its own
+                opts.setdefault("max_line_bytes", max_record_bytes)
+            return FileSource(scfg.path, format=scfg.format, follow=scfg.follow, name=scfg.name, **opts)
         if scfg.type == "kafka":
             from connectors.kafka import KafkaSource
 

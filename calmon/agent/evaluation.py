@@ -18,18 +18,22 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calmon.agent.buckets import BucketStats
+from calmon.agent.estimates import Predictor, window_estimates
 from calmon.agent.recalibrate import Recalibrator
 from calmon.agent.state import WindowSnapshot
 from calmon.agent.types import CalibratorInfo, Evaluation
 from calmon.alerts import AlertEngine, AlertState
+from calmon.alerts.rules import CHANGE_WINDOW
 from calmon.algorithms.ece import reliability, summary
-from calmon.config import ConfigError, EvaluationConfig
+from calmon.config import ConfigError, EstimationConfig, EvaluationConfig
 from calmon.jsonio import clean
+from calmon.stats.grid import ScoreGrid
 from calmon.testers import TESTERS, TestResult, check_params, run_tester
+from calmon.verdict import summarize
 
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["SUMMARY_KEYS", "Evaluator", "RoundResult", "check_testers", "evaluate_window"]
+__all__ = ["SUMMARY_KEYS", "Evaluator", "RoundResult", "change_judgements", "check_testers", "evaluate_window"]
 
 #: Keys of ``summary()`` exported as metrics (and shown on the status page).
 SUMMARY_KEYS = ("ece", "ece_l2_debiased", "ece_l2_plugin", "l2_bins", "brier", "accuracy", "mean_confidence",
@@ -48,7 +52,9 @@ def check_testers(cfg: EvaluationConfig, path: str = "evaluation.tests") -> None
 
 
 def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, cfg: EvaluationConfig,
-                    deadline: float = math.inf, clock: Callable[[], float] = time.monotonic) -> tuple[Evaluation, bool]:
+                    deadline: float = math.inf, clock: Callable[[], float] = time.monotonic, *,
+                    estimation: EstimationConfig | None = None, reference: ScoreGrid | None = None,
+                    predictor: Predictor | None = None) -> tuple[Evaluation, bool]:
     """Metrics, reliability diagram and tester results of one window's statistics.
 
     Parameters
@@ -61,6 +67,9 @@ def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, 
         Evaluation settings (testers, alpha, mc, seed, min_events).
     deadline
         ``clock()`` value after which remaining testers are skipped.
+    estimation, reference, predictor
+        Label-free estimates (see :mod:`calmon.agent.estimates`): settings (``None``: off), the score-drift
+        reference grid and the calibrator in service.
 
     Returns
     -------
@@ -95,8 +104,15 @@ def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, 
         r = tests.get(name)
         if r is not None and r.statistic is not None:
             metrics[name] = r.details.get("estimate", r.statistic)
+    tests_json = {k: r.to_dict() for k, r in tests.items()}
     ev: Evaluation = {"model": model, "segment": segment, "window": window, "n": n, "metrics": metrics,
-                      "reliability": reliability(bucket.rel), "tests": {k: r.to_dict() for k, r in tests.items()}}
+                      "reliability": reliability(bucket.rel), "tests": tests_json}
+    if n > 0:
+        ev["summary"] = summarize(stats.fine, tests_json, alpha=cfg.alpha, top_label=stats.classes > 2,
+                                  ece_grid=stats.ece).to_dict()
+    if estimation is not None and estimation.enabled:
+        ev.update(window_estimates(bucket, reference, estimation, predictor,  # type: ignore[typeddict-item]
+                                   top_label=stats.classes > 2, min_events=cfg.min_events))
     return clean(ev), skipped
 
 
@@ -106,6 +122,12 @@ def _run(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any],
     except Exception as exc:  # noqa: BLE001 - a tester is numerical code on live data; one failure must not stop the round
         log.warning("tester %s failed on %s: %s", name, where, exc)
         return TestResult.failed(name, exc)
+
+
+def change_judgements(changes: Mapping[str, Mapping[str, Any]], watermark: float | None) -> list[dict[str, Any]]:
+    """What ``change_detected`` rules judge: per model its detectors' view, in the pseudo-window ``stream``."""
+    return [{"model": model, "segment": "all", "window": CHANGE_WINDOW, "n": view.get("events", 0),
+             "watermark": watermark, "changes": view.get("signals", {})} for model, view in sorted(changes.items())]
 
 
 @dataclass
@@ -140,29 +162,47 @@ class Evaluator:
 
     def __init__(self, cfg: EvaluationConfig, alert_engine: AlertEngine | None = None,
                  recalibrator: Recalibrator | None = None, clock: Callable[[], float] = time.time,
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, estimation: EstimationConfig | None = None,
+                 history_window: str | None = None) -> None:
         self.cfg = cfg
+        self.estimation = estimation
+        #: The window holding everything (``all``): minus a window, the reference of its score drift.
+        self.history_window = history_window
         self.alert_engine = alert_engine
         self.recalibrator = recalibrator
         self.clock = clock
         self.monotonic = monotonic
 
     def run(self, snap: Sequence[WindowSnapshot], calibrators: Mapping[str, CalibratorInfo],
-            previous_alerts: Sequence[dict[str, Any]] = ()) -> RoundResult:
-        """One round on ``snap``; ``calibrators`` are the ones in service (returned updated)."""
+            previous_alerts: Sequence[dict[str, Any]] = (), changes: Mapping[str, Mapping[str, Any]] | None = None,
+            watermark: float | None = None) -> RoundResult:
+        """One round on ``snap``; ``calibrators`` are the ones in service (returned updated).
+
+        ``changes`` is the change monitor's view (model -> events and per-signal detections) and
+        ``watermark`` the newest event time, both taken with the snapshot: alert rules of kind
+        ``change_detected`` judge them.
+        """
         t0 = self.monotonic()
         deadline = t0 + self.cfg.budget
         evaluations = []
         overrun = False
+        history = {(w.model, w.segment): w.bucket.pred for w in snap if w.window == self.history_window}
+        recal = self.recalibrator
+        predictors = {m: recal.predictor(m) for m in {w.model for w in snap}} if recal is not None else {}
         for w in snap:
-            ev, skipped = evaluate_window(w.model, w.segment, w.window, w.bucket, self.cfg, deadline, self.monotonic)
+            ref = None
+            if (w.model, w.segment) in history and w.window != self.history_window:
+                ref = history[(w.model, w.segment)] - w.bucket.pred
+            ev, skipped = evaluate_window(w.model, w.segment, w.window, w.bucket, self.cfg, deadline, self.monotonic,
+                                          estimation=self.estimation, reference=ref, predictor=predictors.get(w.model))
             overrun |= skipped
             evaluations.append(ev)
         states: list[AlertState] = []
         alerts = list(previous_alerts)
         alert_doc = None
         if self.alert_engine is not None:
-            states = self.alert_engine.evaluate(evaluations, self.clock())
+            judged: list[Mapping[str, Any]] = [*evaluations, *change_judgements(changes or {}, watermark)]
+            states = self.alert_engine.evaluate(judged, self.clock())
             alerts = [clean(st.to_dict()) for st in states]
             alert_doc = self.alert_engine.to_dict()
         cals = dict(calibrators)

@@ -2,10 +2,13 @@
 
 Event time
 ----------
-The watermark is the largest event time seen, in record order.  Events without ``ts`` take
-the arrival (wall-clock) time.  Labeled events older than ``watermark - allowed_lateness`` are
-dropped and counted (``calmon_events_late_total``); joined events are placed at their
-prediction's time.
+The watermark is the largest event time seen, in record order, over every kind of event
+(:func:`calmon.agent.join.event_watermarks`): labeled events advance it like predictions and
+outcomes, and it carries over from batch to batch, so it is a function of the record order
+only.  Events without ``ts`` take the arrival (wall-clock) time.  A labeled event older than
+``allowed_lateness`` behind the watermark *at its own record* is dropped and counted
+(``calmon_events_late_total``): "late" means the same at any batch size.  Joined events are
+placed at their prediction's time.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from calmon.agent.join import JoinedBatch, event_watermarks
 from calmon.agent.state import AgentState
-from calmon.events import KINDS, LABELED, DecodedBatch
+from calmon.events import KINDS, LABELED, OUTCOME, DecodedBatch, ModelBatch
 from connectors.base import Batch, ByteLagReporting, DeadLetterSink, LagReporting, Source
 
 log = logging.getLogger("calmon.agent")
@@ -67,51 +71,77 @@ class Ingestor:
             if lag_records is not None:
                 info.lag_records = lag_records
 
-    def _fill_time(self, decoded: DecodedBatch, now: float) -> np.ndarray | None:
+    def _fill_time(self, decoded: DecodedBatch, now: float) -> dict[str, np.ndarray]:
         """Fill missing event times with ``now``; return the watermark at each event (record order)."""
-        mbs = list(decoded.models.values())
-        if not mbs:
-            return None
-        for mb in mbs:
-            if np.isnan(mb.ts).any():
+        for mb in decoded.models.values():
+            if mb.ts.size and np.isnan(mb.ts).any():
                 mb.ts = np.where(np.isnan(mb.ts), now, mb.ts)
-        idx = np.concatenate([mb.index for mb in mbs])
-        ts = np.concatenate([mb.ts for mb in mbs])
-        order = np.argsort(idx, kind="stable")
-        wm_sorted = np.maximum.accumulate(np.concatenate([[self.state.joiner.watermark], ts[order]]))[1:]
-        wm = np.empty_like(wm_sorted)
-        wm[order] = wm_sorted
-        return wm
+        return event_watermarks(decoded.models, self.state.joiner.watermark)
 
     def _apply(self, decoded: DecodedBatch, now: float) -> None:
         st = self.state
-        wm_all = self._fill_time(decoded, now)
-        if wm_all is None:
+        wms = self._fill_time(decoded, now)
+        if not wms:
             return
-        joined = st.joiner.process(decoded.models)  # advances the watermark in record order
+        joined = st.joiner.process(decoded.models, wms)  # advances the watermark in record order
         watermark = st.joiner.watermark
         lateness = st.cfg.windows.allowed_lateness
-        offsets = np.cumsum([0] + [len(mb) for mb in decoded.models.values()])
-        for (name, mb), off in zip(decoded.models.items(), offsets[:-1]):
+        labeled: dict[str, tuple[np.ndarray, ModelBatch]] = {}
+        for name, mb in decoded.models.items():
             for k, cnt in enumerate(np.bincount(mb.kind, minlength=3).tolist()):
                 if cnt:
                     st.counters.add_events(name or "", KINDS[k], cnt)
-            if not name:
+            if not name or name not in wms:
                 continue
+            on_time = mb.ts >= wms[name] - lateness
             lab = mb.kind == LABELED
-            if not lab.any():
-                continue
-            late = lab & (mb.ts < wm_all[off:off + len(mb)] - lateness)
+            late = lab & ~on_time
             if late.any():
                 st.counters.add_late(name, int(late.sum()))
-                lab &= ~late
-            sel = np.flatnonzero(lab)
+            self._predictions(name, mb, np.flatnonzero(on_time & (mb.kind != OUTCOME)), watermark)
+            sel = np.flatnonzero(lab & on_time)
             if sel.size:
                 st.windows_of(name, mb.classes).add(
                     mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
                     None if mb.probs is None else mb.probs[sel], watermark)
+                labeled[name] = (sel, mb)
         for name, jb in joined.items():
             st.windows_of(name, jb.classes).add(jb.ts, jb.segment, jb.label, jb.score, jb.probs, watermark)
+        self._changes(labeled, joined)
+
+    def _predictions(self, name: str, mb: ModelBatch, sel: np.ndarray, watermark: float) -> None:
+        """Every prediction (labelled or not) into the prediction-side grids: label-free estimates, score drift."""
+        if sel.size and self.state.cfg.estimation.enabled:
+            self.state.windows_of(name, mb.classes).add_predictions(
+                mb.ts[sel], mb.segment[sel], None if mb.score is None else mb.score[sel],
+                None if mb.probs is None else mb.probs[sel], self.state.joiner.watermark)
+
+    def _changes(self, labeled: dict[str, tuple[np.ndarray, ModelBatch]], joined: dict[str, JoinedBatch]) -> None:
+        """Labeled pairs of each model to its change detector, merged in record order of their completing event."""
+        mon = self.state.changes
+        if not mon.cfg.enabled:
+            return
+        for name in sorted(set(labeled) | set(joined)):
+            parts = []
+            if name in labeled:
+                sel, mb = labeled[name]
+                parts.append((mb.index[sel], mb.ts[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
+                              None if mb.probs is None else mb.probs[sel]))
+            jb = joined.get(name)
+            if jb is not None and len(jb):
+                assert jb.index is not None  # the Joiner always fills it
+                parts.append((jb.index, jb.ts, jb.label, jb.score, jb.probs))
+            order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
+            cols = [_merge([p[i] for p in parts], order) for i in (1, 2, 3, 4)]
+            ts, labels = cols[0], cols[1]
+            assert ts is not None and labels is not None
+            mon.update(name, cols[2], cols[3], labels.astype(np.int64), ts)
+
+
+def _merge(cols: list[np.ndarray | None], order: np.ndarray) -> np.ndarray | None:
+    """Concatenate one column of several parts and put it in ``order`` (``None`` if the column is absent)."""
+    present = [c for c in cols if c is not None]
+    return np.concatenate(present)[order] if present and len(present) == len(cols) else None
 
 
 def _lag_records(src: Source | None) -> int | None:

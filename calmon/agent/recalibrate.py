@@ -18,7 +18,8 @@ import numpy as np
 
 from calmon.agent.state import WindowSnapshot
 from calmon.agent.types import CalibratorInfo
-from calmon.calibration.refresh import Publisher, refresh
+from calmon.calibration.base import Calibrator
+from calmon.calibration.refresh import DirectoryStore, Publisher, refresh
 from calmon.config import RecalibrationConfig
 from calmon.stats.data import CalibrationData
 
@@ -63,16 +64,35 @@ class Recalibrator:
         The ``recalibration`` configuration.
     publishers
         Where new revisions go (the first one that can ``load`` supplies the calibrator in service).
-    monotonic
-        Clock for the period.
+    monotonic, clock
+        Clock for the period; wall clock for ``published_at``.
     """
 
     def __init__(self, rc: RecalibrationConfig, publishers: Sequence[Publisher],
-                 monotonic: Callable[[], float] = time.monotonic) -> None:
+                 monotonic: Callable[[], float] = time.monotonic, clock: Callable[[], float] = time.time) -> None:
         self.rc = rc
+        self.clock = clock
         self.publishers = list(publishers)
         self.monotonic = monotonic
         self.last_refresh: float | None = None
+        self._in_service: dict[str, tuple[int | None, Calibrator | None]] = {}
+
+    def predictor(self, model: str) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The binary calibrator in service for ``model`` as a function of scores (``None``: raw scores).
+
+        Read from the first publisher that can load documents, cached per revision; multiclass
+        calibrators map whole probability vectors and do not apply to top-label confidences.
+        """
+        store = next((p for p in self.publishers if isinstance(p, DirectoryStore)), None)
+        if store is None:
+            return None
+        rev = store.latest_revision(model)
+        cached = self._in_service.get(model)
+        if cached is None or cached[0] != rev:
+            cal = store.load(model, rev) if rev is not None else None
+            cached = self._in_service[model] = (rev, cal if cal is not None and cal.kind == "binary" else None)
+        cal = cached[1]
+        return None if cal is None else cal.predict
 
     def due(self) -> bool:
         return self.last_refresh is None or self.monotonic() - self.last_refresh >= self.rc.every
@@ -107,9 +127,11 @@ class Recalibrator:
         except Exception as exc:  # noqa: BLE001 - fitting runs numerical code on live data; one model must not stop the round
             log.warning("recalibration of %s failed: %s", model, exc)
             return None
+        published = bool(res.get("published"))
         info: CalibratorInfo = {"model": model, "method": res.get("method") or "none", "version": res.get("revision"),
-                                "before": res.get("before"), "after": res.get("after"), "reason": res.get("reason")}
-        return info, bool(res.get("published"))
+                                "before": res.get("before"), "after": res.get("after"), "reason": res.get("reason"),
+                                "published_at": self.clock() if published else None}
+        return info, published
 
 
 def _as_dict(res: Any) -> dict[str, Any]:

@@ -57,7 +57,7 @@ from calmon.agent.views import Published, metrics_state, status_document
 from calmon.calibration import check_methods
 from calmon.checkpoint import CheckpointStore
 from calmon.config import Config, ConfigError
-from calmon.exporter.http import Endpoints, HTTPExporter, tls_context
+from calmon.exporter.http import Endpoints, HTTPExporter, HTTPLimits, tls_context
 from calmon.exporter.metrics import AgentMetrics
 from calmon.statuspage import render as render_status
 from connectors.base import Batch, Committable, Connectable, DeadLetterSink, Source
@@ -88,7 +88,7 @@ class Agent:
     >>> from calmon.config import build_config
     >>> d = pathlib.Path(tempfile.mkdtemp())
     >>> _ = (d / "ev.jsonl").write_text("".join(
-    ...     f'{{"model": "m", "ts": {1000 + i}, "score": 0.5, "label": {i % 2}}}\\n' for i in range(10)))
+    ...     f'{{"model": "m", "ts": {1767225600 + i}, "score": 0.5, "label": {i % 2}}}\\n' for i in range(10)))
     >>> cfg = build_config({"state_dir": str(d / "state"), "sources": [{"path": str(d / "ev.jsonl")}],
     ...                     "exporter": {"enabled": False}, "evaluation": {"tests": []},
     ...                     "ingest": {"exit_when_done": True}}, env={})
@@ -145,12 +145,15 @@ class Agent:
     def open(self) -> None:
         """Build sources and sinks, load the checkpoint, seek, start the exporter and the scheduler."""
         os.makedirs(self.cfg.state_dir, exist_ok=True)
-        self.sources = self._sources_override or [build_source(s) for s in self.cfg.sources]
+        limit = self.cfg.limits.max_record_bytes
+        self.sources = self._sources_override or [build_source(s, i, limit) for i, s in enumerate(self.cfg.sources)]
         self.dead_letter = build_dead_letter(self.cfg)
         recal = None
         if self.cfg.recalibration.enabled:
             recal = Recalibrator(self.cfg.recalibration, build_publishers(self.cfg))
-        self.evaluator = Evaluator(self.cfg.evaluation, self.alert_engine, recal, clock=self.clock)
+        history = next((name for name, length in self.state.windows.items() if length is None), None)
+        self.evaluator = Evaluator(self.cfg.evaluation, self.alert_engine, recal, clock=self.clock,
+                                   estimation=self.cfg.estimation, history_window=history)
         self.ingestor = Ingestor(self.state, self.dead_letter, self.clock)
         if self.cfg.checkpoint.enabled:
             self.store = CheckpointStore(Path(self.cfg.state_dir) / "checkpoints")
@@ -174,7 +177,8 @@ class Agent:
         auth = (ex.basic_auth.username, ex.basic_auth.resolved_password()) if ex.basic_auth.username else None
         endpoints = Endpoints(self.metrics.render, self.healthy, self.is_ready, self.status, render_status)
         try:
-            return HTTPExporter(endpoints, ex.address, ex.port, tls=tls, basic_auth=auth).start()
+            limits = HTTPLimits(ex.header_timeout, ex.idle_timeout, ex.max_connections)
+            return HTTPExporter(endpoints, ex.address, ex.port, tls=tls, basic_auth=auth, limits=limits).start()
         except OSError as exc:
             raise StartupError(f"exporter: cannot listen on {ex.address}:{ex.port}: {exc.strerror or exc}") from None
 
@@ -300,17 +304,25 @@ class Agent:
                                 "count": self.checkpoint_info["count"] + 1}
 
     def restore(self, doc: dict[str, Any]) -> None:
-        """Load a checkpoint document and seek sources and the dead-letter sink to its positions."""
+        """Load a checkpoint document and seek sources and the dead-letter sink to its positions.
+
+        The document is checked against the checkpoint schema first
+        (:mod:`calmon.agent.checkpoint_schema`); a hand-edited or otherwise malformed one gives a
+        :class:`StartupError` naming the file and the field.
+        """
+        where = self.store.loaded_path if self.store is not None and self.store.loaded_path else self.cfg.state_dir
         if doc.get("format") != CHECKPOINT_FORMAT or doc.get("version") != CHECKPOINT_VERSION:
-            raise StartupError(f"{self.cfg.state_dir}: checkpoint is not a {CHECKPOINT_FORMAT} "
-                               f"v{CHECKPOINT_VERSION} document")
+            raise StartupError(f"{where}: checkpoint is not a {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} document")
         try:
             self.state.load_doc(doc)
         except StateError as exc:
-            raise StartupError(str(exc)) from None
+            raise StartupError(f"checkpoint {where}: {exc}") from None
         alert_doc = doc.get("alerts") if self.alert_engine is not None else None
         if alert_doc and self.alert_engine is not None:
-            self.alert_engine.load_state(alert_doc)
+            try:
+                self.alert_engine.load_state(alert_doc)
+            except (KeyError, TypeError, ValueError) as exc:
+                raise StartupError(f"checkpoint {where}: field alerts: {exc}") from None
         self.published = Published(calibrators=dict(doc.get("calibrators") or {}), alert_doc=alert_doc or None)
         by_name = {s.name: s for s in self.sources}
         for name, pos in doc["sources"].items():
@@ -328,7 +340,9 @@ class Agent:
         if self.evaluator is None:
             return
         pub = self.published
-        res = self.evaluator.run(self.state.snapshot(), pub.calibrators, pub.alerts)
+        snap = self.state.snapshot()
+        changes, watermark = self.state.change_view()
+        res = self.evaluator.run(snap, pub.calibrators, pub.alerts, changes, watermark)
         self.metrics.evaluation_duration.observe(res.duration)
         self._publish(res)
         if self.alertmanager is not None and res.alert_states:
@@ -361,5 +375,12 @@ class Agent:
         """The status snapshot served at ``/api/status`` and rendered at ``/``."""
         pub = self.published
         st = metrics_state(self.state, pub, self.checkpoint_info, self.is_ready(), self.clock())
-        return status_document(st, pub, windows=list(self.state.windows), tiers=self.state.tiers,
-                               started_at=self.started_at, now=self.clock())
+        now = self.clock()
+        doc = status_document(st, pub, windows=list(self.state.windows), tiers=self.state.tiers,
+                              started_at=self.started_at, now=now)
+        sched = doc["agent"]["scheduler"]
+        sched["every"] = self.cfg.evaluation.every
+        if self.scheduler is not None:
+            sched["next_at"] = now + max(0.0, self.scheduler.next_at - time.monotonic())
+        doc["agent"]["tests"] = [t.name for t in self.cfg.evaluation.tests]
+        return doc

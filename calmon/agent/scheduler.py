@@ -4,10 +4,21 @@ What a round does is the runtime's business (:meth:`calmon.agent.runtime.Agent.e
 a snapshot of the windows taken under the state lock, then :mod:`calmon.agent.evaluation` on
 that private copy, so ingestion never waits for a tester).  This module only owns the timing:
 periodic rounds, an immediate round on :meth:`Scheduler.trigger`, and waiting for a round.
+
+Shutdown
+--------
+The thread is a daemon (a forgotten scheduler never keeps a process alive), but a daemon
+thread still inside native code when the interpreter finalises (a tester in HiGHS, a BLAS
+call) is torn down under the C++ runtime: ``terminate called without an active exception``,
+exit -6.  So :meth:`Scheduler.stop` lets the running round finish: it joins the thread for
+``wait`` seconds and, if the round is still running then, registers an :mod:`atexit` join so
+that the process exits right after the round instead of in the middle of it.  No new round
+starts once stop was asked.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 import time
@@ -35,13 +46,15 @@ class Scheduler:
     >>> s = Scheduler(lambda: calls.append(1), every=3600).start()
     >>> s.trigger(); s.wait_round(0, timeout=10)
     True
-    >>> s.stop(); len(calls)
-    1
+    >>> s.stop(), len(calls)
+    (True, 1)
     """
 
     def __init__(self, round_fn: Callable[[], None], every: float) -> None:
         self.round_fn = round_fn
         self.every = float(every)
+        #: ``time.monotonic()`` value of the next periodic round (the status page shows when it comes).
+        self.next_at = time.monotonic() + self.every
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._done = threading.Condition()
@@ -67,21 +80,33 @@ class Scheduler:
                 self._done.wait(min(left, 0.2))
             return True
 
-    def stop(self) -> None:
+    def stop(self, wait: float = 5.0) -> bool:
+        """Start no new round; wait up to ``wait`` s for the running one. True if the thread has ended.
+
+        If a round is still running, the interpreter's exit waits for it (see the module docstring).
+        """
         self._stop.set()
         self._wake.set()
+        if not self.thread.is_alive() or self.thread is threading.current_thread():
+            return True
+        self.thread.join(max(0.0, wait))
+        if self.thread.is_alive():
+            log.info("an evaluation round is still running: the exit waits for it to finish")
+            atexit.register(self.thread.join)
+            return False
+        return True
 
     def alive(self) -> bool:
         return self.thread.is_alive()
 
     def _loop(self) -> None:
-        next_at = time.monotonic() + self.every  # the first round after one period (or when triggered)
+        next_at = self.next_at = time.monotonic() + self.every  # the first round after one period (or triggered)
         while not self._stop.is_set():
             self._wake.wait(max(0.0, next_at - time.monotonic()))
             if self._stop.is_set():
                 return
             self._wake.clear()
-            next_at = time.monotonic() + self.every
+            next_at = self.next_at = time.monotonic() + self.every
             try:
                 self.round_fn()
             except Exception:  # noqa: BLE001 - keep scheduling; the error is logged

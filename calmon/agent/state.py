@@ -1,9 +1,9 @@
-"""The agent's ingestion state: windowed statistics, join buffers, decoder state and counters.
+"""The agent's ingestion state: windowed statistics, join buffers, change detectors, decoder state and counters.
 
 Locking rule
 ------------
 One lock, :attr:`AgentState.lock`, guards every attribute of this object that another thread
-reads: ``models``, ``joiner``, ``counters`` and ``sources``.  The ingestion thread holds it while
+reads: ``models``, ``joiner``, ``counters``, ``changes`` and ``sources``.  The ingestion thread holds it while
 it applies a decoded batch (milliseconds); the scheduler holds it only inside :meth:`snapshot`
 (window sums, then it works on its private copy); the views hold it only to copy counters.
 ``decoder`` is used by the ingestion thread alone (decode runs outside the lock) and needs none.
@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from calmon.agent.buckets import BucketStats, ModelWindows
+from calmon.agent.changes import ChangeMonitor
+from calmon.agent.checkpoint_schema import SchemaError, validate_checkpoint
 from calmon.agent.counters import Counters, SourceInfo
 from calmon.agent.join import Joiner
 from calmon.config import Config
@@ -67,11 +69,16 @@ class AgentState:
         self.windows = cfg.windows.window_seconds()
         self.tiers = [(float(t.width), int(t.count)) for t in cfg.windows.tiers]
         declared = {n: m.classes for n, m in cfg.models.items() if n != "default" and m.classes}
-        self.decoder = Decoder(models=declared, max_models=cfg.limits.max_models,
-                               max_segments=cfg.limits.max_segments, discover=cfg.accept_unknown_models)
-        self.joiner = Joiner(cfg.join.ttl, cfg.join.max_pending)
+        lim = cfg.limits
+        self.decoder = Decoder(models=declared, max_models=lim.max_models, max_segments=lim.max_segments,
+                               discover=cfg.accept_unknown_models, max_classes=lim.max_classes,
+                               max_record_bytes=lim.max_record_bytes, max_id_bytes=lim.max_id_bytes,
+                               future_skew=float(lim.future_skew), past_horizon=float(lim.past_horizon))
+        self.joiner = Joiner(cfg.join.ttl, cfg.join.max_pending, cfg.limits.max_join_bytes)
         self.models: dict[str, ModelWindows] = {}
         self.counters = Counters()
+        #: Per-model change detectors on the calibration stream (checkpointed like the windows).
+        self.changes = ChangeMonitor(cfg.changes)
         self.sources: dict[str, SourceInfo] = {}
 
     @property
@@ -107,6 +114,11 @@ class AgentState:
                     out.extend(WindowSnapshot(name, seg, w, sums[w]) for w in self.windows)
         return out
 
+    def change_view(self) -> tuple[dict[str, dict[str, Any]], float | None]:
+        """The change detectors' view (model -> events, per-signal detections) and the watermark, under the lock."""
+        with self.lock:
+            return self.changes.view(), self.watermark
+
     def nbytes(self) -> dict[str, int]:
         with self.lock:
             return {name: mw.nbytes() for name, mw in self.models.items()}
@@ -117,21 +129,48 @@ class AgentState:
         with self.lock:
             return {"decoder": self.decoder.state(), "join": self.joiner.to_dict(),
                     "models": {name: mw.to_dict() for name, mw in self.models.items()},
-                    "counters": self.counters.to_dict()}
+                    "counters": self.counters.to_dict(), "changes": self.changes.to_dict()}
 
     def load_doc(self, doc: Mapping[str, Any]) -> None:
-        """Restore :meth:`to_doc`'s output; :class:`StateError` if it was written with other tiers."""
+        """Restore :meth:`to_doc`'s output (checked against the checkpoint schema first).
+
+        Raises
+        ------
+        StateError
+            One line naming the field: the document does not fit the schema, a part of it
+            cannot be read, or it was written with other tiers.
+        """
+        try:
+            validate_checkpoint(doc)
+        except SchemaError as exc:
+            raise StateError(str(exc)) from None
         models = {}
         for name, md in doc["models"].items():
             if [(float(w), int(c)) for w, c in md["tiers"]] != self.tiers:
                 raise StateError(f"windows.tiers: the checkpoint in {self.cfg.state_dir} was written with tiers "
                                  f"{md['tiers']}; restore them or start with an empty state directory")
-            models[name] = ModelWindows.from_dict(md)
-        joiner = Joiner.from_dict(doc["join"])
+            models[name] = _read(f"models.{name}", ModelWindows.from_dict, md)
+        joiner = _read("join", lambda d: Joiner.from_dict(d, self.cfg.limits.max_join_bytes), doc["join"])
         joiner.ttl = self.cfg.join.ttl
         joiner.max_pending = self.cfg.join.max_pending
+        counters = _read("counters", Counters.from_dict, doc["counters"])
+        changes = ChangeMonitor(self.cfg.changes)
+        _read("changes", changes.load, doc.get("changes"))
         with self.lock:
+            self.changes = changes
             self.models = models
-            self.decoder.load_state(doc["decoder"])
+            _read("decoder", self.decoder.load_state, doc["decoder"])
             self.joiner = joiner
-            self.counters = Counters.from_dict(doc["counters"])
+            self.counters = counters
+
+
+T = TypeVar("T")
+
+
+def _read(field: str, read: Callable[[Any], T], part: Any) -> T:
+    """``read(part)``, with any error of a malformed part reported as one line naming ``field``."""
+    try:
+        return read(part)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        why = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise StateError(f"field {field}: cannot be read ({type(exc).__name__}: {why})") from None

@@ -19,9 +19,7 @@ class ReliabilityPoint(TypedDict):
     mean_outcome: float | None
 
 
-class Evaluation(TypedDict):
-    """Metrics and tester results of one (model, segment, window)."""
-
+class _EvaluationRequired(TypedDict):
     model: str
     segment: str
     window: str
@@ -30,6 +28,21 @@ class Evaluation(TypedDict):
     reliability: list[dict[str, Any]]
     #: Tester name -> :meth:`calmon.testers.TestResult.to_dict` (JSON; ``decision`` always present).
     tests: dict[str, dict[str, Any]]
+
+
+class Evaluation(_EvaluationRequired, total=False):
+    """Metrics and tester results of one (model, segment, window); label-free parts when enabled."""
+
+    #: Predictions in the window (labelled or not).
+    predictions: int
+    #: Metric -> {value, lo, hi}: what the window's metrics will be once its outcomes arrive.
+    estimated: dict[str, dict[str, float]]
+    #: Metric -> estimate minus realised, on the predictions whose outcomes have arrived.
+    estimation_error: dict[str, float]
+    #: PSI and chi-square test of the window's scores against everything before it.
+    score_drift: dict[str, float | int]
+    #: The verdict in plain words (:func:`calmon.verdict.summarize`).
+    summary: dict[str, Any]
 
 
 class CalibratorInfo(TypedDict):
@@ -41,6 +54,8 @@ class CalibratorInfo(TypedDict):
     before: dict[str, float] | None
     after: dict[str, float] | None
     reason: str | None
+    #: When the revision in service was published (epoch seconds; ``None`` when none was).
+    published_at: float | None
 
 
 class SchedulerInfo(TypedDict, total=False):

@@ -51,12 +51,14 @@ def metrics_state(state: AgentState, pub: Published, checkpoint: CheckpointInfo,
         pending = state.joiner.pending_count()
         state_bytes = {name: mw.nbytes() for name, mw in state.models.items()}
         watermark = state.watermark
+        changes = state.changes.view()
     return {
         "version": __version__, "ready": ready, "watermark": watermark,
         "events": c.events, "rejected": c.rejected, "late": c.late, "join": join, "pending": pending,
         "sources": sources, "scheduler": dict(pub.scheduler), "checkpoint": dict(checkpoint),
         "state_bytes": state_bytes, "evaluations": list(pub.evaluations), "alerts": list(pub.alerts),
         "calibrators": [dict(v) for v in pub.calibrators.values() if v.get("version") is not None],
+        "changes": changes,
     }
 
 
@@ -73,7 +75,7 @@ def status_document(st: Mapping[str, Any], pub: Published, *, windows: list[str]
             "events": [{"model": m, "type": k, "count": n} for (m, k), n in sorted(st["events"].items())],
             "rejected": st["rejected"], "late": st["late"], "join": st["join"], "pending": st["pending"],
             "sources": st["sources"], "scheduler": st["scheduler"], "checkpoint": st["checkpoint"],
-            "state_bytes": st["state_bytes"],
+            "state_bytes": st["state_bytes"], "changes": st["changes"],
         },
     })
 

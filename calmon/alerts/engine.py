@@ -160,7 +160,7 @@ class AlertEngine:
             except KeyError as exc:
                 raise ValueError(f"evaluations[{i}].{exc.args[0]}: missing") from None
             for rule in self.rules:
-                if not rule.selects(model, segment, window):
+                if not rule.applies_to(ev) or not rule.selects(model, segment, window):
                     continue
                 key = (rule.name, model, segment, window)
                 st = self._states.get(key)

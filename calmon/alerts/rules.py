@@ -9,9 +9,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from calmon.config.schema import ConfigError, parse_duration
+
 __all__ = ["KINDS", "OPS", "AlertRule", "validate_rules"]
 
-KINDS = ("test_rejected", "threshold")
+KINDS = ("test_rejected", "threshold", "change_detected")
+#: The pseudo-window of change-detection judgements (a detector watches the whole stream, not a window).
+CHANGE_WINDOW = "stream"
+#: Parts of an evaluation a threshold rule may address by a dotted path besides ``metrics`` and ``tests``.
+LABEL_FREE = ("estimated", "estimation_error", "score_drift")
 OPS = {
     ">": lambda v, t: v > t,
     ">=": lambda v, t: v >= t,
@@ -22,7 +28,7 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ALLOWED_KEYS = {
     "name", "kind", "test", "metric", "op", "threshold", "min_events", "consecutive", "clear_after",
-    "models", "segments", "windows", "severity", "labels", "annotations",
+    "models", "segments", "windows", "severity", "labels", "annotations", "signals", "within",
 }
 _SEVERITIES = ("info", "warning", "critical", "page")
 
@@ -73,6 +79,13 @@ class AlertRule:
     severity: str = "warning"
     labels: tuple[tuple[str, str], ...] = ()
     annotations: tuple[tuple[str, str], ...] = ()
+    #: ``change_detected``: signal patterns, and how long (event-time seconds) a detection keeps the alert bad.
+    signals: tuple[str, ...] = ("*",)
+    within: float = 3600.0
+
+    def applies_to(self, ev: Mapping[str, Any]) -> bool:
+        """Change rules judge change judgements (they carry ``changes``), the other kinds window evaluations."""
+        return (self.kind == "change_detected") == ("changes" in ev)
 
     def selects(self, model: str, segment: str, window: str) -> bool:
         """True when the rule's selectors match this (model, segment, window)."""
@@ -89,6 +102,8 @@ class AlertRule:
             n_ok = float(n) >= self.min_events
         except (TypeError, ValueError):
             n_ok = False
+        if self.kind == "change_detected":
+            return self._judge_change(ev, n_ok)
         if self.kind == "test_rejected":
             res = (ev.get("tests") or {}).get(self.test)
             if not isinstance(res, dict):
@@ -104,6 +119,20 @@ class AlertRule:
         if value is None or not n_ok:
             return None, value
         return bool(OPS[self.op](value, float(self.threshold))), value  # type: ignore[arg-type]
+
+    def _judge_change(self, ev: Mapping[str, Any], n_ok: bool) -> tuple[bool | None, float | None]:
+        """Bad while a selected signal's last detection is within ``within`` seconds of the newest event time."""
+        watermark = _finite(ev.get("watermark"))
+        if watermark is None or not n_ok:
+            return None, None
+        last = [(sig.get("last") or {}) for name, sig in (ev.get("changes") or {}).items()
+                if any(fnmatch.fnmatchcase(name, p) for p in self.signals)]
+        times = [t for t in (_finite(x.get("detected_at")) for x in last) if t is not None]
+        if not times:
+            return False, None
+        newest = max(times)
+        cp = [_finite(x.get("change_point")) for x in last if _finite(x.get("detected_at")) == newest]
+        return newest >= watermark - self.within, cp[0] if cp else newest
 
 
 def _finite(v: Any) -> float | None:
@@ -124,6 +153,12 @@ def _lookup(ev: Mapping[str, Any], path: str) -> float | None:
         if res.get("decision") == "insufficient data":
             return None
         return _finite(res.get(parts[2]))
+    head, _, rest = path.partition(".")
+    if head in LABEL_FREE and rest:  # e.g. score_drift.p_value, estimated.accuracy.value, estimation_error.brier
+        node: Any = ev.get(head)
+        for part in rest.split("."):
+            node = node.get(part) if isinstance(node, Mapping) else None
+        return _finite(node)
     return _finite((ev.get("metrics") or {}).get(path))
 
 
@@ -222,8 +257,15 @@ def _rule(rule: Any, where: str, seen: set[str]) -> AlertRule:
     kind = rule.get("kind")
     if kind not in KINDS:
         raise ValueError(f"{where}.kind: expected one of {', '.join(KINDS)}, got {kind!r}")
-    test, metric, op, threshold = _test_fields(rule, where) if kind == "test_rejected" else _threshold_fields(
-        rule, where)
+    for k in ("signals", "within"):
+        if k in rule and kind != "change_detected":
+            raise ValueError(f"{where}.{k}: only valid for kind 'change_detected'")
+    if kind == "test_rejected":
+        test, metric, op, threshold = _test_fields(rule, where)
+    elif kind == "threshold":
+        test, metric, op, threshold = _threshold_fields(rule, where)
+    else:
+        test, metric, op, threshold = _change_fields(rule, where)
     severity = rule.get("severity", "warning")
     if severity not in _SEVERITIES:
         raise ValueError(f"{where}.severity: expected one of {', '.join(_SEVERITIES)}, got {severity!r}")
@@ -238,10 +280,31 @@ def _rule(rule: Any, where: str, seen: set[str]) -> AlertRule:
         severity=severity,
         labels=_str_map(rule, "labels", where, True),
         annotations=_str_map(rule, "annotations", where, False),
+        signals=_patterns(rule, "signals", where),
+        within=_seconds(rule, "within", where, 3600.0),
     )
 
 
 _Fields = tuple[str | None, str | None, str, float | None]
+
+
+def _change_fields(rule: dict[str, Any], where: str) -> _Fields:
+    for k in ("test", "metric", "op", "threshold"):
+        if k in rule:
+            raise ValueError(f"{where}.{k}: not valid for kind 'change_detected' (use signals, within)")
+    return None, None, ">", None
+
+
+def _seconds(rule: dict[str, Any], key: str, where: str, default: float) -> float:
+    if key not in rule:
+        return default
+    try:
+        v = parse_duration(rule[key], f"{where}.{key}")
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    if not v > 0:
+        raise ValueError(f"{where}.{key}: must be positive")
+    return v
 
 
 def _test_fields(rule: dict[str, Any], where: str) -> _Fields:

@@ -1,11 +1,13 @@
-"""Recalibration maps (Platt, angular, temperature, histogram, isotonic, l_p) and their JSON documents.
+"""Recalibration maps (Platt, angular, temperature, histogram, isotonic, polynomial, scaling-binning, l_p) and
+their JSON documents.
 
 * :mod:`~calmon.calibration.base` -- the :class:`Calibrator` interface and the versioned document;
 * :mod:`~calmon.calibration.document` -- a document (or file) back to its calibrator (:func:`load`);
 * :mod:`~calmon.calibration.params` -- validation of inputs and of stored parameters;
 * :mod:`~calmon.calibration.registry` -- the explicit table of methods, :func:`get_calibrator`,
   :func:`make_calibrator`, :func:`check_methods`;
-* one module per method (``platt``, ``angular``, ``temperature``, ``histogram``, ``isotonic``, ``lp``);
+* one module per method (``platt``, ``angular``, ``temperature``, ``histogram``, ``isotonic``, ``polynomial``,
+  ``scaling_binning``, ``lp``);
 * scheduled refresh: :mod:`~calmon.calibration.metrics` (held-out errors),
   :mod:`~calmon.calibration.split` (hash splits), :mod:`~calmon.calibration.store` (publishers and the
   directory store), :mod:`~calmon.calibration.refresh` (fit, compare, publish).

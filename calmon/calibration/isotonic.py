@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from calmon.calibration.base import Calibrator
-from calmon.calibration.params import check_binary, param_array
+from calmon.calibration.params import check_binary, grid_cells, param_array
 
 
 def pava(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -125,14 +125,8 @@ class IsotonicCalibrator(Calibrator):
 
     def fit_grid(self, grid: Any) -> IsotonicCalibrator:
         """Fit on the non-empty cells of a single-channel grid (mean score, positive fraction, count)."""
-        if getattr(grid, "channels", None) is not None:
-            raise ValueError("isotonic calibration from a grid needs a single-channel grid")
-        n = grid.n
-        keep = n > 0
-        if not keep.any():
-            raise ValueError("cannot fit isotonic calibration on an empty grid")
-        zbar = np.clip(grid.sum_z[keep] / n[keep], 0.0, 1.0)
-        self._fit_points(zbar, np.clip(grid.sum_y[keep] / n[keep], 0.0, 1.0), n[keep])
+        n, zbar, t = grid_cells(grid, "isotonic calibration")
+        self._fit_points(zbar, t, n)
         self.training = {"n": int(n.sum()), "source": "grid", "bins": int(grid.bins)}
         return self
 

@@ -26,7 +26,7 @@ from numpy.typing import ArrayLike
 
 from calmon.calibration.base import CalibratorError
 
-__all__ = ["param_float", "param_choice", "param_array", "check_binary", "check_multiclass"]
+__all__ = ["param_float", "param_choice", "param_array", "check_binary", "check_multiclass", "grid_cells"]
 
 
 def param_float(params: dict[str, Any], key: str, *, lo: float = -math.inf, hi: float = math.inf) -> float:
@@ -114,3 +114,18 @@ def check_multiclass(p: Any, labels: Any = None) -> tuple[np.ndarray, np.ndarray
         if (lab != lab_f).any() or (lab < 0).any() or (lab >= p.shape[1]).any():
             raise ValueError(f"labels must be class indices in 0..{p.shape[1] - 1}")
     return p, lab
+
+
+def grid_cells(grid: Any, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Counts, mean scores and positive fractions of the non-empty cells of a single-channel grid.
+
+    ``what`` names the method in the errors (a multi-channel or an empty grid cannot be fitted).
+    """
+    if getattr(grid, "channels", None) is not None:
+        raise ValueError(f"{what} from a grid needs a single-channel grid")
+    n = grid.n
+    keep = n > 0
+    if not keep.any():
+        raise ValueError(f"cannot fit {what} on an empty grid")
+    return n[keep], np.clip(grid.sum_z[keep] / n[keep], 0.0, 1.0), np.clip(grid.sum_y[keep] / n[keep], 0.0, 1.0)
+

@@ -7,15 +7,16 @@ class under a taken name).  Plugins call :func:`register_calibrator`.
 Examples
 --------
 >>> sorted(CALIBRATORS)
-['angular', 'histogram', 'isotonic', 'lp', 'platt', 'temperature']
+['angular', 'histogram', 'isotonic', 'lp', 'platt', 'polynomial', 'scaling-binning', 'temperature']
 >>> make_calibrator("platt", link="probit").link
 'probit'
 >>> check_methods(["platt", {"method": "histogram", "bins": 7}])
 >>> try:
 ...     check_methods(["plat"])
 ... except ValueError as exc:
-...     print(exc)
-unknown calibration method 'plat' (known: angular, histogram, isotonic, lp, platt, temperature)
+...     print(exc)  # doctest: +NORMALIZE_WHITESPACE
+unknown calibration method 'plat' (known: angular, histogram, isotonic, lp, platt, polynomial,
+    scaling-binning, temperature)
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from calmon.calibration.histogram import HistogramCalibrator
 from calmon.calibration.isotonic import IsotonicCalibrator
 from calmon.calibration.lp import LPCalibrator
 from calmon.calibration.platt import PlattCalibrator
+from calmon.calibration.polynomial import PolynomialCalibrator
+from calmon.calibration.scaling_binning import ScalingBinningCalibrator
 from calmon.calibration.temperature import TemperatureCalibrator
 from calmon.registry import Registry
 
@@ -40,7 +43,8 @@ C = TypeVar("C", bound="type[Calibrator]")
 
 #: The built-in calibrator classes, registered under their ``method`` when this module is imported.
 BUILTIN: tuple[type[Calibrator], ...] = (PlattCalibrator, AngularCalibrator, TemperatureCalibrator,
-                                         HistogramCalibrator, IsotonicCalibrator, LPCalibrator)
+                                         HistogramCalibrator, IsotonicCalibrator, LPCalibrator, PolynomialCalibrator,
+                                         ScalingBinningCalibrator)
 
 #: Calibrator classes by method name.
 CALIBRATORS: Registry[type[Calibrator]] = Registry("calibration method")

@@ -8,12 +8,21 @@ import math
 import sys
 from typing import Any
 
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+
 from calmon import __version__
 from calmon.algorithms.ece import reliability, summary
+from calmon.algorithms.twosample import calibration_change_test
 from calmon.io import Dataset, read_input
 from calmon.jsonio import clean
 from calmon.stats.model import ModelStats
 from calmon.testers import CalibrationData, check_params, run_tester
+from calmon.verdict import summarize
+
+#: Testers run when ``--tests`` is not given (``--tests none`` runs none).
+DEFAULT_TESTS = "tcal,smce"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -22,7 +31,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("input", help="file (.jsonl, .csv, .npz) or - for standard input")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the readable report")
     p.add_argument("--model", default=None, help="model to check when the events hold several")
-    p.add_argument("--tests", default="", help="comma-separated testers to run, e.g. tcal,smce,ldtc,lp")
+    p.add_argument("--tests", default=DEFAULT_TESTS,
+                   help=f"comma-separated testers to run, e.g. tcal,smce,ldtc,lp (default {DEFAULT_TESTS}; "
+                        "'none' for metrics only)")
+    p.add_argument("--reference", default=None, metavar="REF",
+                   help="reference file: test whether calibration changed between REF and INPUT")
+    p.add_argument("--permutations", type=int, default=999,
+                   help="within-cell permutations of the --reference test (default 999)")
     p.add_argument("--alpha", type=float, default=0.05, help="significance level of the tests (default 0.05)")
     p.add_argument("--mc", type=int, default=2000, help="Monte Carlo draws for simulated critical values")
     p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws")
@@ -33,6 +48,36 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-invalid", action="store_true",
                    help="skip invalid JSONL events (counted by reason) instead of stopping at the first")
     p.set_defaults(func=run)
+
+
+class Steps:
+    """Progress of a command's steps on stderr, shown only when a person watches (stderr is a terminal).
+
+    Never in pipes, files or CI logs; the bar disappears when the command ends.
+
+    Examples
+    --------
+    >>> with Steps(2) as steps:   # doctest stderr is not a terminal: nothing is shown
+    ...     steps.start("read"); steps.done()
+    """
+
+    def __init__(self, total: int) -> None:
+        console = Console(stderr=True)
+        self._progress = Progress(console=console, transient=True, disable=not console.is_terminal)
+        self._task = self._progress.add_task("calmon", total=total)
+
+    def __enter__(self) -> Steps:
+        self._progress.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.stop()
+
+    def start(self, description: str) -> None:
+        self._progress.update(self._task, description=description)
+
+    def done(self, steps: int = 1) -> None:
+        self._progress.advance(self._task, steps)
 
 
 def build_stats(ds: Dataset, bins: int = 4096) -> ModelStats:
@@ -48,7 +93,14 @@ def build_stats(ds: Dataset, bins: int = 4096) -> ModelStats:
     return stats
 
 
-def report(ds: Dataset, args: argparse.Namespace) -> dict[str, Any]:
+def parse_testers(spec: str) -> list[str]:
+    """``"tcal,smce"`` -> ``["tcal", "smce"]``; ``"none"`` or ``""`` -> ``[]``."""
+    names = [t.strip() for t in spec.split(",") if t.strip()]
+    return [] if names == ["none"] else names
+
+
+def report(ds: Dataset, args: argparse.Namespace, progress: Steps | None = None) -> dict[str, Any]:
+    """The JSON document of ``calmon check``: metrics, reliability, tests, ``summary`` (and ``reference``)."""
     stats = build_stats(ds, args.bins)
     doc: dict[str, Any] = {
         "calmon_version": __version__, "input": ds.source, "model": ds.model, "n": ds.n,
@@ -60,17 +112,36 @@ def report(ds: Dataset, args: argparse.Namespace) -> dict[str, Any]:
         doc["join"] = {"unjoined_predictions": ds.unjoined_predictions, "orphan_outcomes": ds.orphan_outcomes}
     if ds.skipped:
         doc["skipped"] = ds.skipped
-    names = [t.strip() for t in args.tests.split(",") if t.strip()]
+    names = parse_testers(args.tests)
     if names:
         data = CalibrationData(n=ds.n, grid=stats.fine, z=ds.z, y=ds.y, probs=ds.probs, labels=ds.labels,
                                levelset=None, raw_is_complete=True)
         params = parse_test_params(args.test_param, names)
         for name in names:
             check_params(name, params[name])
-        doc["tests"] = {name: run_tester(name, data, alpha=args.alpha, mc=args.mc, seed=args.seed,
-                                         **params[name]).to_dict()
-                        for name in names}
+        doc["tests"] = {}
+        for name in names:
+            if progress is not None:
+                progress.start(f"test {name}")
+            doc["tests"][name] = run_tester(name, data, alpha=args.alpha, mc=args.mc, seed=args.seed,
+                                            **params[name]).to_dict()
+            if progress is not None:
+                progress.done()
+    top_label = ds.top_label_only or ds.classes > 2
+    doc["summary"] = summarize(stats.fine, doc.get("tests", {}), alpha=args.alpha, top_label=top_label,
+                               ece_grid=stats.ece).to_dict()
     return doc
+
+
+def compare(ref: Dataset, ds: Dataset, args: argparse.Namespace) -> dict[str, Any]:
+    """``reference`` object: the within-cell permutation test of a calibration change (REF -> INPUT)."""
+    if (ref.probs is None) != (ds.probs is None) or ref.classes != ds.classes:
+        raise ValueError(f"--reference {ref.source}: {ref.kind} with {ref.classes} classes cannot be compared "
+                         f"with {ds.kind} with {ds.classes} classes")
+    res = calibration_change_test(build_stats(ref, args.bins).fine, build_stats(ds, args.bins).fine,
+                                  alpha=args.alpha, permutations=args.permutations,
+                                  rng=np.random.default_rng(args.seed))
+    return {"input": ref.source, **res.to_dict()}
 
 
 def parse_test_params(items: list[str], names: list[str]) -> dict[str, dict[str, Any]]:
@@ -103,6 +174,14 @@ def render(doc: dict[str, Any]) -> str:
     what = {"binary": "binary", "top-label": "top-label confidence"}.get(doc["kind"], f"{doc['classes']} classes")
     lines = [f"{doc['input']}: {doc['n']} labeled predictions ({what})"
              + (f", model {doc['model']}" if doc.get("model") else "")]
+    if "summary" in doc:
+        lines.append(f"  verdict: {doc['summary']['text']}")
+        lines.extend(f"    evidence: {e}" for e in doc["summary"]["evidence"])
+    if "reference" in doc:
+        r = doc["reference"]
+        lines.append(f"  vs reference {r['input']}: calibration {r['decision']} (p = {r['p_value']:.4g}; debiased "
+                     f"l2-ECE^2 {r['reference_dpe']:.3e} -> {r['current_dpe']:.3e}, {r['permutations']} "
+                     "within-cell permutations)")
     if "join" in doc and (doc["join"]["unjoined_predictions"] or doc["join"]["orphan_outcomes"]):
         lines.append(f"  join: {doc['join']['unjoined_predictions']} predictions without outcome, "
                      f"{doc['join']['orphan_outcomes']} outcomes without prediction")
@@ -126,12 +205,27 @@ def render(doc: dict[str, Any]) -> str:
         ptxt = "n/a" if p is None else f"{p:.4g}"
         lines.append(f"  test {name}: {res['decision']} (statistic {res.get('statistic')!s:.10}, p = {ptxt}, "
                      f"method {res.get('method')})")
+        for view, vr in (res.get("views") or {}).items():  # multiclass T-Cal: canonical, top-label, class-wise
+            vp = vr.get("p_value")
+            lines.append(f"    {view}: {vr.get('decision')} (p = {'n/a' if vp is None else f'{vp:.4g}'})")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
-    doc = report(ds, args)
+    steps = 2 + len(parse_testers(args.tests)) + (2 if args.reference else 0)
+    with Steps(steps) as progress:
+        progress.start("read")
+        ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
+        progress.done()
+        doc = report(ds, args, progress)
+        progress.done()
+        if args.reference:
+            progress.start("read reference")
+            ref = read_input(args.reference, model=args.model, skip_invalid=args.skip_invalid)
+            progress.done()
+            progress.start("compare with the reference")
+            doc["reference"] = compare(ref, ds, args)
+            progress.done()
     if args.json:
         json.dump(clean(doc), sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")

@@ -19,7 +19,7 @@ from calmon.jsonio import write_json_atomic
 
 def register(sub: argparse._SubParsersAction) -> None:
     methods = ", ".join(CALIBRATORS.names())
-    p = sub.add_parser("fit", help="fit a recalibration map (Platt, isotonic, ...) on a labeled file",
+    p = sub.add_parser("fit", help="fit a recalibration map (Platt, isotonic, scaling-binning, ...) on a labeled file",
                        description="Fit a calibrator on JSONL events, CSV or NPZ and write a versioned JSON "
                                    f"document (methods: {methods}). Binary methods fit the binary score, or "
                                    "the top-label confidence of multiclass data.")
@@ -28,7 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", default="-", help="calibrator document to write (default: standard output)")
     p.add_argument("--model", default=None, help="model to use when the events hold several")
     p.add_argument("--link", choices=("logit", "probit"), default=None, help="link of platt / angular")
-    p.add_argument("--bins", type=int, default=None, help="bins of histogram binning (default 15)")
+    p.add_argument("--bins", type=int, default=None, help="bins of histogram / scaling-binning (default 15)")
+    p.add_argument("--degree", type=int, default=None, help="degree of polynomial scaling (default 3)")
     p.add_argument("--link-scale", type=float, default=None, help="angular: declared link scale a")
     p.add_argument("--link-intercept", type=float, default=None, help="angular: declared link intercept b")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     opts: dict[str, Any] = {}
-    for flag, key in (("link", "link"), ("bins", "bins"), ("link_scale", "link_scale"),
+    for flag, key in (("link", "link"), ("bins", "bins"), ("degree", "degree"), ("link_scale", "link_scale"),
                       ("link_intercept", "link_intercept")):
         v = getattr(args, flag)
         if v is not None:

@@ -17,11 +17,13 @@ from calmon.config.schema import (
     AlertmanagerConfig,
     AlertsConfig,
     BasicAuthConfig,
+    ChangesConfig,
     CheckpointConfig,
     Config,
     ConfigError,
     DeadLetterConfig,
     Duration,
+    EstimationConfig,
     EvaluationConfig,
     ExporterConfig,
     IngestConfig,
@@ -40,8 +42,9 @@ from calmon.config.schema import (
 )
 
 __all__ = [
-    "ENV_PREFIX", "AlertmanagerConfig", "AlertsConfig", "BasicAuthConfig", "CheckpointConfig", "Config", "ConfigError",
-    "DeadLetterConfig", "Duration", "EvaluationConfig", "ExporterConfig", "IngestConfig", "JoinConfig", "LimitsConfig",
-    "ModelConfig", "PublisherConfig", "RecalibrationConfig", "SourceConfig", "TLSConfig", "TesterConfig", "TierConfig",
-    "WindowsConfig", "apply_env_overrides", "build_config", "format_duration", "load_config", "parse_duration",
+    "ENV_PREFIX", "AlertmanagerConfig", "AlertsConfig", "BasicAuthConfig", "ChangesConfig", "CheckpointConfig",
+    "Config", "ConfigError", "DeadLetterConfig", "Duration", "EstimationConfig", "EvaluationConfig",
+    "ExporterConfig", "IngestConfig", "JoinConfig", "LimitsConfig", "ModelConfig", "PublisherConfig",
+    "RecalibrationConfig", "SourceConfig", "TLSConfig", "TesterConfig", "TierConfig", "WindowsConfig",
+    "apply_env_overrides", "build_config", "format_duration", "load_config", "parse_duration"
 ]

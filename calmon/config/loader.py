@@ -1,4 +1,13 @@
-"""Loading the configuration: YAML (safe), ``${VAR}`` substitution, ``CALMON__`` overrides, typed build."""
+"""Loading the configuration: YAML (safe), ``${VAR}`` substitution, ``CALMON__`` overrides, typed build.
+
+Hostile YAML
+------------
+The YAML is read with :class:`BoundedLoader`, a :class:`yaml.SafeLoader` (``yaml.safe_load``
+semantics: no ``!!python/...`` tags) that refuses documents nested deeper than
+:data:`MAX_DEPTH` and documents whose aliases expand to more than :data:`MAX_NODES` nodes or
+deeper than :data:`MAX_DEPTH` (the "billion laughs" attack), or that refer to themselves.
+Anchors and aliases within those bounds (``<<: *defaults``) keep working.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +24,92 @@ import yaml
 from calmon.config.schema import Config, ConfigError, Duration, TesterConfig, TierConfig, _check, parse_duration
 
 ENV_PREFIX = "CALMON__"
+#: Deepest nesting of a configuration document, also after expanding aliases.
+MAX_DEPTH = 64
+#: Most nodes a configuration document may expand to (after aliases).
+MAX_NODES = 100_000
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+# --------------------------------------------------------------------------------------------- reading
+class BoundedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with bounded nesting and alias expansion (see the module docstring).
+
+    Examples
+    --------
+    >>> yaml.load("a: &x [1, 2]\\nb: *x", Loader=BoundedLoader)
+    {'a': [1, 2], 'b': [1, 2]}
+    >>> try:
+    ...     yaml.load("[" * 1000 + "]" * 1000, Loader=BoundedLoader)
+    ... except yaml.YAMLError as exc:
+    ...     print(exc.problem)
+    nested deeper than 64 levels
+    """
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            node: yaml.Node | None = super().compose_node(parent, index)
+            return node
+        finally:
+            self._depth -= 1
+
+    def get_single_node(self) -> yaml.Node | None:
+        node: yaml.Node | None = super().get_single_node()
+        if node is not None:
+            _check_expansion(node)
+        return node
+
+
+def _children(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    if isinstance(node, yaml.MappingNode):
+        return [n for kv in node.value for n in kv]
+    return []
+
+
+def _check_expansion(root: yaml.Node) -> None:
+    """Refuse a node graph that expands (aliases copied out) beyond the bounds, or contains a cycle.
+
+    Iterative post-order over the graph with each node once: linear in the text, whatever the
+    expansion.
+    """
+    size: dict[int, int] = {}
+    depth: dict[int, int] = {}
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        key = id(node)
+        if done:
+            kids = [id(k) for k in _children(node)]
+            size[key] = 1 + sum(size[k] for k in kids)
+            depth[key] = 1 + max((depth[k] for k in kids), default=0)
+            open_.discard(key)
+            why = (f"expands to more than {MAX_NODES} nodes (nested aliases?)" if size[key] > MAX_NODES else
+                   f"nested deeper than {MAX_DEPTH} levels once aliases are expanded" if depth[key] > MAX_DEPTH
+                   else "")
+            if why:
+                raise yaml.composer.ComposerError(None, None, why, node.start_mark)
+            continue
+        if key in size:
+            continue
+        if key in open_:
+            raise yaml.composer.ComposerError(None, None, "an alias refers to itself", node.start_mark)
+        open_.add(key)
+        stack.append((node, True))
+        stack.extend((k, False) for k in _children(node) if id(k) not in size)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML text with :class:`BoundedLoader` (``yaml.safe_load`` semantics, bounded)."""
+    return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - BoundedLoader is a SafeLoader
 
 
 # --------------------------------------------------------------------------------------------- building
@@ -113,7 +207,7 @@ def apply_env_overrides(doc: dict[str, Any], env: typing.Mapping[str, str]) -> d
         if not all(keys):
             raise ConfigError(path, f"bad environment override name {var}")
         try:
-            value = yaml.safe_load(env[var]) if env[var] != "" else ""
+            value = load_yaml(env[var]) if env[var] != "" else ""
         except yaml.YAMLError as exc:
             raise ConfigError(path, f"cannot parse value of {var}: {exc}") from None
         node: Any = doc
@@ -216,7 +310,7 @@ def load_config(path: str | Path, env: typing.Mapping[str, str] | None = None) -
     except OSError as exc:
         raise ConfigError(str(path), f"cannot read configuration: {exc.strerror or exc}") from None
     try:
-        doc = yaml.safe_load(text)
+        doc = load_yaml(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""

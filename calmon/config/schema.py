@@ -123,8 +123,8 @@ class ModelConfig:
     segments: list[str] = field(default_factory=list)
 
     def validate(self, path: str) -> None:
-        _check(self.classes is None or 2 <= self.classes <= 1000, f"{path}.classes",
-               f"must be null or an integer in [2, 1000], got {self.classes!r}")
+        _check(self.classes is None or 2 <= self.classes <= 100_000, f"{path}.classes",
+               f"must be null or an integer in [2, 100000] (and <= limits.max_classes), got {self.classes!r}")
         _check(self.bins >= 16 and self.bins & (self.bins - 1) == 0 and self.bins <= 2**16, f"{path}.bins",
                f"must be a power of two in [16, 65536], got {self.bins!r}")
         _check(0 <= self.reservoir <= 1_000_000, f"{path}.reservoir",
@@ -141,12 +141,34 @@ class LimitsConfig:
 
     max_models: int = 50
     max_segments: int = 20
+    #: Classes of a model, configured or inferred from its first event.
+    max_classes: int = 1000
+    #: A record (one JSON line, one Kafka message) longer than this is rejected (``too_large``) unread.
+    max_record_bytes: int = 1_048_576
+    #: Longest prediction id in bytes (``id_too_long``); the join buffers are bounded in bytes with it.
+    max_id_bytes: int = 256
+    #: Event times further ahead of the wall clock are rejected (``future_timestamp``) and never move the watermark.
+    future_skew: Duration = Duration(3600.0)
+    #: Event times further behind the wall clock are rejected (``past_timestamp``).
+    past_horizon: Duration = Duration(10 * 365 * 86400.0)
+    #: Bytes of the join buffers (ids, payloads) together; the oldest pending predictions are evicted beyond it.
+    max_join_bytes: int = 512 * 1024 * 1024
 
     def validate(self, path: str) -> None:
         _check(1 <= self.max_models <= 10_000, f"{path}.max_models",
                f"must be in [1, 10000], got {self.max_models}")
         _check(1 <= self.max_segments <= 10_000, f"{path}.max_segments",
                f"must be in [1, 10000], got {self.max_segments}")
+        _check(2 <= self.max_classes <= 100_000, f"{path}.max_classes",
+               f"must be in [2, 100000], got {self.max_classes}")
+        _check(64 <= self.max_record_bytes <= 1 << 30, f"{path}.max_record_bytes",
+               f"must be in [64, 2^30], got {self.max_record_bytes}")
+        _check(8 <= self.max_id_bytes <= 65_536, f"{path}.max_id_bytes",
+               f"must be in [8, 65536], got {self.max_id_bytes}")
+        _check(self.future_skew >= 0, f"{path}.future_skew", "must be >= 0")
+        _check(self.past_horizon > 0, f"{path}.past_horizon", "must be positive")
+        _check(self.max_join_bytes >= 1 << 20, f"{path}.max_join_bytes",
+               f"must be >= 1 MiB, got {self.max_join_bytes}")
 
 
 @dataclass
@@ -297,9 +319,21 @@ class ExporterConfig:
     port: int = 9464
     tls: TLSConfig = field(default_factory=TLSConfig)
     basic_auth: BasicAuthConfig = field(default_factory=BasicAuthConfig)
+    #: A new connection's request head (request line and headers, TLS handshake included) must arrive within this.
+    header_timeout: Duration = Duration(10.0)
+    #: A keep-alive connection without a new request is closed after this.
+    idle_timeout: Duration = Duration(60.0)
+    #: Open connections at most; a new one beyond evicts the longest-idle one (or is refused if all are busy).
+    max_connections: int = 64
 
     def validate(self, path: str) -> None:
         _check(0 <= self.port <= 65535, f"{path}.port", f"must be an integer in [0, 65535], got {self.port}")
+        _check(0.01 <= self.header_timeout <= 600, f"{path}.header_timeout",
+               f"must be in [10ms, 10m], got {self.header_timeout}")
+        _check(0.01 <= self.idle_timeout <= 3600, f"{path}.idle_timeout",
+               f"must be in [10ms, 1h], got {self.idle_timeout}")
+        _check(1 <= self.max_connections <= 10_000, f"{path}.max_connections",
+               f"must be in [1, 10000], got {self.max_connections}")
 
 
 @dataclass
@@ -322,6 +356,8 @@ class IngestConfig:
     def validate(self, path: str) -> None:
         _check(1 <= self.batch_size <= 10_000_000, f"{path}.batch_size",
                f"must be in [1, 1e7], got {self.batch_size}")
+        _check(0.001 <= self.poll_timeout <= 60, f"{path}.poll_timeout",
+               f"must be in [1ms, 60s] (0 would burn a core while idle), got {self.poll_timeout}")
 
 
 @dataclass
@@ -397,6 +433,46 @@ class RecalibrationConfig:
 
 
 @dataclass
+class EstimationConfig:
+    """Label-free estimates (CBPE) and score drift from the prediction-side statistics of each window."""
+
+    enabled: bool = True
+    #: Decision threshold of the estimated confusion matrix (binary models).
+    threshold: float = 0.5
+    #: Level of the estimates' prediction intervals.
+    level: float = 0.95
+    #: Intervals of the score-drift comparison (cut at the reference's quantiles).
+    drift_bins: int = 10
+
+    def validate(self, path: str) -> None:
+        _check(0 < self.threshold < 1, f"{path}.threshold", f"must lie in (0, 1), got {self.threshold}")
+        _check(0.5 <= self.level < 1, f"{path}.level", f"must lie in [0.5, 1), got {self.level}")
+        _check(2 <= self.drift_bins <= 100, f"{path}.drift_bins", f"must be in [2, 100], got {self.drift_bins}")
+
+
+@dataclass
+class ChangesConfig:
+    """Sequential change detection on each model's calibration (:mod:`calmon.river.changes`)."""
+
+    enabled: bool = True
+    #: Events per block; a detection comes at least one block after the change.
+    block: int = 256
+    #: Page-Hinkley drift allowance and threshold (units of the N(0, 1) block statistic).
+    delta: float = 0.25
+    threshold: float = 20.0
+    signals: list[str] = field(default_factory=lambda: ["residual", "confidence", "high"])
+
+    def validate(self, path: str) -> None:
+        _check(16 <= self.block <= 1_000_000, f"{path}.block", f"must be in [16, 1e6], got {self.block}")
+        _check(self.delta > 0, f"{path}.delta", "must be positive")
+        _check(self.threshold > 0, f"{path}.threshold", "must be positive")
+        known = ("residual", "confidence", "high")
+        for i, sig in enumerate(self.signals):
+            _check(sig in known, f"{path}.signals.{i}", f"must be one of {', '.join(known)}, got {sig!r}")
+        _check(len(set(self.signals)) == len(self.signals), f"{path}.signals", "has duplicates")
+
+
+@dataclass
 class Config:
     """The whole agent configuration (see ``config/calmon.example.yaml``)."""
 
@@ -416,14 +492,18 @@ class Config:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     alerts: AlertsConfig = field(default_factory=AlertsConfig)
     recalibration: RecalibrationConfig = field(default_factory=RecalibrationConfig)
+    changes: ChangesConfig = field(default_factory=ChangesConfig)
+    estimation: EstimationConfig = field(default_factory=EstimationConfig)
 
     def validate(self, path: str) -> None:
         _check(len(self.sources) >= 1, "sources", "needs at least one source")
         names = [s.name for s in self.sources]
         _check(len(set(names)) == len(names), "sources", f"source names must be unique, got {names}")
-        for name in self.models:
+        for name, m in self.models.items():
             _check(bool(re.fullmatch(r"[A-Za-z0-9_.:/-]+", name)), f"models.{name}",
                    "model names are [A-Za-z0-9_.:/-]+")
+            _check(m.classes is None or m.classes <= self.limits.max_classes, f"models.{name}.classes",
+                   f"must be <= limits.max_classes ({self.limits.max_classes}), got {m.classes}")
         if self.recalibration.enabled:
             _check(self.recalibration.window in self.windows.names, "recalibration.window",
                    f"must be one of windows.names {self.windows.names}, got {self.recalibration.window!r}")

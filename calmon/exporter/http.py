@@ -3,6 +3,10 @@
 A :class:`http.server.ThreadingHTTPServer` in a daemon thread.  TLS uses the standard
 :mod:`ssl` module (server certificate, optional client-certificate verification); the TLS
 handshake runs in the request's own thread so a slow client cannot block the listener.
+Connections are bounded (:mod:`calmon.exporter.connections`): a request head must arrive
+within ``header_timeout``, a keep-alive connection is closed after ``idle_timeout`` without a
+request, and at most ``max_connections`` are open (a new one evicts the longest-idle one), so
+idle or slow clients never hold threads for long and ``/metrics`` stays reachable.
 Basic authentication (RFC 7617) protects every path except ``/healthz`` and ``/readyz``,
 which carry no data and must stay reachable by orchestrator probes.
 """
@@ -18,6 +22,10 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from calmon.exporter.connections import ConnectionTable, HTTPLimits
+
+__all__ = ["Endpoints", "HTTPExporter", "HTTPLimits", "tls_context"]
 
 OPEN_PATHS = ("/healthz", "/readyz")
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
@@ -49,7 +57,8 @@ class Endpoints:
         self.status_html = status_html
 
 
-def _handler(endpoints: Endpoints, auth: tuple[str, str] | None) -> type[BaseHTTPRequestHandler]:
+def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: ConnectionTable,
+             ) -> type[BaseHTTPRequestHandler]:
     expected = None
     if auth is not None:
         expected = b"Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode())
@@ -57,6 +66,19 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None) -> type[BaseHTT
     class Handler(BaseHTTPRequestHandler):
         server_version = "calmon"
         protocol_version = "HTTP/1.1"
+        #: per recv/send: bounds the writes to a client that stops reading (reads are bounded by the table)
+        timeout = table.limits.header_timeout + table.limits.idle_timeout
+
+        def parse_request(self) -> bool:
+            ok = super().parse_request()
+            if ok:
+                table.busy(self.connection)
+            return ok
+
+        def handle_one_request(self) -> None:
+            super().handle_one_request()
+            if not self.close_connection:
+                table.idle(self.connection)
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence access logs
             return
@@ -115,16 +137,39 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None) -> type[BaseHTT
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128
     tls: ssl.SSLContext | None = None
+    table: ConnectionTable
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.table.admit(request):  # every slot busy serving: refuse at once, spawn nothing
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.table.release(request)
 
     def finish_request(self, request: Any, client_address: Any) -> None:
         if self.tls is not None:
-            request.settimeout(10.0)
+            request.settimeout(self.table.limits.header_timeout)
+            raw = request
             try:
                 request = self.tls.wrap_socket(request, server_side=True)
             except (ssl.SSLError, OSError):
                 return
-        super().finish_request(request, client_address)
+            self.table.rebind(raw, request)
+        try:
+            super().finish_request(request, client_address)
+        finally:
+            self.table.release(request)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A connection shut down by the table (or reset by its client) is not an error worth a traceback."""
+        return
 
 
 def tls_context(cert_file: str, key_file: str, client_ca_file: str = "") -> ssl.SSLContext:
@@ -151,6 +196,8 @@ class HTTPExporter:
         Optional server TLS context (see :func:`tls_context`).
     basic_auth
         Optional ``(username, password)``.
+    limits
+        Header and idle timeouts, connection cap (default :class:`HTTPLimits`).
 
     Examples
     --------
@@ -163,11 +210,13 @@ class HTTPExporter:
     """
 
     def __init__(self, endpoints: Endpoints, address: str = "127.0.0.1", port: int = 9464,
-                 tls: ssl.SSLContext | None = None, basic_auth: tuple[str, str] | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, basic_auth: tuple[str, str] | None = None,
+                 limits: HTTPLimits | None = None) -> None:
         self.tls = tls
+        self.connections = ConnectionTable(limits or HTTPLimits())
         family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        server_cls = type("Server", (_Server,), {"address_family": family, "tls": tls})
-        self.server = server_cls((address, port), _handler(endpoints, basic_auth))
+        server_cls = type("Server", (_Server,), {"address_family": family, "tls": tls, "table": self.connections})
+        self.server = server_cls((address, port), _handler(endpoints, basic_auth, self.connections))
         self.address = address
         self.port = int(self.server.server_address[1])
         self._thread: threading.Thread | None = None
@@ -180,6 +229,7 @@ class HTTPExporter:
         return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def start(self) -> HTTPExporter:
+        self.connections.start()
         self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="calmon-http", daemon=True)
         self._thread.start()
@@ -188,5 +238,6 @@ class HTTPExporter:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        self.connections.stop()
         if self._thread is not None:
             self._thread.join(timeout=5)

@@ -77,8 +77,10 @@ class AgentCollector:
         for part in (_process, _events, _join, _sources, _scheduler, _checkpoint):
             yield from part(st)
         yield from self._evaluations(st.get("evaluations", []))
+        yield from _estimates(st.get("evaluations", []))
         yield from _alerts(st)
         yield from _calibrators(st)
+        yield from _changes(st)
 
     @staticmethod
     def _evaluations(evaluations: list[dict[str, Any]]) -> Iterator[Metric]:
@@ -229,6 +231,58 @@ def _calibrators(st: State) -> Iterator[Metric]:
             for metric, v in sorted((c.get(stage) or {}).items()):
                 cal_e.add_metric([c["model"], c["method"], stage, metric], _num(v))
     yield from (cal_v, cal_e)
+
+
+#: Label-free estimates exported per window: ``calmon_estimated_<metric>`` (+ ``_lower``/``_upper``).
+ESTIMATED = ("accuracy", "precision", "recall", "base_rate", "brier", "log_loss", "roc_auc")
+
+
+def _estimates(evaluations: list[dict[str, Any]]) -> Iterator[Metric]:
+    lab = ["model", "segment", "window"]
+    preds = GaugeMetricFamily("calmon_window_predictions", "Predictions in the window, with or without outcome",
+                              labels=lab)
+    est = {(m, b): GaugeMetricFamily(f"calmon_estimated_{m}{suffix}", f"Label-free estimate of {m.replace('_', ' ')}"
+                                     f"{doc} (CBPE from the window's scores and the calibrator in service)", labels=lab)
+           for m in ESTIMATED for b, suffix, doc in (("value", "", ""), ("lo", "_lower", ", interval lower bound"),
+                                                     ("hi", "_upper", ", interval upper bound"))}
+    err = GaugeMetricFamily("calmon_estimation_error", "Estimate minus realised metric on the predictions whose "
+                            "outcomes have arrived", labels=lab + ["metric"])
+    psi = GaugeMetricFamily("calmon_score_drift_psi", "Population stability index of the window's scores against "
+                            "everything before it", labels=lab)
+    p = GaugeMetricFamily("calmon_score_drift_p_value", "Chi-square test of an unchanged score distribution",
+                          labels=lab)
+    for e in evaluations:
+        key = [e["model"], e["segment"], e["window"]]
+        if "predictions" in e:
+            preds.add_metric(key, e["predictions"])
+        for m, bounds in (e.get("estimated") or {}).items():
+            for b, v in bounds.items():
+                if (m, b) in est:
+                    est[(m, b)].add_metric(key, _num(v))
+        for m, v in sorted((e.get("estimation_error") or {}).items()):
+            err.add_metric(key + [m], _num(v))
+        drift = e.get("score_drift")
+        if drift:
+            psi.add_metric(key, _num(drift.get("psi")))
+            p.add_metric(key, _num(drift.get("p_value")))
+    yield preds
+    yield from est.values()
+    yield from (err, psi, p)
+
+
+def _changes(st: State) -> Iterator[Metric]:
+    lab = ["model", "signal"]
+    total = CounterMetricFamily("calmon_change_detected", "Calibration changes detected (Page-Hinkley on the "
+                                "calibration residuals)", labels=lab)
+    point = GaugeMetricFamily("calmon_change_point_timestamp_seconds",
+                              "Event time where the last detected change most likely started", labels=lab)
+    for model, view in sorted(st.get("changes", {}).items()):
+        for signal, sig in sorted(view.get("signals", {}).items()):
+            total.add_metric([model, signal], sig.get("detections", 0))
+            last = sig.get("last")
+            if last is not None:
+                point.add_metric([model, signal], _num(last.get("change_point")))
+    yield from (total, point)
 
 
 class AgentMetrics:

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from calmon.algorithms.ldtc import ldtc_grid, ldtc_tolerant, theorem4_resolution, u_grid
+from calmon.algorithms.ldtc import ldtc_grid, ldtc_null_pvalue, ldtc_tolerant, theorem4_resolution, u_grid
 from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
 
@@ -24,20 +24,30 @@ _RAW_GRID_BINS = 4096
 def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
                 eps1: float | None = None, eps2: float = 0.0, C: float = 36.0, bins: int = 256,
                 max_bins: int = 1024, grid_points: int = 101, max_grid: int = 401, min_eps1: float = 0.05,
-                min_n: int = 20) -> dict[str, Any]:
-    """Tester ``ldtc``: dCE by LP on binned data and the tolerant rule of Theorem 4.
+                min_n: int = 20, null_mc: int = 99, null_bins: int = 16, null_points: int = 17) -> dict[str, Any]:
+    """Tester ``ldtc``: dCE by LP on binned data, a null-simulation p-value, and the tolerant rule of Theorem 4.
 
     Raw data are first binned on a 4096-cell grid (or the data's own grid is used), then coarsened
-    to ``bins`` cells (more if Theorem 4's resolution needs it, up to ``max_bins``).  Without ``eps1``
-    the tester uses ``eps2 = 0`` and ``eps1 = max(sqrt(C/n), min_eps1)``: the smallest gap this
-    sample can resolve.  No p-value (``alpha``, ``mc`` and ``rng`` are unused).
+    to ``bins`` cells (more if Theorem 4's resolution needs it, up to ``max_bins``).
+
+    Decision (the same rule as the ``smce`` tester, so the two answer the same question):
+
+    * ``eps1`` given: the tolerant rule of Theorem 4 (``rule = "theorem4"``);
+    * else, when ``min(mc, null_mc) > 0``: "miscalibrated" iff ``p_value < alpha`` (``rule = "p-value"``),
+      the p-value of :func:`~calmon.algorithms.ldtc.ldtc_null_pvalue` (H0: perfect calibration);
+    * else Theorem 4 with ``eps2 = 0`` and ``eps1 = max(sqrt(C/n), min_eps1)``, the smallest gap this
+      sample can resolve (``rule = "theorem4-default"``).
+
+    ``value``/``estimate``/``bounds`` always describe dCE at the LP resolution; ``threshold`` is the
+    critical quantity of the rule used (Theorem 4's ``eps2 + (eps1 - eps2)/2``, or ``None`` for the p-value rule,
+    whose statistic is the coarse ``null_statistic``).
 
     Parameters
     ----------
     data
         :class:`~calmon.stats.data.CalibrationData` with a grid and/or raw data.
     alpha, mc, rng
-        Tester interface (unused).
+        Level of the p-value rule; null replicates (capped by ``null_mc``); generator.
     eps1, eps2, C
         Theorem 4 parameters.
     bins, max_bins
@@ -48,13 +58,17 @@ def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
         Floor for the default ``eps1``.
     min_n
         Fewer events give "insufficient data".
+    null_mc, null_bins, null_points
+        Cap on the null replicates (raised to ``ceil(2/alpha)`` so that a rejection is possible; each one LP
+        solve, ~10-30 ms; the simulation is curtailed once the p-value cannot fall below ``alpha``), cells and
+        u-grid points of the p-value's statistic.
 
     Returns
     -------
     dict
         ``statistic`` (= ``estimate``), ``value`` (dCE^U of the binned data), ``bounds``, ``error_bound``,
-        ``threshold``, ``p_value`` (None), ``decision``, ``method``, ``eps1``, ``eps2``, ``bins``,
-        ``u_points``.
+        ``threshold``, ``p_value`` (None without simulation), ``null_statistic``, ``decision``, ``rule``,
+        ``method``, ``eps1``, ``eps2``, ``bins``, ``u_points``.
 
     Examples
     --------
@@ -67,6 +81,7 @@ def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
     grid, source = _binned(data)
     n = grid.count
     out: dict[str, Any] = {"method": "ldtc", "p_value": None, "n": int(n), "source": source}
+    explicit = eps1 is not None
     if eps1 is None:
         eps2 = 0.0
         eps1 = min(1.0, max(math.sqrt(C / max(n, 1)), min_eps1))
@@ -83,7 +98,15 @@ def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
                 "bounds": res["bounds"], "error_bound": res["error_bound"], "grid_error": res["grid_error"],
                 "binning_error": res["binning_error"], "threshold": tol["threshold"],
                 "decision": tol["decision"], "eps1": eps1, "eps2": eps2, "n_required": tol["n_required"],
-                "bins": res["bins"], "u_points": m, "rule": "theorem4"})
+                "bins": res["bins"], "u_points": m, "rule": "theorem4" if explicit else "theorem4-default"})
+    draws = min(int(mc), max(int(null_mc), math.ceil(2.0 / alpha)))  # at least enough to reject at alpha
+    if draws > 0 and grid.bins % null_bins == 0:
+        nul = ldtc_null_pvalue(grid, mc=draws, rng=rng, bins=null_bins, points=null_points, alpha=alpha)
+        out.update({"p_value": nul["p_value"], "null_statistic": nul["statistic"], "mc": nul["mc_draws"],
+                    "null_method": f"binomial/grid{nul['bins']}/u{nul['points']}"})
+        if not explicit:
+            out.update({"decision": "miscalibrated" if nul["p_value"] < alpha else "calibrated",
+                        "rule": "p-value", "threshold": None})
     return out
 
 

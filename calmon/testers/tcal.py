@@ -13,6 +13,8 @@ import numpy as np
 
 from calmon.algorithms.binomial_test import binomial_test, discrete_support, grid_discrete_support
 from calmon.algorithms.tcal import METHODS, insufficient_result, tcal_test
+from calmon.algorithms.tcal.multiclass import canonical_tcal_test
+from calmon.algorithms.tcal.views import classwise_tcal_test
 from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
 
@@ -24,8 +26,16 @@ Source = Literal["raw", "grid", "reservoir"]
 def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
                 method: str = "auto", combine: str = "bonferroni", levels: Sequence[int] | None = None,
                 bins: Sequence[int] | None = None, screen: bool = True, discrete: bool | None = None,
-                discrete_max_values: int = 50, raw_max: int = 200_000) -> dict[str, Any]:
+                discrete_max_values: int = 50, raw_max: int = 200_000, views: bool = True,
+                views_max_classes: int = 100) -> dict[str, Any]:
     """Tester ``"tcal"``: adaptive T-Cal from a file's raw data or a window's statistics.
+
+    On multiclass data (``data.probs`` with K > 2 columns and ``data.labels``) and with ``views``, the
+    result is the *canonical* test of the whole probability vector
+    (:func:`~calmon.algorithms.tcal.multiclass.canonical_tcal_test`, exact Y-only Monte Carlo on the full
+    data or the reservoir sample) and ``views`` holds the three notions side by side: ``canonical``,
+    ``top_label`` (the binary test below on the top-label confidence) and ``classwise``
+    (:func:`~calmon.algorithms.tcal.views.classwise_tcal_test`).  Binary results are unchanged.
 
     Parameters
     ----------
@@ -52,6 +62,10 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
     raw_max
         ``"auto"`` uses the exact raw Monte Carlo on complete raw data only up to this many events; larger
         files use the grid (the cost of the raw simulation grows with n, the grid's does not).
+    views
+        On multiclass data, run the canonical and class-wise tests beside the top-label one (default).
+    views_max_classes
+        Class-wise view: test at most this many classes (Bonferroni factor stays K).
 
     Returns
     -------
@@ -66,6 +80,30 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
     >>> tcal_tester(CalibrationData(n=3000, grid=g), alpha=0.05, mc=300, rng=rng)["method"]
     'mc-grid'
     """
+    top = _top_label(data, alpha=alpha, mc=mc, rng=rng, method=method, combine=combine, levels=levels, bins=bins,
+                     screen=screen, discrete=discrete, discrete_max_values=discrete_max_values, raw_max=raw_max)
+    if not (views and _multiclass(data)):
+        return top
+    assert data.probs is not None and data.labels is not None  # checked by _multiclass
+    source = "raw" if data.raw_is_complete else "reservoir"
+    canonical = canonical_tcal_test(data.probs, data.labels, alpha=alpha, mc=mc, rng=rng)
+    classwise = classwise_tcal_test(data.probs, data.labels, alpha=alpha, mc=mc, rng=rng,
+                                    max_classes=views_max_classes)
+    summary = {k: canonical.get(k) for k in ("statistic", "p_value", "decision", "method")}
+    return {**canonical, "source": source, "notion": "canonical",
+            "views": {"canonical": {**summary, "source": source}, "top_label": top,
+                      "classwise": {**classwise, "source": source}}}
+
+
+def _multiclass(data: CalibrationData) -> bool:
+    return (data.probs is not None and data.labels is not None and np.ndim(data.probs) == 2
+            and np.shape(data.probs)[1] > 2 and len(data.labels) > 0)
+
+
+def _top_label(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator, method: str,
+               combine: str, levels: Sequence[int] | None, bins: Sequence[int] | None, screen: bool,
+               discrete: bool | None, discrete_max_values: int, raw_max: int) -> dict[str, Any]:
+    """The binary (or top-label) test: binomial, raw, grid or reservoir Monte Carlo."""
     if method not in METHODS:
         raise ValueError(f"tcal method must be one of {METHODS}, got {method!r}")
     if levels is not None and bins is not None:

@@ -3,312 +3,369 @@
     python deploy/grafana/generate_dashboard.py --write    # after editing this file
     python deploy/grafana/generate_dashboard.py            # print the JSON
 
-tests/test_deploy_rules.py checks that the committed JSON equals this script's output, that every query
-parses as PromQL and that it uses only the metric contract (docs/deploy.md).
+The dashboard is built with Grafana's typed SDK (PyPI ``grafana-foundation-sdk``, the ``deploy`` extra):
+panels, variables, transformations and field options are the SDK's models for the Grafana version it
+targets, so a misspelt option fails here rather than silently in Grafana. tests/test_deploy_rules.py
+checks that the committed JSON equals this script's output, that every query parses as PromQL and uses
+only the metric contract (docs/deploy.md); tests/test_e2e_prometheus.py runs every query against a live
+Prometheus scraping the agent.
 """
 
-import json
+from __future__ import annotations
 
-DS = {"type": "prometheus", "uid": "${datasource}"}
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from grafana_foundation_sdk.builders import barchart, common, prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders import dashboard as db
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import dashboard as dm
+from grafana_foundation_sdk.models.common import (
+    BigValueColorMode,
+    BigValueGraphMode,
+    BigValueTextMode,
+    GraphDrawStyle,
+    GraphThresholdsStyleMode,
+    LegendDisplayMode,
+    LegendPlacement,
+    ScaleDistribution,
+    SortOrder,
+    TooltipDisplayMode,
+    VisibilityMode,
+    VizOrientation,
+)
+from grafana_foundation_sdk.models.prometheus import PromQueryFormat
+
+DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'model=~"$model",segment=~"$segment",window=~"$window"'
+RSEL = 'model="$model",segment="$segment",window="$window"'
 LEG = "{{model}} {{segment}} {{window}}"
 DUR = "sum by (le) (rate(calmon_evaluation_duration_seconds_bucket[$__rate_interval]))"
-pid = [0]
+BY = "model, segment, window"
 
 
-def nid():
-    pid[0] += 1
-    return pid[0]
+class Layout:
+    """Panel ids and grid positions, left to right, top to bottom (24 columns)."""
+
+    def __init__(self) -> None:
+        self.id, self.x, self.y, self.row_h = 0, 0, 0, 0
+
+    def next_id(self) -> int:
+        self.id += 1
+        return self.id
+
+    def place(self, w: int, h: int) -> dm.GridPos:
+        if self.x + w > 24:
+            self.newline()
+        pos = dm.GridPos(h=h, w=w, x=self.x, y=self.y)
+        self.x += w
+        self.row_h = max(self.row_h, h)
+        return pos
+
+    def newline(self) -> None:
+        self.x, self.y, self.row_h = 0, self.y + self.row_h, 0
 
 
-def target(expr, legend="", ref="A", instant=False, fmt="time_series"):
-    t = {"datasource": DS, "expr": expr, "legendFormat": legend or "__auto", "refId": ref,
-         "range": not instant, "instant": instant, "format": fmt}
-    return t
+L = Layout()
 
 
-def ts(title, targets, x, y, w=12, h=8, unit="short", desc="", min_=None, max_=None, log=False,
-       thresholds=None, draw="line"):
-    custom = {"drawStyle": draw, "lineWidth": 1, "fillOpacity": 10, "showPoints": "never", "spanNulls": True}
+def q(expr: str, legend: str = "", ref: str = "A", instant: bool = False, fmt: str = "time_series"
+      ) -> prometheus.Dataquery:
+    t = (prometheus.Dataquery().expr(expr).ref_id(ref).legend_format(legend or "__auto").datasource(DS)
+         .format(PromQueryFormat(fmt)))
+    return t.instant() if instant else t.range()
+
+
+def _common(panel: Any, title: str, targets: Sequence[prometheus.Dataquery], w: int, h: int, desc: str) -> Any:
+    panel = panel.id(L.next_id()).title(title).description(desc).datasource(DS).grid_pos(L.place(w, h))
+    for t in targets:
+        panel = panel.with_target(t)
+    return panel
+
+
+def _thresholds(steps: Sequence[tuple[float | None, str]]) -> db.ThresholdsConfig:
+    return db.ThresholdsConfig().mode(dm.ThresholdsMode.ABSOLUTE).steps(
+        [dm.Threshold(value=v, color=c) for v, c in steps])
+
+
+def ts(title: str, targets: Sequence[prometheus.Dataquery], w: int = 12, h: int = 8, unit: str = "short",
+       desc: str = "", min_: float | None = None, max_: float | None = None, log: bool = False,
+       thresholds: Sequence[tuple[float | None, str]] = ()) -> timeseries.Panel:
+    p = (_common(timeseries.Panel(), title, targets, w, h, desc).unit(unit).draw_style(GraphDrawStyle.LINE)
+         .line_width(1).fill_opacity(10).show_points(VisibilityMode.NEVER).span_nulls(True)
+         .legend(common.VizLegendOptions().display_mode(LegendDisplayMode.TABLE)
+                 .placement(LegendPlacement.BOTTOM).calcs(["lastNotNull", "max"]).show_legend(True))
+         .tooltip(common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI).sort(SortOrder.DESCENDING)))
     if log:
-        custom["scaleDistribution"] = {"type": "log", "log": 10}
-    defaults = {"unit": unit, "custom": custom}
+        p = p.scale_distribution(common.ScaleDistributionConfig().type(ScaleDistribution.LOG).log(10))
     if min_ is not None:
-        defaults["min"] = min_
+        p = p.min(min_)
     if max_ is not None:
-        defaults["max"] = max_
+        p = p.max(max_)
     if thresholds:
-        defaults["thresholds"] = {"mode": "absolute", "steps": thresholds}
-        custom["thresholdsStyle"] = {"mode": "line"}
-    return {"id": nid(), "type": "timeseries", "title": title, "description": desc, "datasource": DS,
-            "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
-            "fieldConfig": {"defaults": defaults, "overrides": []},
-            "options": {"legend": {"displayMode": "table", "placement": "bottom",
-                                   "calcs": ["lastNotNull", "max"]},
-                        "tooltip": {"mode": "multi", "sort": "desc"}}}
+        p = p.thresholds(_thresholds(thresholds)).thresholds_style(
+            common.GraphThresholdsStyleConfig().mode(GraphThresholdsStyleMode.LINE))
+    return p
 
 
-def stat(title, targets, x, y, w=4, h=4, unit="short", desc="", thresholds=None, mappings=None):
-    return {"id": nid(), "type": "stat", "title": title, "description": desc, "datasource": DS,
-            "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
-            "fieldConfig": {"defaults": {"unit": unit, "mappings": mappings or [],
-                                         "thresholds": {"mode": "absolute", "steps": thresholds or [
-                                             {"color": "green", "value": None}]}}, "overrides": []},
-            "options": {"reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False},
-                        "colorMode": "background", "graphMode": "none", "textMode": "auto"}}
+def stat_(title: str, targets: Sequence[prometheus.Dataquery], w: int = 4, h: int = 4, unit: str = "short",
+          desc: str = "", steps: Sequence[tuple[float | None, str]] = ((None, "green"),),
+          mappings: dict[str, str] | None = None, text_mode: BigValueTextMode = BigValueTextMode.AUTO
+          ) -> stat.Panel:
+    p = (_common(stat.Panel(), title, targets, w, h, desc).unit(unit).thresholds(_thresholds(steps))
+         .reduce_options(common.ReduceDataOptions().calcs(["lastNotNull"]).values(False))
+         .color_mode(BigValueColorMode.BACKGROUND).graph_mode(BigValueGraphMode.NONE).text_mode(text_mode))
+    if mappings:
+        p = p.mappings([_value_map(mappings)])
+    return p
 
 
-def table(title, targets, x, y, w=12, h=8, desc="", hide=(), transformations=None):
-    excl = {k: True for k in ("Time", *hide)}
-    return {"id": nid(), "type": "table", "title": title, "description": desc, "datasource": DS,
-            "gridPos": {"x": x, "y": y, "w": w, "h": h}, "targets": targets,
-            "fieldConfig": {"defaults": {}, "overrides": []}, "options": {"showHeader": True},
-            "transformations": transformations or [
-                {"id": "merge", "options": {}},
-                {"id": "organize", "options": {"excludeByName": excl}}]}
+def _value_map(texts: dict[str, str], colors: dict[str, str] | None = None) -> dm.ValueMap:
+    return dm.ValueMap(options={k: dm.ValueMappingResult(text=v, color=(colors or {}).get(k))
+                                for k, v in texts.items()})
 
 
-def row(title, y, repeat=None, collapsed=False):
-    r = {"id": nid(), "type": "row", "title": title, "gridPos": {"x": 0, "y": y, "w": 24, "h": 1},
-         "collapsed": collapsed, "panels": []}
-    if repeat:
-        r["repeat"] = repeat
-    return r
+def _organize(exclude: Sequence[str], rename: dict[str, str] | None = None,
+              index: dict[str, int] | None = None) -> dm.DataTransformerConfig:
+    opts: dict[str, Any] = {"excludeByName": {k: True for k in exclude}}
+    if rename:
+        opts["renameByName"] = rename
+    if index:
+        opts["indexByName"] = index
+    return dm.DataTransformerConfig(id_val="organize", options=opts)
 
 
-panels = []
-y = 0
-panels.append(row("Overview", y))
-y += 1
-panels += [
-    stat("Firing calibration alerts", [target('sum(calmon_alert_active{model=~"$model"} == 1) or vector(0)',
-                                              instant=True)], 0, y,
-         desc="Alerts of the agent's alert engine that are firing (calmon_alert_active).",
-         thresholds=[{"color": "green", "value": None}, {"color": "red", "value": 1}]),
-    stat("Agent ready", [target("min(calmon_ready)", instant=True)], 4, y,
-         desc="1 when sources are connected and the state is loaded.",
-         thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 1}],
-         mappings=[{"type": "value", "options": {"0": {"text": "NOT READY"}, "1": {"text": "READY"}}}]),
-    stat("Last evaluation", [target("time() - max(calmon_last_evaluation_timestamp_seconds)", instant=True)],
-         8, y, unit="s", desc="Seconds since the last completed evaluation round.",
-         thresholds=[{"color": "green", "value": None}, {"color": "orange", "value": 300},
-                     {"color": "red", "value": 900}]),
-    stat("Accepted events/s", [target('sum(rate(calmon_events_total{model=~"$model"}[$__rate_interval]))',
-                                      instant=True)], 12, y, unit="reqps"),
-    stat("Join backlog", [target('sum(calmon_join_pending{model=~"$model"})', instant=True)], 16, y,
-         desc="Predictions waiting for their outcome."),
-    stat("Version", [target("calmon_build_info", legend="{{version}}", instant=True)], 20, y,
-         desc="calmon_build_info", ),
-]
-panels[-1]["options"]["textMode"] = "name"
-y += 4
-panels.append(table("Calibration alerts (firing and pending in the agent)",
-                    [target('calmon_alert_active{model=~"$model",segment=~"$segment",window=~"$window"}',
-                            instant=True, fmt="table")], 0, y, w=24, h=6,
-                    desc="calmon_alert_active: 1 = firing, 0 = pending or recently resolved.",
-                    hide=("__name__", "job", "instance")))
-y += 6
-
-panels.append(row("Calibration over time", y))
-y += 1
-panels += [
-    ts("ECE (15-bin, l1)", [target(f"calmon_ece{{{SEL}}}", LEG)], 0, y,
-       unit="percentunit", min_=0,
-       desc="Equal-width 15-bin expected calibration error (Guo et al. 2017) of each window."),
-    ts("Smooth calibration error (smCE)", [target(f"calmon_smce{{{SEL}}}", LEG)],
-       12, y, min_=0, desc="Smooth calibration error (Blasiok et al.); a consistent calibration measure."),
-]
-y += 8
-panels += [
-    ts("T-Cal p-value", [target(f'calmon_test_p_value{{test="tcal",{SEL}}}', LEG)],
-       0, y, log=True, max_=1,
-       thresholds=[{"color": "red", "value": None}, {"color": "green", "value": 0.05}],
-       desc="p-value of the adaptive T-Cal test (Lee et al. 2022); below the line (alpha) = miscalibrated."),
-    ts("Test decisions (1 = miscalibrated)",
-       [target(f"calmon_test_rejected{{{SEL}}}", "{{test}} {{model}} {{segment}} {{window}}")], 12, y,
-       min_=0, max_=1, draw="line",
-       desc="calmon_test_rejected per tester; insufficient data counts as 0."),
-]
-y += 8
-panels += [
-    ts("Debiased l2-ECE^2 (T-Cal)", [target(f"calmon_ece_l2_debiased{{{SEL}}}", LEG)],
-       0, y, desc="Debiased squared l2 calibration error at the adaptive binning scale (T-Cal eq. 6)."),
-    ts("Lower distance to calibration (LDTC)", [target(f"calmon_ldtc{{{SEL}}}", LEG)],
-       12, y, min_=0),
-]
-y += 8
-panels += [
-    ts("Accuracy and mean confidence",
-       [target(f"calmon_accuracy{{{SEL}}}", "accuracy {{model}} {{segment}} {{window}}"),
-        target(f"calmon_mean_confidence{{{SEL}}}", "confidence {{model}} {{segment}} {{window}}", ref="B")],
-       0, y, unit="percentunit", desc="Mean outcome (accuracy) against mean score (confidence)."),
-    ts("Brier score", [target(f"calmon_brier_score{{{SEL}}}", LEG)], 12, y, min_=0),
-]
-y += 8
-panels.append(ts("Test statistics", [target(f"calmon_test_statistic{{{SEL}}}",
-                                            "{{test}} {{model}} {{segment}} {{window}}")], 0, y, w=12))
-panels.append(ts("Events in window", [target(f"calmon_window_events{{{SEL}}}", LEG)],
-                 12, y, w=12))
-y += 8
-
-# reliability diagrams: one row per model, one panel per window
-rel = row("Reliability diagram: $model", y, repeat="model")
-y += 1
-panels.append(rel)
-rsel = 'model="$model",segment="$segment",window="$window"'
-panels.append({
-    "id": nid(), "type": "barchart", "title": "Reliability $model / $window ($segment)",
-    "description": "Per score bin (lower edge): mean outcome (observed frequency) beside mean score. "
-                   "A calibrated model has equal bars.",
-    "datasource": DS, "repeat": "window", "repeatDirection": "h", "maxPerRow": 4,
-    "gridPos": {"x": 0, "y": y, "w": 8, "h": 9},
-    "targets": [target(f"calmon_reliability_mean_outcome{{{rsel}}}", ref="A", instant=True, fmt="table"),
-                target(f"calmon_reliability_mean_score{{{rsel}}}", ref="B", instant=True, fmt="table"),
-                target(f"calmon_reliability_events{{{rsel}}}", ref="C", instant=True, fmt="table")],
-    "transformations": [
-        {"id": "merge", "options": {}},
-        {"id": "organize", "options": {
-            "excludeByName": {"Time": True, "__name__": True, "job": True, "instance": True, "model": True,
-                              "segment": True, "window": True, "Value #C": True},
-            "indexByName": {"bin": 0, "Value #B": 1, "Value #A": 2},
-            "renameByName": {"Value #A": "mean outcome", "Value #B": "mean score", "Value #C": "events"}}},
-        {"id": "sortBy", "options": {"sort": [{"field": "bin"}]}},
-    ],
-    "fieldConfig": {"defaults": {"min": 0, "max": 1, "unit": "percentunit"}, "overrides": []},
-    "options": {"xField": "bin", "orientation": "vertical", "groupWidth": 0.8, "barWidth": 0.9,
-                "showValue": "never", "legend": {"displayMode": "list", "placement": "bottom"},
-                "tooltip": {"mode": "multi"}, "xTickLabelRotation": -45},
-})
-y += 9
-
-panels.append(row("Pipeline", y))
-y += 1
-panels += [
-    ts("Accepted events/s by model and type",
-       [target('sum by (model, type) (rate(calmon_events_total{model=~"$model"}[$__rate_interval]))',
-               "{{model}} {{type}}")], 0, y, unit="reqps"),
-    ts("Rejected records/s by reason",
-       [target("sum by (reason) (rate(calmon_events_rejected_total[$__rate_interval]))", "{{reason}}")],
-       12, y, unit="reqps"),
-]
-y += 8
-panels += [
-    ts("Join backlog (predictions waiting for an outcome)",
-       [target('calmon_join_pending{model=~"$model"}', "{{model}}")], 0, y),
-    ts("Join outcomes/s",
-       [target('sum by (model) (rate(calmon_join_joined_total{model=~"$model"}[$__rate_interval]))',
-               "joined {{model}}"),
-        target('sum by (model) (rate(calmon_join_expired_total{model=~"$model"}[$__rate_interval]))',
-               "expired {{model}}", ref="B"),
-        target('sum by (model) (rate(calmon_join_duplicate_ids_total{model=~"$model"}[$__rate_interval]))',
-               "duplicate ids {{model}}", ref="C"),
-        target("sum(rate(calmon_join_orphan_outcomes_total[$__rate_interval]))", "orphan outcomes", ref="D")],
-       12, y, unit="reqps"),
-]
-y += 8
-panels += [
-    ts("Source lag (event time)", [target("calmon_source_lag_seconds", "{{source}}")], 0, y, unit="s",
-       desc="now - event time of the newest record read, per source."),
-    ts("Source backlog", [target("calmon_source_lag_records", "records {{source}}"),
-                          target("calmon_source_lag_bytes", "bytes {{source}}", ref="B")], 12, y,
-       desc="Records not yet read (Kafka consumer lag) or bytes not yet read (file sources)."),
-]
-y += 8
-panels += [
-    ts("Records read/s by source",
-       [target("sum by (source) (rate(calmon_source_records_total[$__rate_interval]))", "{{source}}")], 0, y,
-       w=24, unit="reqps"),
-]
-y += 8
-panels += [
-    ts("Evaluation round duration",
-       [target(f"histogram_quantile(0.95, {DUR})",
-               "p95"),
-        target(f"histogram_quantile(0.5, {DUR})",
-               "p50", ref="B")], 0, y, unit="s"),
-    ts("Evaluations and overruns",
-       [target("sum(increase(calmon_evaluations_total[$__rate_interval]))", "rounds"),
-        target("sum(increase(calmon_evaluation_overruns_total[$__rate_interval]))", "overruns", ref="B")],
-       12, y),
-]
-y += 8
-panels += [
-    ts("Checkpoints", [target("time() - calmon_checkpoint_last_timestamp_seconds", "age"),
-                       target("calmon_checkpoint_duration_seconds", "duration", ref="B")], 0, y, unit="s"),
-    ts("Agent ready", [target("calmon_ready", "{{instance}}")], 12, y, min_=0, max_=1),
-]
-y += 8
-
-panels.append(row("Calibrators", y))
-y += 1
-panels += [
-    table("Published calibrator versions",
-          [target('calmon_calibrator_version{model=~"$model"}', instant=True, fmt="table")], 0, y,
-          desc="Version number of the calibrator published for each model and method.",
-          hide=("__name__", "job", "instance"),
-          transformations=[{"id": "merge", "options": {}},
-                           {"id": "organize", "options": {
-                               "excludeByName": {"Time": True, "__name__": True, "job": True,
-                                                 "instance": True},
-                               "renameByName": {"Value": "version"}}}]),
-    ts("Calibrator versions over time",
-       [target('calmon_calibrator_version{model=~"$model"}', "{{model}} {{method}}")],
-       12, y, draw="line"),
-]
-y += 8
-panels.append(ts("Calibrator error before/after (latest fit)",
-                 [target('calmon_calibrator_error{model=~"$model"}',
-                         "{{model}} {{method}} {{metric}} {{stage}}")],
-                 0, y, w=24))
+MERGE = dm.DataTransformerConfig(id_val="merge", options={})
+HIDDEN = ("Time", "__name__", "job", "instance")
 
 
-def var(name, query, multi=True, include_all=True, current=None, label=None):
-    v = {"name": name, "label": label or name, "type": "query", "datasource": DS,
-         "query": {"query": query, "refId": f"{name}-var"}, "definition": query, "refresh": 2,
-         "multi": multi, "includeAll": include_all, "sort": 1, "hide": 0, "regex": "", "options": []}
+def table_(title: str, targets: Sequence[prometheus.Dataquery], w: int = 12, h: int = 8, desc: str = "",
+           transformations: Sequence[dm.DataTransformerConfig] = ()) -> table.Panel:
+    p = _common(table.Panel(), title, targets, w, h, desc).show_header(True)
+    return p.transformations(list(transformations) or [MERGE, _organize(HIDDEN)])
+
+
+def row(title: str, repeat: str | None = None) -> db.Row:
+    L.newline()
+    r = db.Row(title).id(L.next_id()).grid_pos(L.place(24, 1))
+    L.newline()
+    return r.repeat(repeat) if repeat else r
+
+
+VERDICT = _value_map({"0": "no test rejects", "1": "MISCALIBRATED"}, {"0": "green", "1": "red"})
+
+
+def overview(d: db.Dashboard) -> db.Dashboard:
+    d = d.with_row(row("Overview"))
+    for p in [
+        stat_("Firing calibration alerts", [q('sum(calmon_alert_active{model=~"$model"} == 1) or vector(0)',
+                                              instant=True)],
+              desc="Alerts of the agent's alert engine that are firing (calmon_alert_active).",
+              steps=[(None, "green"), (1, "red")]),
+        stat_("Agent ready", [q("min(calmon_ready)", instant=True)],
+              desc="1 when sources are connected and the state is loaded.", steps=[(None, "red"), (1, "green")],
+              mappings={"0": "NOT READY", "1": "READY"}),
+        stat_("Last evaluation", [q("time() - max(calmon_last_evaluation_timestamp_seconds)", instant=True)],
+              unit="s", desc="Seconds since the last completed evaluation round.",
+              steps=[(None, "green"), (300, "orange"), (900, "red")]),
+        stat_("Accepted events/s", [q('sum(rate(calmon_events_total{model=~"$model"}[$__rate_interval]))',
+                                      instant=True)], unit="reqps"),
+        stat_("Join backlog", [q('sum(calmon_join_pending{model=~"$model"})', instant=True)],
+              desc="Predictions waiting for their outcome."),
+        stat_("Version", [q("calmon_build_info", legend="{{version}}", instant=True)], desc="calmon_build_info",
+              text_mode=BigValueTextMode.NAME),
+    ]:
+        d = d.with_panel(p)
+    L.newline()
+    d = d.with_panel(table_(
+        "Verdict per window: does any test reject calibration?",
+        [q(f"max by ({BY}) (calmon_test_rejected{{{SEL}}})", instant=True, fmt="table")], w=12, h=6,
+        desc="1 = at least one tester rejects calibration at its level (calmon_test_rejected); the status "
+             "page (the link in every calibration alert) says in which direction and in which score ranges.",
+        transformations=[MERGE, _organize(HIDDEN, rename={"Value": "verdict"})]).mappings([VERDICT]))
+    d = d.with_panel(table_("Calibration alerts (firing and pending in the agent)",
+                            [q(f"calmon_alert_active{{{SEL}}}", instant=True, fmt="table")], w=12, h=6,
+                            desc="calmon_alert_active: 1 = firing, 0 = pending or recently resolved."))
+    return d
+
+
+def over_time(d: db.Dashboard) -> db.Dashboard:
+    d = d.with_row(row("Calibration over time"))
+    for p in [
+        ts("ECE (15-bin, l1)", [q(f"calmon_ece{{{SEL}}}", LEG)], unit="percentunit", min_=0,
+           desc="Equal-width 15-bin expected calibration error (Guo et al. 2017) of each window."),
+        ts("Smooth calibration error (smCE)", [q(f"calmon_smce{{{SEL}}}", LEG)], min_=0,
+           desc="Smooth calibration error (Blasiok et al.); a consistent calibration measure."),
+        ts("T-Cal p-value", [q(f'calmon_test_p_value{{test="tcal",{SEL}}}', LEG)], log=True, max_=1,
+           thresholds=[(None, "red"), (0.05, "green")],
+           desc="p-value of the adaptive T-Cal test (Lee et al. 2022); below the line (alpha) = miscalibrated."),
+        ts("Test decisions (1 = miscalibrated)",
+           [q(f"calmon_test_rejected{{{SEL}}}", "{{test}} {{model}} {{segment}} {{window}}")], min_=0, max_=1,
+           desc="calmon_test_rejected per tester; insufficient data counts as 0."),
+        ts("Debiased l2-ECE^2 (T-Cal)", [q(f"calmon_ece_l2_debiased{{{SEL}}}", LEG)],
+           desc="Debiased squared l2 calibration error at the adaptive binning scale (T-Cal eq. 6); "
+                "unbiased, so it can be slightly negative when the model is calibrated."),
+        ts("Lower distance to calibration (LDTC)", [q(f"calmon_ldtc{{{SEL}}}", LEG)], min_=0),
+        ts("Accuracy and mean score",
+           [q(f"calmon_accuracy{{{SEL}}}", "accuracy {{model}} {{segment}} {{window}}"),
+            q(f"calmon_mean_confidence{{{SEL}}}", "mean score {{model}} {{segment}} {{window}}", ref="B")],
+           unit="percentunit", desc="Accuracy (binary: at threshold 0.5) and the mean score (binary) or mean "
+                                    "top-label confidence (calmon_mean_confidence)."),
+        ts("Brier score", [q(f"calmon_brier_score{{{SEL}}}", LEG)], min_=0),
+        ts("Score bias (mean score - observed frequency)",
+           [q(f"sum by ({BY}) (calmon_reliability_events{{{SEL}}} * (calmon_reliability_mean_score{{{SEL}}} - "
+              f"calmon_reliability_mean_outcome{{{SEL}}})) / sum by ({BY}) (calmon_reliability_events{{{SEL}}})",
+              LEG)], unit="percentunit",
+           desc="Event-weighted mean of (mean score - observed frequency) over the reliability bins: above 0 the "
+                "scores are too high on average, below 0 too low. Over-confidence can have zero bias: read the "
+                "gap per bin below."),
+        ts("Test statistics", [q(f"calmon_test_statistic{{{SEL}}}", "{{test}} {{model}} {{segment}} {{window}}")]),
+        ts("Events in window", [q(f"calmon_window_events{{{SEL}}}", LEG)]),
+    ]:
+        d = d.with_panel(p)
+    return d
+
+
+def reliability(d: db.Dashboard) -> db.Dashboard:
+    d = d.with_row(row("Reliability diagram: $model", repeat="model"))
+    rel = (_common(barchart.Panel(), "Reliability $model / $window ($segment)",
+                   [q(f"calmon_reliability_mean_outcome{{{RSEL}}}", instant=True, fmt="table"),
+                    q(f"calmon_reliability_mean_score{{{RSEL}}}", ref="B", instant=True, fmt="table"),
+                    q(f"calmon_reliability_events{{{RSEL}}}", ref="C", instant=True, fmt="table")], 8, 9,
+                   "Per score bin (lower edge): observed frequency beside mean score. A calibrated model has "
+                   "equal bars. Binary: observed above the score = scores too low there; an over-confident "
+                   "model has low-score bins above and high-score bins below.")
+           .repeat("window").repeat_direction("h").max_per_row(4)
+           .transformations([MERGE, _organize(
+               ("Time", "__name__", "job", "instance", "model", "segment", "window", "Value #C"),
+               rename={"Value #A": "observed frequency", "Value #B": "mean score", "Value #C": "events"},
+               index={"bin": 0, "Value #B": 1, "Value #A": 2}),
+               dm.DataTransformerConfig(id_val="sortBy", options={"sort": [{"field": "bin"}]})])
+           .min(0).max(1).unit("percentunit").x_field("bin").orientation(VizOrientation.VERTICAL)
+           .group_width(0.8).bar_width(0.9).show_value(VisibilityMode.NEVER).x_tick_label_rotation(-45)
+           .legend(common.VizLegendOptions().display_mode(LegendDisplayMode.LIST).placement(LegendPlacement.BOTTOM)
+                   .show_legend(True))
+           .tooltip(common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI)))
+    L.newline()
+    gap = (_common(barchart.Panel(), "Gap per score bin: observed - mean score ($model / $window)",
+                   [q(f"calmon_reliability_mean_outcome{{{RSEL}}} - calmon_reliability_mean_score{{{RSEL}}}",
+                      instant=True, fmt="table")], 8, 7,
+                   "Above 0: outcomes more frequent than the scores say (binary: scores too low in that bin); "
+                   "below 0: too high. Over-confident binary model: positive at low scores, negative at high.")
+           .repeat("window").repeat_direction("h").max_per_row(4)
+           .transformations([MERGE, _organize(("Time", "job", "instance", "model", "segment", "window"),
+                                              rename={"Value": "observed - mean score"}),
+                             dm.DataTransformerConfig(id_val="sortBy", options={"sort": [{"field": "bin"}]})])
+           .unit("percentunit").x_field("bin").orientation(VizOrientation.VERTICAL)
+           .show_value(VisibilityMode.NEVER).x_tick_label_rotation(-45)
+           .thresholds(_thresholds([(None, "red"), (0, "orange")])))
+    return d.with_panel(rel).with_panel(gap)
+
+
+def pipeline(d: db.Dashboard) -> db.Dashboard:
+    d = d.with_row(row("Pipeline"))
+    rate = "[$__rate_interval]"
+    for p in [
+        ts("Accepted events/s by model and type",
+           [q(f'sum by (model, type) (rate(calmon_events_total{{model=~"$model"}}{rate}))', "{{model}} {{type}}")],
+           unit="reqps"),
+        ts("Rejected records/s by reason",
+           [q(f"sum by (reason) (rate(calmon_events_rejected_total{rate}))", "{{reason}}")], unit="reqps"),
+        ts("Join backlog (predictions waiting for an outcome)", [q('calmon_join_pending{model=~"$model"}',
+                                                                   "{{model}}")]),
+        ts("Join outcomes/s",
+           [q(f'sum by (model) (rate(calmon_join_joined_total{{model=~"$model"}}{rate}))', "joined {{model}}"),
+            q(f'sum by (model) (rate(calmon_join_expired_total{{model=~"$model"}}{rate}))', "expired {{model}}",
+              ref="B"),
+            q(f'sum by (model) (rate(calmon_join_duplicate_ids_total{{model=~"$model"}}{rate}))',
+              "duplicate ids {{model}}", ref="C"),
+            q(f"sum(rate(calmon_join_orphan_outcomes_total{rate}))", "orphan outcomes", ref="D")], unit="reqps"),
+        ts("Source lag (event time)", [q("calmon_source_lag_seconds", "{{source}}")], unit="s",
+           desc="now - event time of the newest record read, per source."),
+        ts("Source backlog", [q("calmon_source_lag_records", "records {{source}}"),
+                              q("calmon_source_lag_bytes", "bytes {{source}}", ref="B")],
+           desc="Records not yet read (Kafka consumer lag) or bytes not yet read (file sources)."),
+        ts("Records read/s by source", [q(f"sum by (source) (rate(calmon_source_records_total{rate}))",
+                                          "{{source}}")], w=24, unit="reqps"),
+        ts("Evaluation round duration", [q(f"histogram_quantile(0.95, {DUR})", "p95"),
+                                         q(f"histogram_quantile(0.5, {DUR})", "p50", ref="B")], unit="s"),
+        ts("Evaluations and overruns",
+           [q(f"sum(increase(calmon_evaluations_total{rate}))", "rounds"),
+            q(f"sum(increase(calmon_evaluation_overruns_total{rate}))", "overruns", ref="B")]),
+        ts("Checkpoints", [q("time() - calmon_checkpoint_last_timestamp_seconds", "age"),
+                           q("calmon_checkpoint_duration_seconds", "duration", ref="B")], unit="s"),
+        ts("Agent ready", [q("calmon_ready", "{{instance}}")], min_=0, max_=1),
+    ]:
+        d = d.with_panel(p)
+    return d
+
+
+def calibrators(d: db.Dashboard) -> db.Dashboard:
+    d = d.with_row(row("Calibrators"))
+    d = d.with_panel(table_(
+        "Published calibrator versions", [q('calmon_calibrator_version{model=~"$model"}', instant=True, fmt="table")],
+        desc="Version number of the calibrator published for each model and method.",
+        transformations=[MERGE, _organize(HIDDEN, rename={"Value": "version"})]))
+    d = d.with_panel(ts("Calibrator versions over time",
+                        [q('calmon_calibrator_version{model=~"$model"}', "{{model}} {{method}}")]))
+    d = d.with_panel(table_(
+        "Held-out ECE: raw vs recalibrated (latest fit)",
+        [q('calmon_calibrator_error{model=~"$model",metric="ece",stage="before"}', instant=True, fmt="table"),
+         q('calmon_calibrator_error{model=~"$model",metric="ece",stage="after"}', ref="B", instant=True,
+           fmt="table")], w=12,
+        desc="ECE of the raw scores and of the calibrator on the refit's held-out rows (calmon_calibrator_error).",
+        transformations=[MERGE, _organize((*HIDDEN, "metric", "stage"),
+                                          rename={"Value #A": "ECE raw", "Value #B": "ECE recalibrated"})]
+    ).unit("percentunit"))
+    return d.with_panel(ts("Calibrator error before/after (latest fit)",
+                           [q('calmon_calibrator_error{model=~"$model"}',
+                              "{{model}} {{method}} {{metric}} {{stage}}")]))
+
+
+def variable(name: str, query: str, multi: bool = True, include_all: bool = True,
+             current: str | None = None) -> db.QueryVariable:
+    v = (db.QueryVariable(name).label(name).datasource(DS).query({"query": query, "refId": f"{name}-var"})
+         .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).multi(multi).include_all(include_all)
+         .sort(dm.VariableSort.ALPHABETICAL_ASC))
     if current is not None:
-        v["current"] = current
+        v = v.current(dm.VariableOption(text=current, value=current, selected=True))
     return v
 
 
-dash = {
-    "uid": "calmon-calibration",
-    "title": "calmon: calibration monitor",
-    "description": "Calibration of production classifiers watched by calmon: reliability diagrams, ECE, "
-                   "smCE, "
-                   "T-Cal p-values, alerts, event rates, join backlog, source lag, calibrator versions.",
-    "tags": ["calmon", "calibration", "ml"],
-    "timezone": "utc", "editable": True, "graphTooltip": 1, "schemaVersion": 39, "version": 1,
-    "refresh": "30s", "time": {"from": "now-6h", "to": "now"},
-    "templating": {"list": [
-        {"name": "datasource", "label": "Prometheus", "type": "datasource", "query": "prometheus",
-         "current": {"text": "Prometheus", "value": "calmon-prometheus"}, "hide": 0, "refresh": 1,
-         "regex": "", "options": []},
-        var("model", "label_values(calmon_window_events, model)"),
-        var("segment", 'label_values(calmon_window_events{model=~"$model"}, segment)', multi=False,
-            include_all=False, current={"text": "all", "value": "all"}),
-        var("window", 'label_values(calmon_window_events{model=~"$model"}, window)'),
-    ]},
-    "annotations": {"list": [
-        {"name": "Calibration alerts", "datasource": DS, "enable": True, "iconColor": "red",
-         "expr": 'changes(calmon_alert_active{model=~"$model"}[2m]) > 0 and calmon_alert_active == 1',
-         "titleFormat": "{{alert}}", "textFormat": LEG, "step": "60s"},
-        {"name": "Calibrator published", "datasource": DS, "enable": True, "iconColor": "blue",
-         "expr": 'changes(calmon_calibrator_version{model=~"$model"}[2m]) > 0',
-         "titleFormat": "calibrator {{method}} published", "textFormat": "{{model}}", "step": "60s"},
-    ]},
-    "panels": panels,
-}
+def build() -> dict[str, Any]:
+    """The dashboard as Grafana's JSON model."""
+    global L
+    L = Layout()
+    d = (db.Dashboard("calmon: calibration monitor").uid("calmon-calibration")
+         .description("Calibration of production classifiers watched by calmon: verdicts, reliability diagrams, "
+                      "ECE, smCE, T-Cal p-values, alerts, event rates, join backlog, source lag, calibrators.")
+         .tags(["calmon", "calibration", "ml"]).timezone("utc").editable()
+         .tooltip(dm.DashboardCursorSync.CROSSHAIR).refresh("30s").time("now-6h", "now")
+         .with_variable(db.DatasourceVariable("datasource").label("Prometheus").type("prometheus")
+                        .current(dm.VariableOption(text="Prometheus", value="calmon-prometheus", selected=True)))
+         .with_variable(variable("model", "label_values(calmon_window_events, model)"))
+         .with_variable(variable("segment", 'label_values(calmon_window_events{model=~"$model"}, segment)',
+                                 multi=False, include_all=False, current="all"))
+         .with_variable(variable("window", 'label_values(calmon_window_events{model=~"$model"}, window)'))
+         .annotation(db.AnnotationQuery().name("Calibration alerts").datasource(DS).enable(True).icon_color("red")
+                     .expr('changes(calmon_alert_active{model=~"$model"}[2m]) > 0 and calmon_alert_active == 1'))
+         .annotation(db.AnnotationQuery().name("Calibrator published").datasource(DS).enable(True)
+                     .icon_color("blue").expr('changes(calmon_calibrator_version{model=~"$model"}[2m]) > 0')))
+    for section in (overview, over_time, reliability, pipeline, calibrators):
+        d = section(d)
+    doc: dict[str, Any] = json.loads(json.dumps(d.build(), cls=JSONEncoder))
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
     from pathlib import Path
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--write", action="store_true", help="write dashboards/calmon.json")
     args = parser.parse_args(argv)
-    text = json.dumps(dash, indent=2) + "\n"
+    text = json.dumps(build(), indent=2) + "\n"
     if args.write:
         (Path(__file__).resolve().parent / "dashboards" / "calmon.json").write_text(text)
     else:

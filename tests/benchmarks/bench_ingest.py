@@ -44,13 +44,25 @@ def run_calmon(lines: list[bytes]) -> ModelStats:
     return stats
 
 
+def run_calmon_limits(lines: list[bytes]) -> ModelStats:
+    """The agent's decoder: record size, id length and wall-clock limits on (issue #14)."""
+    dec = Decoder(max_record_bytes=1 << 20, max_id_bytes=256, future_skew=3600.0, past_horizon=10 * 365 * 86400.0)
+    stats = ModelStats()
+    for i in range(0, len(lines), 65536):
+        out = dec.decode(lines[i:i + 65536])
+        mb = out.models["sim"]
+        stats.update(score=mb.score, labels=mb.label)
+    return stats
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
     blob = b"\n".join(Simulator(SimulationSpec(seed=1)).stream(args.events)) + b"\n"
-    variants = {"json (stdlib)": _minimal(json.loads), "calmon (msgspec + validation)": run_calmon}
+    variants = {"json (stdlib)": _minimal(json.loads), "calmon (msgspec + validation)": run_calmon,
+                "calmon + agent limits": run_calmon_limits}
     try:
         import orjson
         variants["orjson"] = _minimal(orjson.loads)

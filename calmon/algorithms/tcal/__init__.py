@@ -69,8 +69,11 @@ Layout
 ------
 :mod:`~calmon.algorithms.tcal.estimators` (plug-in / debiased estimates, null variance, scale rules),
 :mod:`~calmon.algorithms.tcal.tails` (Cantelli bound, three-moment approximation),
-:mod:`~calmon.algorithms.tcal.atoms` (the Monte Carlo engine) and
-:mod:`~calmon.algorithms.tcal.adaptive` (:func:`tcal_test`, one function per critical-value method).
+:mod:`~calmon.algorithms.tcal.atoms` (the Monte Carlo engine),
+:mod:`~calmon.algorithms.tcal.adaptive` (:func:`tcal_test`, one function per critical-value method),
+:mod:`~calmon.algorithms.tcal.multiclass` (:func:`canonical_tcal_test`: K > 2, cube cells of the simplex,
+Y-only ``Categorical(z)`` Monte Carlo) and :mod:`~calmon.algorithms.tcal.views` (:func:`classwise_tcal_test`,
+top-label arrays).
 The tester ``"tcal"`` over these is :mod:`calmon.testers.tcal`.
 """
 
@@ -87,10 +90,13 @@ from calmon.algorithms.tcal.estimators import (
     theorem3_bins,
     theorem3_threshold,
 )
+from calmon.algorithms.tcal.multiclass import canonical_tcal_test
 from calmon.algorithms.tcal.tails import cantelli_pvalue, three_moment_pvalue
+from calmon.algorithms.tcal.views import classwise_tcal_test, top_label_arrays
 
 __all__ = [
     "METHODS", "COMBINES", "CRITICAL_VALUES", "n_levels", "theorem3_bins", "theorem3_threshold", "ece2_raw",
     "null_variance_raw", "ece2_multiclass_raw", "grid_cells", "ece2_grid", "null_variance_grid", "cantelli_pvalue",
-    "three_moment_pvalue", "simulate_null", "tcal_test", "insufficient_result",
+    "three_moment_pvalue", "simulate_null", "tcal_test", "insufficient_result", "canonical_tcal_test",
+    "classwise_tcal_test", "top_label_arrays",
 ]
