@@ -62,17 +62,25 @@ class BucketStats:
         return self.stats.count
 
     def update(self, score: np.ndarray | None = None, probs: np.ndarray | None = None,
-               labels: np.ndarray | None = None) -> None:
-        """Add labeled events (binary ``score`` or multiclass ``probs``) with class ``labels``."""
+               labels: np.ndarray | None = None, predictions: bool = False) -> None:
+        """Add labeled events (binary ``score`` or multiclass ``probs``) with class ``labels``.
+
+        ``predictions``: also count them on the prediction-side grid (labeled events; a joined pair's
+        prediction was counted there when it arrived).
+        """
         labels = np.asarray(labels, dtype=np.int64)
         self.stats.update(score=score, probs=probs, labels=labels)
         if probs is None:
             if score is None:
                 raise ValueError("BucketStats.update needs score (binary) or probs (multiclass)")
             self.rel.update(score, labels.astype(np.float64))
+            if predictions:
+                self.pred.update(score, np.zeros(score.size))
         else:
             conf, correct = top_label(probs, labels)
             self.rel.update(conf, correct)
+            if predictions:
+                self.pred.update(conf, np.zeros(conf.size))
 
     def update_predictions(self, score: np.ndarray | None = None, probs: np.ndarray | None = None) -> None:
         """Add predictions (with or without their outcome) to the prediction-side grid."""
@@ -155,8 +163,9 @@ class ModelWindows:
         return BucketStats(**self.params)
 
     def add(self, ts: np.ndarray, segment: np.ndarray, labels: np.ndarray, score: np.ndarray | None,
-            probs: np.ndarray | None, watermark: float) -> None:
-        """Add labeled events to segment ``all`` and to their allow-listed segment."""
+            probs: np.ndarray | None, watermark: float, predictions: bool = False) -> None:
+        """Add labeled events to segment ``all`` and to their allow-listed segment (``predictions``: see
+        :meth:`BucketStats.update`)."""
         if ts.size == 0:
             return
 
@@ -164,7 +173,7 @@ class ModelWindows:
             def update(bucket: BucketStats, idx: np.ndarray) -> None:
                 rows = idx if sel is None else sel[idx]
                 bucket.update(None if score is None else score[rows], None if probs is None else probs[rows],
-                              labels[rows])
+                              labels[rows], predictions)
             return update
 
         self._add_all(ts, segment, adder, watermark)

@@ -20,7 +20,7 @@ import numpy as np
 
 from calmon.agent.join import JoinedBatch, event_watermarks
 from calmon.agent.state import AgentState
-from calmon.events import KINDS, LABELED, OUTCOME, DecodedBatch, ModelBatch
+from calmon.events import KINDS, LABELED, PREDICTION, DecodedBatch, ModelBatch
 from connectors.base import Batch, ByteLagReporting, DeadLetterSink, LagReporting, Source
 
 log = logging.getLogger("calmon.agent")
@@ -98,19 +98,20 @@ class Ingestor:
             late = lab & ~on_time
             if late.any():
                 st.counters.add_late(name, int(late.sum()))
-            self._predictions(name, mb, np.flatnonzero(on_time & (mb.kind != OUTCOME)), watermark)
+            # labeled events reach the prediction-side grid through their bucket's update (one ring pass, not two)
+            self._predictions(name, mb, np.flatnonzero(on_time & (mb.kind == PREDICTION)), watermark)
             sel = np.flatnonzero(lab & on_time)
             if sel.size:
                 st.windows_of(name, mb.classes).add(
                     mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
-                    None if mb.probs is None else mb.probs[sel], watermark)
+                    None if mb.probs is None else mb.probs[sel], watermark, predictions=st.cfg.estimation.enabled)
                 labeled[name] = (sel, mb)
         for name, jb in joined.items():
             st.windows_of(name, jb.classes).add(jb.ts, jb.segment, jb.label, jb.score, jb.probs, watermark)
         self._changes(labeled, joined)
 
     def _predictions(self, name: str, mb: ModelBatch, sel: np.ndarray, watermark: float) -> None:
-        """Every prediction (labelled or not) into the prediction-side grids: label-free estimates, score drift."""
+        """Predictions awaiting their outcome into the prediction-side grids (label-free estimates, score drift)."""
         if sel.size and self.state.cfg.estimation.enabled:
             self.state.windows_of(name, mb.classes).add_predictions(
                 mb.ts[sel], mb.segment[sel], None if mb.score is None else mb.score[sel],
