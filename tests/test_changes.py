@@ -105,3 +105,16 @@ def test_bad_parameters():
     with pytest.raises(ValueError, match="unknown signals"):
         CalibrationChangeDetector(signals=("nope",))
     assert set(CalibrationChangeDetector().signals) == set(SIGNALS)
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_stationary_miscalibration_is_not_a_change(temperature):
+    """A model that is miscalibrated all along (but the same) raises no change: the detector finds changes."""
+    rng = np.random.default_rng(12)
+    det = CalibrationChangeDetector()
+    alarms = []
+    for k in range(3):
+        q, y = calibrated(rng, 1_000_000, "beta")
+        p = sigmoid(logit(q) / temperature)
+        alarms += det.update(p, y, k * 1e6 + np.arange(q.size, dtype=float))
+    assert alarms == []

@@ -44,7 +44,7 @@ def time_view(z: np.ndarray, y: np.ndarray, ts: np.ndarray | None) -> TimeView:
     order = np.argsort(ts, kind="stable") if by_time and ts is not None else np.arange(z.size)
     x = ts[order] if by_time and ts is not None else np.arange(z.size, dtype=np.float64)
     zs, ys = z[order], y[order]
-    block = int(min(256, max(16, z.size // 200)))  # small files: smaller blocks, so a change can still be seen
+    block = int(min(256, max(64, z.size // 100)))  # small files: smaller blocks (>= 64 for the block CLT)
     changes = CalibrationChangeDetector(block=block).update(zs, ys, x)
     return TimeView(x, np.cumsum(ys - zs), changes, by_time)
 

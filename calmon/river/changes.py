@@ -21,8 +21,10 @@ does not depend on how the stream is cut into batches).  A block's statistic
 
 is approximately N(0, 1) under calibration whatever the scores (a CLT over the block; the
 variance is the exact conditional one), so one detector setting holds its false-alarm rate on
-any score distribution.  ``S`` feeds river's :class:`~river.drift.PageHinkley` (two-sided, no
-forgetting), a CUSUM that signals when the mean of ``S`` changes.  The change point is the
+any score distribution.  ``S``, its deviation from the running mean divided by the running standard deviation when that
+exceeds 1 (a stationary miscalibrated stream has a larger variance than the calibrated null), feeds river's
+:class:`~river.drift.PageHinkley` (two-sided, no forgetting), a CUSUM that signals when the mean
+of ``S`` changes.  The change point is the
 classical CUSUM estimate: the end of the block where the cumulative sum last reached its
 extreme before the alarm.  Per event the cost is a few numpy operations; the detector runs once
 per block.
@@ -109,11 +111,30 @@ class _Signal:
         self.count = 0   # events in the open block
         self.up_start = -math.inf    # block-end time where the increase sum was last at its minimum
         self.down_start = -math.inf  # ... the decrease sum at its maximum
+        # running count, mean and M2 (Welford) of the block statistics since the last detection
+        self.sn, self.smean, self.sm2 = 0, 0.0, 0.0
+
+    def scale(self) -> float:
+        """The block statistics' standard deviation so far, floored at 1 (their value under calibration).
+
+        A stationary but miscalibrated stream inflates it (over-confident scores understate the
+        outcomes' variance); dividing by it keeps such a stream from raising "changes" again and again.
+        """
+        return max(1.0, math.sqrt(self.sm2 / (self.sn - 1))) if self.sn >= 2 else 1.0
 
     def feed(self, s: float, ts: float) -> str | None:
         """Feed one block statistic; the direction of a detection, or None."""
         ph = self.ph
-        ph.update(s)
+        if ph.drift_detected:  # the detector restarts with this block: so does the variance estimate
+            self.sn, self.smean, self.sm2 = 0, 0.0, 0.0
+        # scale the deviation from the running mean, not the statistic: dividing S itself would move its
+        # mean whenever the scale estimate moves, which the detector would report as a change
+        x = self.smean + (s - self.smean) / self.scale() if self.sn else s
+        self.sn += 1
+        d = s - self.smean
+        self.smean += d / self.sn
+        self.sm2 += d * (s - self.smean)
+        ph.update(x)
         if ph._sum_increase <= ph._min_increase:  # the CUSUM extremes locate the change
             self.up_start = ts
         if ph._sum_decrease >= ph._max_decrease:
@@ -130,7 +151,7 @@ class _Signal:
                 "down_start": _num(self.down_start), "mean_n": ph._x_mean.n, "mean": ph._x_mean._mean,
                 "sum_inc": ph._sum_increase, "sum_dec": ph._sum_decrease,
                 "min_inc": _num(ph._min_increase), "max_dec": ph._max_decrease,
-                "detected": ph.drift_detected}
+                "detected": ph.drift_detected, "scale": [self.sn, self.smean, self.sm2]}
 
     def load(self, d: Mapping[str, Any]) -> None:
         ph = self.ph
@@ -140,6 +161,8 @@ class _Signal:
         vars(ph).update(_sum_increase=float(d["sum_inc"]), _sum_decrease=float(d["sum_dec"]),
                         _min_increase=_float(d["min_inc"]), _max_decrease=float(d["max_dec"]),
                         _drift_detected=bool(d["detected"]))
+        sn, smean, sm2 = d["scale"]
+        self.sn, self.smean, self.sm2 = int(sn), float(smean), float(sm2)
 
 
 def _num(x: float) -> float | str:
