@@ -94,3 +94,14 @@ def test_empty_inputs():
     assert realised_metrics(ScoreGrid(BINS)) == {}
     d = score_drift(ScoreGrid(BINS), ScoreGrid(BINS))
     assert d.n_reference == 0 and np.isnan(d.p_value)
+
+
+def test_expected_metrics_are_the_estimates_values():
+    rng = np.random.default_rng(6)
+    pred = grids(on_centres(rng, 3000), np.zeros(3000))[0]
+    cal = lambda s: s * 0.9 + 0.03  # noqa: E731
+    est = estimate_performance(pred, calibrator=cal)
+    from calmon.algorithms.estimate import expected_metrics
+
+    assert expected_metrics(pred, calibrator=cal) == {m: e.value for m, e in est.items()}
+    assert expected_metrics(ScoreGrid(BINS)) == {}

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from calmon.agent.buckets import BucketStats
-from calmon.algorithms.estimate import estimate_performance, realised_metrics
+from calmon.algorithms.estimate import estimate_performance, expected_metrics, realised_metrics
 from calmon.algorithms.scoredrift import score_drift
 from calmon.config import EstimationConfig
 from calmon.stats.grid import ScoreGrid
@@ -49,9 +49,9 @@ def window_estimates(bucket: BucketStats, reference: ScoreGrid | None, cfg: Esti
         out["estimated"] = {m: e.to_dict() for m, e in est.items()}
     labelled = _labelled_grid(bucket)
     if labelled is not None and labelled.count >= min_events:
-        mine = estimate_performance(labelled, threshold=threshold, calibrator=predictor, level=cfg.level)
+        mine = expected_metrics(labelled, threshold=threshold, calibrator=predictor)  # no interval needed here
         real = realised_metrics(labelled, threshold=threshold)
-        out["estimation_error"] = {m: mine[m].value - real[m] for m in mine}
+        out["estimation_error"] = {m: mine[m] - real[m] for m in mine}
     if reference is not None and reference.count >= min_events and bucket.pred.count >= min_events:
         out["score_drift"] = score_drift(reference, bucket.pred, bins=cfg.drift_bins).to_dict()
     return out
