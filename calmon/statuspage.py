@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 import time
-from datetime import datetime, timezone
+from datetime import datetime
 from html import escape
 from typing import Any, Literal
 
@@ -50,6 +50,7 @@ from calmon.statuspage_diagram import (
     direction_text,
     finite,
     fmt_num,
+    fmt_time,
     regions_of,
     reliability_svg,
 )
@@ -108,15 +109,6 @@ def _epoch(t: Any) -> float | None:
         except ValueError:
             return None
     return finite(t)
-
-
-def _time(t: Any) -> str:
-    if isinstance(t, str):  # already formatted (e.g. RFC 3339)
-        return escape(t)
-    try:
-        return datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
-    except (TypeError, ValueError, OverflowError, OSError):
-        return "-"
 
 
 def _ago(seconds: float) -> str:
@@ -327,7 +319,7 @@ def _freshness(snapshot: dict[str, Any], have_evaluations: bool) -> str:
     if last is None:
         nxt = finite(sched.get("next_at"))
         up = finite((snapshot.get("agent") or {}).get("uptime_seconds"))
-        when = (f"at {_time(nxt)}" if nxt is not None else
+        when = (f"at {fmt_time(nxt)}" if nxt is not None else
                 f"about {_ago(every - up)} from now" if every and up is not None and up < every else
                 f"within {every:.0f} s of the start" if every else "after the first evaluation period")
         return (f'<p class="fresh" id="freshness">no evaluation yet &mdash; the first round runs {when}'
@@ -336,7 +328,7 @@ def _freshness(snapshot: dict[str, Any], have_evaluations: bool) -> str:
     stale = every is not None and age > 3 * every
     took = finite(sched.get("last_duration"))
     return (f'<p class="fresh{" stale" if stale else ""}" id="freshness">last evaluation {_ago(age)} ago '
-            f"({_time(last)})" + (f", took {took:.1f} s" if took is not None else "")
+            f"({fmt_time(last)})" + (f", took {took:.1f} s" if took is not None else "")
             + f"{every_txt}; {fmt_num(sched.get('evaluations'))} rounds{over}"
             + (" &mdash; <b>stale: the scheduler has fallen behind</b>" if stale else "") + "</p>")
 
@@ -356,7 +348,7 @@ def _alerts_section(alerts: list[dict[str, Any]]) -> str:
         rows.append(
             f'<tr class="alert {state}" data-alert="{escape(str(a.get("alert", "")))}" data-state="{state}">'
             f'{cells}<td><span class="badge {sev}">{sev}</span></td>'
-            f'<td><span class="badge {state}">{state}</span></td><td>{_time(a.get("since"))}</td>'
+            f'<td><span class="badge {state}">{state}</span></td><td>{fmt_time(a.get("since"))}</td>'
             f'<td class="num">{fmt_num(a.get("value"))}</td>'
             f'<td>{escape(str((ann or {}).get("summary", "")))}</td></tr>')
     return ('<h2 id="alerts">Alerts</h2><table class="alerts"><tr><th>alert</th><th>model</th><th>segment</th>'
@@ -394,7 +386,7 @@ def _calibrators_section(cals: dict[str, Any]) -> str:
     rows = []
     for model in sorted(cals):
         c = cals[model] if isinstance(cals[model], dict) else {}
-        published = _time(c.get("published_at")) if c.get("published_at") is not None else "-"
+        published = fmt_time(c.get("published_at")) if c.get("published_at") is not None else "-"
         rows.append(f'<tr class="calibrator" data-model="{escape(model)}"><td>{escape(model)}</td>'
                     f'<td>{escape(str(c.get("method", "-")))}</td><td class="num">{fmt_num(c.get("version"))}</td>'
                     f'<td>{published}</td><td class="num raw-ece">{_pct(_held_out_ece(c, "before"))}</td>'
@@ -453,7 +445,7 @@ def render(snapshot: dict[str, Any], *, refresh: int | Literal["auto"] | None = 
             + f"<title>calmon status</title><style>{_CSS}</style></head>")
     parts = [head, '<body><header><h1>calmon</h1>',
              f'<span class="meta">version {escape(str(snapshot.get("version", "")))}</span>',
-             f'<span class="meta" id="generated">generated {_time(snapshot.get("generated_at"))}</span>'
+             f'<span class="meta" id="generated">generated {fmt_time(snapshot.get("generated_at"))}</span>'
              "</header><main>",
              f'<div class="summary"><div>models <b id="n-models">{len(by_model)}</b></div>'
              f'<div>windows evaluated <b id="n-evaluations">{len(evaluations)}</b></div>'

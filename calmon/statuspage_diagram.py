@@ -12,6 +12,7 @@ approximation to the binomial at the bin's mean score, i.e. under the hypothesis
 from __future__ import annotations
 
 import math
+from datetime import datetime, timezone
 from html import escape
 from typing import Any, TypedDict
 
@@ -49,6 +50,16 @@ def fmt_num(v: Any, digits: int = 4) -> str:
             return "-"
         return f"{v:.{digits}g}"
     return escape(str(v))
+
+
+def fmt_time(t: Any) -> str:
+    """An epoch time as ``YYYY-MM-DD HH:MM:SS UTC`` (strings, already formatted, are escaped as they are)."""
+    if isinstance(t, str):
+        return escape(t)
+    try:
+        return datetime.fromtimestamp(float(t), tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "-"
 
 
 def finite(v: Any) -> float | None:

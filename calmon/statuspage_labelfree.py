@@ -14,10 +14,10 @@ False
 
 from __future__ import annotations
 
-import math
-from datetime import datetime, timezone
 from html import escape
 from typing import Any
+
+from calmon.statuspage_diagram import finite, fmt_time
 
 __all__ = ["changes_section", "estimates_block"]
 
@@ -28,22 +28,15 @@ _SIGNALS = {"residual": "bias (outcomes vs scores)", "confidence": "over-/under-
             "high": "scores >= 0.8"}
 
 
-def _num(v: Any) -> float | None:
-    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) else None
-
-
 def _fmt(metric: str, v: Any) -> str:
-    x = _num(v)
+    x = finite(v)
     if x is None:
         return "-"
     return f"{100 * x:.2f} %" if metric in _PERCENT else f"{x:.4f}"
 
 
 def _when(t: Any) -> str:
-    x = _num(t)
-    if x is None:
-        return "-"
-    return datetime.fromtimestamp(x, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return "-" if finite(t) is None else fmt_time(t)
 
 
 def estimates_block(ev: dict[str, Any]) -> str:
@@ -63,13 +56,13 @@ def estimates_block(ev: dict[str, Any]) -> str:
                     f'<td class="num muted">{_fmt(m, e.get("lo"))} - {_fmt(m, e.get("hi"))}</td>'
                     f'<td class="num">{_fmt(m, realised.get(m))}</td><td class="num">{_fmt(m, err.get(m))}</td></tr>')
     share = ""
-    if _num(preds):
+    if finite(preds):
         share = (f"outcomes in for {int(n or 0):,} of {int(preds or 0):,} predictions "
                  f"({100 * (n or 0) / float(preds or 1):.0f} %); ")
     drift = ev.get("score_drift") if isinstance(ev.get("score_drift"), dict) else None
     drift_txt = ""
     if drift:
-        p = _num(drift.get("p_value"))
+        p = finite(drift.get("p_value"))
         verdict = "the scores have shifted" if p is not None and p < 0.001 else "no shift detected"
         drift_txt = (f' Score drift against everything before this window: PSI {_fmt("psi", drift.get("psi"))}, '
                      f'p = {"-" if p is None else f"{p:.3g}"} ({verdict}).')
