@@ -26,12 +26,29 @@ class Batch:
         Name of the source (for metrics and dead letters).
     origins
         Optional per-record origin (e.g. ``"file.jsonl:17"`` or ``"topic/0@1234"``) for error messages.
+    meta
+        Optional per-record transport metadata (a Kafka record's timestamp, key and headers), which a
+        schema mapping may read (``$timestamp``, ``$key``, ``$headers.NAME``).
     """
 
     records: list[bytes]
     position: dict[str, Any]
     source: str
     origins: list[str] | None = None
+    meta: list[RecordMeta] | None = None
+
+
+@dataclass(frozen=True)
+class RecordMeta:
+    """Transport metadata of one record (Kafka: ``ConsumerRecord.timestamp``, ``key``, ``headers``).
+
+    ``timestamp_ms`` is the record's create or log-append time in epoch milliseconds (``None`` when the
+    broker gives none, e.g. timestamp type -1); ``headers`` keep their order and repeats.
+    """
+
+    timestamp_ms: int | None = None
+    key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @runtime_checkable
