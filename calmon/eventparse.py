@@ -22,12 +22,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
-from typing import Annotated
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Annotated, Any
 
 import msgspec
 
-__all__ = ["OversizedRecord", "Rejection", "InvalidEvent", "parse_records", "PREFIX_BYTES"]
+__all__ = ["OversizedRecord", "Rejection", "InvalidEvent", "EventFields", "parse_records", "fields_of_events",
+           "PREFIX_BYTES"]
 
 #: Bytes of an oversized record kept for its dead letter.
 PREFIX_BYTES = 4096
@@ -51,6 +53,36 @@ class _Event(msgspec.Struct):
 
 
 _struct_decoder = msgspec.json.Decoder(_Event)
+
+
+@dataclass
+class EventFields:
+    """The raw fields of some events as columns (one list per field, ``None`` where absent), what the decoder
+    validates; built from canonical ``_Event`` structs (:func:`fields_of_events`) or by a schema mapping
+    (:class:`calmon.schema_decode.MappedReader`).
+
+    ``ts_div`` divides numeric times into seconds (1000 for milliseconds), ``ts_iso`` rejects numeric times,
+    ``ts_unit`` names the unit in messages, and ``rejects`` holds ``(position, reason, detail)`` of events a
+    mapping already refused (their values are ``None``).
+    """
+
+    type: Sequence[Any]
+    id: Sequence[Any]
+    ts: Sequence[Any]
+    score: Sequence[Any]
+    probs: Sequence[Any]
+    label: Sequence[Any]
+    segment: Sequence[Any]
+    ts_div: float = 1.0
+    ts_iso: bool = False
+    ts_unit: str = "seconds"
+    rejects: list[tuple[int, str, str]] = field(default_factory=list)
+
+
+def fields_of_events(evs: list[_Event]) -> EventFields:
+    """The columns of canonical events."""
+    return EventFields([e.type for e in evs], [e.id for e in evs], [e.ts for e in evs], [e.score for e in evs],
+                       [e.probs for e in evs], [e.label for e in evs], [e.segment for e in evs])
 
 
 @dataclass

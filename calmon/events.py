@@ -12,7 +12,10 @@ Three event types share one JSON schema (one object per line in files, per messa
   milliseconds); optional (NaN), in which case the agent uses the arrival time.
 * ``score`` is P(y = 1) of a binary model; ``probs`` are the K class probabilities of a
   multiclass model (a binary model may send ``probs`` of length 2; ``score = probs[1]``).
-* ``label`` is the class index (0/1 for binary models).
+* ``label`` is the class index (0/1 for binary models). An outcome without ``model`` is joined to
+  its prediction's model by id; its label must be below the smallest number of classes of the
+  models admitted before it (2 while any of them is binary or awaits its first prediction), so
+  that it is valid for whichever model it joins.
 * ``segment``: optional string (e.g. a country); model and segment names are at most 128
   characters of ``[A-Za-z0-9_.:/-]``.
 
@@ -22,35 +25,57 @@ oversized records, huge numbers, absurd times, id floods). Decoding uses msgspec
 (the fastest decoder measured, see README); records msgspec cannot type are re-read one by one by
 :mod:`calmon.eventparse` only to name the reason. State-changing decisions (admitting a model or a
 segment, fixing a model's classes) are taken in record order, so batch boundaries never matter.
+
+Other record shapes are read through a schema mapping (:mod:`calmon.schema`, ``Decoder(mapping=...)``),
+and transport metadata (``connectors.base.RecordMeta``, one per record) gives ``ts`` where a record has
+none (the Kafka record time, milliseconds) and the mapping's ``$key`` / ``$headers.NAME`` fields.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
-from calmon.eventparse import InvalidEvent, OversizedRecord, Rejection, _Event, parse_records
+from calmon.eventchecks import (
+    KINDS,
+    LABELED,
+    OUTCOME,
+    PREDICTION,
+    REASONS,
+    Columns,
+    Verdicts,
+    binary_scores,
+    check_ids,
+    check_structure,
+    class_probs,
+    columns_of,
+    orphan_labels,
+    parse_timestamp,
+    timestamps,
+)
+from calmon.eventparse import (
+    EventFields,
+    InvalidEvent,
+    OversizedRecord,
+    Rejection,
+    fields_of_events,
+    parse_records,
+)
+from calmon.schema import Mapping
+from calmon.schema_decode import MappedReader
+from connectors.base import RecordMeta
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
 
 __all__ = ["Decoder", "DecodedBatch", "ModelBatch", "Rejection", "InvalidEvent", "OversizedRecord", "REASONS",
            "KINDS", "PREDICTION", "OUTCOME", "LABELED", "parse_timestamp"]
-
-REASONS: tuple[str, ...] = (
-    "not_json", "not_object", "missing_field", "bad_type", "bad_timestamp", "non_finite", "out_of_range",
-    "probs_sum", "label_range", "k_mismatch", "unknown_type", "too_many_models", "too_many_segments",
-    "bad_encoding", "too_deep", "too_large", "id_too_long", "too_many_classes", "future_timestamp", "past_timestamp",
-)
-KINDS: tuple[str, ...] = ("prediction", "outcome", "labeled")
-PREDICTION, OUTCOME, LABELED = 0, 1, 2
-_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
-_NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
-_MAX_EPOCH = 1e11
 
 
 @dataclass
@@ -96,30 +121,6 @@ class DecodedBatch:
         return out
 
 
-def parse_timestamp(ts: float | str | None) -> float:
-    """Epoch seconds from an RFC 3339 string or a number; NaN for ``None``.
-
-    >>> parse_timestamp("2026-01-01T00:00:00Z")
-    1767225600.0
-    >>> parse_timestamp(1767225600)
-    1767225600.0
-    """
-    if ts is None:
-        return math.nan
-    if isinstance(ts, str):
-        try:
-            dt = datetime.fromisoformat(ts.replace("z", "Z").replace("Z", "+00:00"))
-        except ValueError:
-            raise InvalidEvent("bad_timestamp", f"ts {ts[:40]!r} is not RFC 3339") from None
-        if dt.tzinfo is None:
-            raise InvalidEvent("bad_timestamp", f"ts {ts[:40]!r} has no UTC offset")
-        return dt.timestamp()
-    value = float(ts)
-    if not math.isfinite(value) or value < 0 or value > _MAX_EPOCH:
-        raise InvalidEvent("bad_timestamp", f"ts {value!r} is not epoch seconds (milliseconds are not accepted)")
-    return value
-
-
 class Decoder:
     """Decode raw JSON records into validated per-model columns; never raises for a record.
 
@@ -153,6 +154,9 @@ class Decoder:
         disables the check. The agent passes its ``limits``.
     clock
         Wall clock in epoch seconds, read once per :meth:`decode`.
+    mapping
+        A schema mapping (:func:`calmon.schema.load_mapping`) for records not in calmon's schema;
+        ``None`` reads the canonical schema.
 
     Examples
     --------
@@ -165,12 +169,19 @@ class Decoder:
     >>> out = dec.decode([b'{"model": "m", "id": "a", "score": 0.5, "ts": "9999-12-31T23:59:59Z"}'])
     >>> [r.reason for r in out.rejected]
     ['future_timestamp']
+    >>> from calmon.schema import load_mapping
+    >>> dec = Decoder(mapping=load_mapping({"fields": {"model": {"const": "m"}, "score": "p", "label": "y"},
+    ...                                     "labels": {"positive": ["yes"]}}))
+    >>> out = dec.decode([b'{"p": 0.25, "y": "yes"}', b'{"p": 0.5, "y": "no"}'])
+    >>> out.models["m"].score.tolist(), out.models["m"].label.tolist()
+    ([0.25, 0.5], [1, 0])
     """
 
     def __init__(self, models: dict[str, int] | None = None, max_models: int = 100, max_segments: int = 50,
                  prob_tolerance: float = 1e-3, discover: bool = True, *, max_classes: int = 1000,
                  max_record_bytes: float = math.inf, max_id_bytes: int = 256, future_skew: float = math.inf,
-                 past_horizon: float = math.inf, clock: Callable[[], float] = time.time) -> None:
+                 past_horizon: float = math.inf, clock: Callable[[], float] = time.time,
+                 mapping: Mapping | None = None) -> None:
         self.max_classes = int(max_classes)
         self.models: dict[str, int] = {}
         for name, k in (models or {}).items():
@@ -190,6 +201,30 @@ class Decoder:
         self.past_horizon = float(past_horizon)
         self.clock = clock
         self.segments: dict[str, set[str]] = {}
+        self.mapping = mapping
+        self.reader = None if mapping is None else MappedReader(mapping)
+        #: per model admitted or given its classes in the current batch: [admitted at, classes fixed at, classes]
+        #: (record indices; -1: before the batch) -- the bound on the labels of outcomes without a model
+        self._changes: dict[str, list[int]] = {}
+
+    def for_mapping(self, mapping: Mapping | None) -> Decoder:
+        """A decoder of another record shape that shares this one's state (admitted models and their
+        classes, segments) and limits: one per source of the agent, one set of caps and one checkpoint.
+
+        Examples
+        --------
+        >>> from calmon.schema import load_mapping
+        >>> base = Decoder()
+        >>> other = base.for_mapping(load_mapping({"fields": {"score": "p"}}))
+        >>> _ = other.decode([b'{"model": "m", "p": 0.5, "label": 1}'])
+        >>> base.models
+        {'m': 2}
+        """
+        twin = copy.copy(self)
+        twin.mapping = mapping
+        twin.reader = None if mapping is None else MappedReader(mapping)
+        twin._changes = {}
+        return twin
 
     # -- checkpoint state ------------------------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -203,36 +238,65 @@ class Decoder:
         self.names.update(self.models, (str(n) for n in d.get("names", ())))
 
     # -- decoding --------------------------------------------------------------------------
-    def decode(self, records: list[bytes], origins: list[str] | None = None) -> DecodedBatch:
-        """Decode and validate ``records`` (bytes or str, one JSON object each)."""
+    def decode(self, records: list[bytes], origins: list[str] | None = None,
+               meta: list[RecordMeta] | None = None) -> DecodedBatch:
+        """Decode and validate ``records`` (bytes or str, one JSON object each).
+
+        ``meta`` (one :class:`~connectors.base.RecordMeta` per record, or ``None``) gives ``ts`` to
+        records without one and the mapping's ``$key`` / ``$headers`` fields. With a mapping, the first
+        ``probe_records`` records must show every mapped path at least once, else
+        :class:`calmon.schema.MappingError` is raised (a configuration error, not a record's).
+        """
         now = self.clock()
-        events, rejected = parse_records(records, self.max_record_bytes)
-        groups = [self._checked_form(model, np.asarray(idx, dtype=np.int64), evs)
-                  for model, (idx, evs) in _group_by_model(events).items()]
+        reader = self.reader
+        if reader is None:
+            events, rejected = parse_records(records, self.max_record_bytes)
+            by_model = _group_by_model(events)
+        else:
+            events, rejected = reader.parse(records, self.max_record_bytes)
+            by_model = _group_by_model(events, reader.models(events, meta))
+        self._changes = {}
+        groups = [self._checked_form(model, np.asarray(idx, dtype=np.int64), self._fields(evs, idx, meta))
+                  for model, (idx, evs) in by_model.items()]
         self._admit(groups)
+        meta_ts = None if meta is None else np.array(
+            [math.nan if m is None or m.timestamp_ms is None else m.timestamp_ms / 1000.0 for m in meta])
         out: dict[str, ModelBatch] = {}
-        for g in groups:
-            batch = self._model_batch(g, now, rejected)
+        for g in sorted(groups, key=lambda g: g.model == ""):  # outcomes without a model last: see _orphan_bound
+            batch = self._model_batch(g, now, rejected, meta_ts)
             if batch is not None and len(batch):
                 out[g.model] = batch
         rejected.sort(key=lambda r: r.index)
         if origins is not None:
             for r in rejected:
                 r.origin = origins[r.index]
+        if reader is not None:
+            reader.after_batch(len(records), len(rejected))
         return DecodedBatch(out, rejected, len(records))
 
-    def _checked_form(self, model: str, index: np.ndarray, evs: list[_Event]) -> _Group:
+    def finish(self) -> None:
+        """The input ended (offline reads): raise :class:`calmon.schema.MappingError` if a mapped path
+        matched none of the records decoded (fewer than ``probe_records``); nothing without a mapping."""
+        if self.reader is not None:
+            self.reader.finish()
+
+    def _fields(self, evs: list[Any], idx: list[int], meta: list[RecordMeta] | None) -> EventFields:
+        return fields_of_events(evs) if self.reader is None else self.reader.fields(evs, idx, meta)
+
+    def _checked_form(self, model: str, index: np.ndarray, f: EventFields) -> _Group:
         """The checks that need no decoder state: model name, event structure, id length, class count."""
-        v = _Verdicts(len(evs))
+        v = Verdicts(len(f.id))
+        for j, reason, detail in f.rejects:
+            v.reject_one(j, reason, detail)
         if model and not _NAME_RE.match(model):
             v.reject_all("bad_type", f"model name {model[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
-        c = _columns(evs)
-        _check_structure(c, v, has_model=model != "")
-        _check_ids(c.ids, v, self.max_id_bytes)
+        c = columns_of(f)
+        check_structure(c, v, has_model=model != "")
+        check_ids(c.ids, v, self.max_id_bytes)
         if c.has_probs.any():  # whatever the model's classes, so the reason never depends on batch boundaries
             lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
             v.reject(lens > self.max_classes, "too_many_classes", f"more than {self.max_classes} classes")
-        return _Group(model, index, evs, c, v)
+        return _Group(model, index, f, c, v)
 
     def _admit(self, groups: list[_Group]) -> None:
         """Admit new model names in the record order of their first well-formed record, up to the cap."""
@@ -249,20 +313,26 @@ class Decoder:
                 g.v.reject_all("too_many_models", f"more than {self.max_models} models")
             else:
                 self.names.add(g.model)
+                self._changes[g.model] = [int(g.index[np.flatnonzero(g.v.ok)[0]]), -1, 2]
 
-    def _model_batch(self, g: _Group, now: float, rejected: list[Rejection]) -> ModelBatch | None:
+    def _model_batch(self, g: _Group, now: float, rejected: list[Rejection],
+                     meta_ts: np.ndarray | None = None) -> ModelBatch | None:
         """Validate the events of one model (``""``: outcomes without a model) in a fixed order of checks:
         the first failed check of an event names its reason."""
-        model, c, v, evs = g.model, g.columns, g.v, g.evs
-        classes, known_from = self._classes(model, c, v) if model else (2, 0)
+        model, c, v, f = g.model, g.columns, g.v, g.fields
+        classes, known_from = self._classes(model, c, v, g.index) if model else (2, 0)
         score = probs = None
-        if classes == 2:
-            score = _binary_scores(c, v, model, self.prob_tolerance)
+        if not model:
+            score = orphan_labels(c, v, self._orphan_bound(g.index))
+        elif classes == 2:
+            score = binary_scores(c, v, model, self.prob_tolerance)
         else:
-            probs = _class_probs(c, v, model, classes, self.prob_tolerance, known_from)
-        ts = _timestamps(evs, v)
+            probs = class_probs(c, v, model, classes, self.prob_tolerance, known_from)
+        ts = timestamps(f, v)
+        if meta_ts is not None:  # no ts in the record: the transport's (a Kafka record's create/append time)
+            ts = np.where(np.isnan(ts), meta_ts[g.index], ts)
         self._check_time(ts, v, now)
-        segment = np.array(["" if e.segment is None else e.segment for e in evs], dtype=object)
+        segment = np.array(["" if s is None else s for s in f.segment], dtype=object)
         if model and (segment != "").any():
             self._check_segments(model, segment, v)
         rejected.extend(v.rejections(g.index))
@@ -272,7 +342,7 @@ class Decoder:
         return ModelBatch(model, classes, c.kind[ok], c.ids[ok], ts[ok], segment[ok], c.label[ok],
                           None if score is None else score[ok], None if probs is None else probs[ok], g.index[ok])
 
-    def _classes(self, model: str, c: _Columns, v: _Verdicts) -> tuple[int, int]:
+    def _classes(self, model: str, c: Columns, v: Verdicts, index: np.ndarray) -> tuple[int, int]:
         """The model's number of classes, fixed by its first valid prediction, and the position from which
         it is known in this batch (0: known before it). Before that position (outcomes that precede the
         model's first prediction in record order) the model counts as binary."""
@@ -286,10 +356,26 @@ class Decoder:
         k = 2 if c.has_score[first] else len(c.probs[first] or [])
         if k >= 2:
             self.models[model] = k
+            self._changes.setdefault(model, [-1, -1, 2])[1:] = [int(index[first]), k]
             return k, first
         return 2, v.n
 
-    def _check_time(self, ts: np.ndarray, v: _Verdicts, now: float) -> None:
+    def _orphan_bound(self, index: np.ndarray) -> np.ndarray:
+        """Per outcome without a model (at record ``index``): the smallest number of classes of the models
+        admitted before it (a model counts as binary until its first prediction), 2 when there is none.
+
+        A label below it is valid for whichever model the outcome joins by id, so the joiner never
+        sees a label beyond its prediction's classes (issue #16: multiclass outcomes need no model).
+        """
+        changed = self._changes
+        before = [self.models.get(n, 2) for n in self.names if n not in changed]
+        bound = np.full(index.size, float(min(before, default=math.inf)))
+        for admitted, fixed, k in changed.values():
+            now_k = np.where((fixed >= 0) & (index > fixed), k, 2)
+            bound = np.where(index > admitted, np.minimum(bound, now_k), bound)
+        return np.where(np.isinf(bound), 2, bound)
+
+    def _check_time(self, ts: np.ndarray, v: Verdicts, now: float) -> None:
         """Reject event times beyond the future skew or the past horizon of the wall clock."""
         if math.isinf(self.future_skew) and math.isinf(self.past_horizon):
             return
@@ -299,7 +385,7 @@ class Decoder:
             v.reject(ts < now - self.past_horizon, "past_timestamp",
                      f"ts is more than {self.past_horizon:g} s behind the wall clock")
 
-    def _check_segments(self, model: str, segment: np.ndarray, v: _Verdicts) -> None:
+    def _check_segments(self, model: str, segment: np.ndarray, v: Verdicts) -> None:
         """Admit new segment names of a model up to ``max_segments``."""
         known = self.segments.setdefault(model, set())
         for j in np.flatnonzero((segment != "") & v.ok).tolist():
@@ -314,80 +400,22 @@ class Decoder:
                 known.add(s)
 
 
-def _group_by_model(events: list[_Event | None]) -> dict[str, tuple[list[int], list[_Event]]]:
-    """Record indices and events per model name (``""`` for events without one)."""
-    names = [None if ev is None else ("" if ev.model is None else ev.model) for ev in events]
+def _group_by_model(events: list[Any], names: list[str | None] | None = None
+                    ) -> dict[str, tuple[list[int], list[Any]]]:
+    """Record indices and events (or mapped rows) per model name (``""`` for events without one);
+    ``names`` gives the model of each record (``None``: rejected), else it is read from ``_Event.model``."""
+    if names is None:
+        names = [None if ev is None else ("" if ev.model is None else ev.model) for ev in events]
     distinct = set(names)
     if len(distinct) == 1 and None not in distinct:  # the common case: one model, nothing rejected
-        return {str(names[0]): (list(range(len(events))), cast("list[_Event]", events))}
-    groups: dict[str, tuple[list[int], list[_Event]]] = {}
-    for i, ev in enumerate(events):
-        if ev is not None:
-            idx, evs = groups.setdefault("" if ev.model is None else ev.model, ([], []))
+        return {str(names[0]): (list(range(len(events))), events)}
+    groups: dict[str, tuple[list[int], list[Any]]] = {}
+    for i, (ev, name) in enumerate(zip(events, names)):
+        if name is not None:
+            idx, evs = groups.setdefault(name, ([], []))
             idx.append(i)
             evs.append(ev)
     return groups
-
-
-class _Verdicts:
-    """Per-event verdicts of one model's events: the first rejection of an event is the one reported."""
-
-    def __init__(self, n: int) -> None:
-        self.n = n
-        self.bad = np.zeros(n, dtype=np.int16)  # 0 = fine, else 1 + position in REASONS
-        self.details: dict[int, str] = {}
-
-    @property
-    def ok(self) -> np.ndarray:
-        return self.bad == 0
-
-    def reject(self, mask: np.ndarray, reason: str, detail: str) -> None:
-        new = mask & (self.bad == 0)
-        if new.any():
-            self.bad[new] = REASONS.index(reason) + 1
-            for j in np.flatnonzero(new).tolist():
-                self.details[j] = detail
-
-    def reject_all(self, reason: str, detail: str) -> None:
-        self.reject(np.ones(self.n, bool), reason, detail)
-
-    def reject_one(self, j: int, reason: str, detail: str) -> None:
-        if self.bad[j] == 0:
-            self.bad[j] = REASONS.index(reason) + 1
-            self.details[j] = detail
-
-    def rejections(self, index: np.ndarray) -> list[Rejection]:
-        return [Rejection(int(index[j]), REASONS[self.bad[j] - 1], self.details.get(j, ""))
-                for j in np.flatnonzero(self.bad).tolist()]
-
-
-@dataclass
-class _Columns:
-    """The fields of one model's events as columns (``label_f``: float labels, NaN where missing)."""
-
-    kind: np.ndarray
-    ids: np.ndarray
-    label: np.ndarray
-    label_f: np.ndarray
-    has_score: np.ndarray
-    has_probs: np.ndarray
-    has_label: np.ndarray
-    scores: list[float | None]
-    probs: list[list[float] | None]
-
-
-def _columns(evs: list[_Event]) -> _Columns:
-    scores = [e.score for e in evs]
-    probs = [e.probs for e in evs]
-    label_f = np.array([e.label for e in evs], dtype=np.float64)  # None -> NaN
-    has_label = ~np.isnan(label_f)
-    with np.errstate(invalid="ignore"):
-        label = np.where(has_label, label_f, -1).astype(np.int64)
-    kind = np.array([-1 if e.type is None else _KIND_CODE.get(e.type, -2) for e in evs], dtype=np.int8)
-    ids = np.array(["" if i is None else i if i.__class__ is str else str(i) for i in (e.id for e in evs)],
-                   dtype=object)
-    return _Columns(kind, ids, label, label_f, np.array([x is not None for x in scores], dtype=bool),
-                    np.array([x is not None for x in probs], dtype=bool), has_label, scores, probs)
 
 
 @dataclass
@@ -396,104 +424,6 @@ class _Group:
 
     model: str
     index: np.ndarray
-    evs: list[_Event]
-    columns: _Columns
-    v: _Verdicts
-
-
-def _check_ids(ids: np.ndarray, v: _Verdicts, max_bytes: int) -> None:
-    """Reject ids longer than ``max_bytes`` in UTF-8 (characters first: a character is at most 4 bytes)."""
-    chars = np.fromiter(map(len, ids), dtype=np.int64, count=ids.size)
-    for j in np.flatnonzero(chars * 4 > max_bytes).tolist():
-        s = ids[j]
-        if chars[j] > max_bytes or len(s.encode("utf-8", "surrogatepass")) > max_bytes:
-            v.reject_one(j, "id_too_long", f"id of {chars[j]} characters exceeds {max_bytes} bytes")
-
-
-def _check_structure(c: _Columns, v: _Verdicts, has_model: bool) -> None:
-    """Event types (inferred where omitted, written into ``c.kind``), required fields and label sign."""
-    has_pred = c.has_score | c.has_probs
-    inferred = np.where(c.has_label, np.where(has_pred, LABELED, OUTCOME), PREDICTION)
-    v.reject(c.kind == -2, "unknown_type", "type must be prediction, outcome or labeled")
-    c.kind = np.where(c.kind < 0, inferred, c.kind).astype(np.int8)
-    if not has_model:
-        v.reject(c.kind != OUTCOME, "missing_field", "model is required for predictions and labeled events")
-    needs_pred = c.kind != OUTCOME
-    v.reject(needs_pred & ~has_pred, "missing_field", "score or probs is required")
-    v.reject(needs_pred & c.has_score & c.has_probs, "bad_type", "give score or probs, not both")
-    v.reject((c.kind != PREDICTION) & ~c.has_label, "missing_field", "label is required")
-    v.reject((c.kind != LABELED) & (c.ids == ""), "missing_field", "id is required to join predictions and outcomes")
-    v.reject(c.has_label & ((c.label < 0) | (c.label_f != c.label)), "label_range",
-             "label must be a non-negative class index")
-
-
-def _binary_scores(c: _Columns, v: _Verdicts, model: str, tol: float) -> np.ndarray:
-    """P(y = 1) of a binary model's events (from ``score`` or a ``probs`` pair), validated."""
-    score = np.array(c.scores, dtype=np.float64)  # None -> NaN
-    for j in np.flatnonzero(c.has_probs).tolist():
-        p = c.probs[j] or []
-        if len(p) != 2:
-            v.reject_one(j, "k_mismatch", f"model {model[:40]!r} is binary; probs has {len(p)} entries")
-        elif not all(math.isfinite(x) for x in p):
-            v.reject_one(j, "non_finite", "probs contains NaN or infinity")
-        elif min(p) < 0 or max(p) > 1:
-            v.reject_one(j, "out_of_range", "probs must lie in [0, 1]")
-        elif abs(sum(p) - 1.0) > tol:
-            v.reject_one(j, "probs_sum", f"probs sum to {sum(p):.6g}, not 1")
-        else:
-            score[j] = p[1]
-    finite = np.isfinite(score)
-    v.reject(c.has_score & ~finite, "non_finite", "score is NaN or infinite")
-    v.reject(c.has_score & finite & ((score < 0) | (score > 1)), "out_of_range", "score must lie in [0, 1]")
-    v.reject(c.has_label & (c.label > 1), "label_range", "binary label must be 0 or 1")
-    return score
-
-
-def _class_probs(c: _Columns, v: _Verdicts, model: str, classes: int, tol: float, known_from: int = 0) -> np.ndarray:
-    """The ``(n, classes)`` probability rows of a multiclass model's events, validated."""
-    n = v.n
-    probs = np.full((n, classes), np.nan)
-    v.reject(c.has_score, "k_mismatch", f"model {model[:40]!r} has {classes} classes; send probs, not score")
-    for j in np.flatnonzero(c.has_probs).tolist():
-        p = c.probs[j] or []
-        if len(p) != classes:
-            v.reject_one(j, "k_mismatch", f"model {model[:40]!r} has {classes} classes; probs has {len(p)}")
-        else:
-            probs[j] = p
-    rows = c.has_probs & v.ok
-    if rows.any():
-        sub = probs[rows]
-        pos = np.flatnonzero(rows)
-        v.reject(_mask(n, pos[~np.isfinite(sub).all(axis=1)]), "non_finite", "probs contains NaN or infinity")
-        v.reject(_mask(n, pos[~((sub >= 0) & (sub <= 1)).all(axis=1)]), "out_of_range", "probs must lie in [0, 1]")
-        v.reject(_mask(n, pos[np.abs(sub.sum(axis=1) - 1.0) > tol]), "probs_sum", "probs do not sum to 1")
-    before = np.arange(n) < known_from  # outcomes before the model's first prediction: as if binary
-    v.reject(c.has_label & before & (c.label > 1), "label_range", "label must be 0 or 1 before the model's "
-             "first prediction fixes its classes")
-    v.reject(c.has_label & (c.label >= classes), "label_range", f"label must be < {classes}")
-    return probs
-
-
-def _timestamps(evs: list[_Event], v: _Verdicts) -> np.ndarray:
-    """Event times in epoch seconds (NaN where missing); RFC 3339 strings are parsed one by one."""
-    ts_col = [e.ts for e in evs]
-    if not any(t.__class__ is str for t in ts_col):
-        ts = np.array(ts_col, dtype=np.float64)  # None -> NaN
-        with np.errstate(invalid="ignore"):
-            v.reject((ts < 0) | (ts > _MAX_EPOCH), "bad_timestamp",
-                     "ts is not epoch seconds (milliseconds are not accepted)")
-        return ts
-    ts = np.full(len(evs), np.nan)
-    for j, t in enumerate(ts_col):
-        if t is not None and v.bad[j] == 0:
-            try:
-                ts[j] = parse_timestamp(t)
-            except InvalidEvent as err:
-                v.reject_one(j, err.reason, err.detail)
-    return ts
-
-
-def _mask(n: int, pos: np.ndarray) -> np.ndarray:
-    m = np.zeros(n, bool)
-    m[pos] = True
-    return m
+    fields: EventFields
+    columns: Columns
+    v: Verdicts

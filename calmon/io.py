@@ -1,102 +1,229 @@
-"""Read offline inputs (JSONL events, CSV, NPZ) into arrays for ``calmon check`` / ``fit`` / ``apply``.
+"""Read offline inputs (events, CSV, NPZ, Parquet/Arrow) into arrays for ``calmon check`` / ``fit`` / ``apply``.
 
 Formats
 -------
-* **JSONL**: events as in :mod:`calmon.events`; predictions and outcomes are joined by id with the
-  agent's :class:`calmon.agent.join.Joiner` (without a time limit: the whole file is one batch).
+* **JSON Lines** events as in :mod:`calmon.events`, plain or compressed with gzip (``.gz``) or zstd
+  (``.zst``; recognised by their magic bytes), read and decoded in chunks by :mod:`calmon.io_events`;
+  predictions and outcomes are joined by id with the agent's :class:`calmon.agent.join.Joiner` (without
+  a time limit: the whole file is one batch).
+* **Parquet** and **Arrow IPC** (``.arrow``/``.feather``) files, or a directory of them (``*.parquet``,
+  ``*.arrow``, ... in sorted path order, hidden and ``_``-prefixed names skipped): streamed by record
+  batch, only the needed columns read (:mod:`calmon.parquetio`), each row decoded as a JSON object, so
+  memory does not grow with the file beyond the arrays ``check`` keeps (``scripts/bench_parquet.py``).
+  Without a schema mapping the columns are named as in CSV; a file without ``model`` column takes the
+  ``--model`` name (or is the only model).
 * **CSV** with a header (read as :mod:`calmon.csvrows` reads it for the agent): ``score,label``
   (binary), ``p0,...,p{K-1},label`` (multiclass) or ``confidence,correct`` (top-label); an
-  optional ``id`` column is kept.
+  optional ``id`` column is kept. With a schema mapping, a row is an object keyed by the header's names
+  (cells that are JSON numbers become numbers) and goes through the mapped decoder.
 * **NPZ**: ``confidence`` + ``correct``, ``score`` + ``label``, or ``probs`` + ``labels``
   (loaded with ``allow_pickle=False``).
 
 Any invalid record stops the read with :class:`InputError`, whose message is one line naming
-the file, the line (or array) and the field; with ``skip_invalid`` invalid JSONL records are
+the file, the line or row (or array) and the field; with ``skip_invalid`` invalid events are
 counted by reason code and skipped instead. Records are decoded by :class:`calmon.events.Decoder`,
 which never raises for a record (invalid UTF-8, deep nesting, huge numbers all get a reason code),
 but without the agent's wall-clock limits: offline files are historical and event times do not
 change the result of ``check``, so ``future_timestamp``/``past_timestamp`` are never raised here
-(epoch numbers above 1e11, probable milliseconds, are still ``bad_timestamp``).
+(epoch numbers above 1e11, probable milliseconds, are still ``bad_timestamp`` without a mapping's
+``ts_unit``). A truncated or corrupt gzip/zstd stream is an :class:`InputError` too.
 """
 
 from __future__ import annotations
 
 import io
-import math
+import itertools
 import sys
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import msgspec
 import numpy as np
 
-from calmon.agent.join import JoinedBatch, Joiner
+from calmon.compressed import CorruptStream, codec_of, iter_decompressed
+from calmon.csvobjects import cell_value
 from calmon.csvrows import CsvLayout, read_rows
-from calmon.events import LABELED, PREDICTION, DecodedBatch, Decoder, ModelBatch
+from calmon.io_dataset import Dataset, InputError
+from calmon.io_events import Chunk, EventAccumulator, jsonl_chunks, make_decoder
+from calmon.parquetio import (
+    TABLE_SUFFIXES,
+    TableError,
+    TableFile,
+    batch_records,
+    canonical_plan,
+    mapped_plan,
+    table_kind,
+)
 
-_MAX_CLASSES = 100_000  # the largest limits.max_classes the configuration accepts
+if TYPE_CHECKING:
+    from calmon.schema import Mapping
+
+__all__ = ["Dataset", "InputError", "read_input"]
+
+_JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
+_SNIFF = 1 << 16
+_PIECE = 4 << 20
+_DEFAULT_MODEL = "default"  # the model of a table without model column when no --model is given
 
 
-class InputError(ValueError):
-    """Bad input: the message is one line naming the file, line and field."""
+def read_input(path: str, model: str | None = None, skip_invalid: bool = False,
+               mapping: Mapping | None = None) -> Dataset:
+    """Read ``path`` (a file, a directory of Parquet/Arrow files, or ``-`` for standard input).
 
-
-@dataclass
-class Dataset:
-    """Labeled predictions read from a file.
-
-    ``z``/``y`` are the binary score and label, or for multiclass the top-label confidence
-    and correctness; ``probs``/``labels`` are set for multiclass inputs.
+    The format follows the content (gzip/zstd, Parquet and Arrow magic bytes, ``{`` for JSON Lines)
+    and the extension; ``mapping`` (:func:`calmon.schema.load_mapping`) is applied to every event
+    record (JSON Lines, table rows, CSV rows).
     """
-
-    source: str
-    classes: int
-    z: np.ndarray
-    y: np.ndarray
-    probs: np.ndarray | None = None
-    labels: np.ndarray | None = None
-    ids: np.ndarray | None = None
-    #: Event times (JSON Lines inputs; NaN where an event had none): the report's time view.
-    ts: np.ndarray | None = None
-    model: str | None = None
-    top_label_only: bool = False
-    unjoined_predictions: int = 0
-    orphan_outcomes: int = 0
-    skipped: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def n(self) -> int:
-        return int(self.z.size)
-
-    @property
-    def kind(self) -> str:
-        if self.top_label_only:
-            return "top-label"
-        return "binary" if self.classes == 2 else "multiclass"
-
-
-def _read_bytes(path: str) -> bytes:
     if path == "-":
-        return sys.stdin.buffer.read()
+        return _read_data("<stdin>", sys.stdin.buffer.read(), "", model, skip_invalid, mapping)
     p = Path(path)
     if not p.exists():
         raise InputError(f"{path}: no such file")
     if p.is_dir():
-        raise InputError(f"{path}: is a directory")
-    return p.read_bytes()
+        return _read_tables(path, _table_files(p), model, skip_invalid, mapping)
+    with p.open("rb") as fh:
+        head = fh.read(_SNIFF)
+    kind = table_kind(head, path)
+    if kind is not None:
+        return _read_tables(path, [(path, kind, path)], model, skip_invalid, mapping)
+    codec = codec_of(head)
+    if codec is not None:
+        return _read_compressed(path, codec, model, skip_invalid, mapping)
+    suffix = p.suffix.lower()
+    if head.strip() and _is_jsonl(suffix, head):
+        return _read_events(path, jsonl_chunks(path, _file_pieces(p)), model, skip_invalid, mapping)
+    return _read_data(path, p.read_bytes(), suffix, model, skip_invalid, mapping)
 
 
-def read_input(path: str, model: str | None = None, skip_invalid: bool = False) -> Dataset:
-    """Read ``path`` (or ``-`` for standard input); the format follows the extension or the content."""
-    data = _read_bytes(path)
-    name = "<stdin>" if path == "-" else path
+def _is_jsonl(suffix: str, head: bytes) -> bool:
+    return suffix != ".csv" and (suffix in _JSONL_SUFFIXES or head.lstrip()[:1] == b"{")
+
+
+def _file_pieces(p: Path) -> Iterator[bytes]:
+    with p.open("rb") as fh:
+        while piece := fh.read(_PIECE):
+            yield piece
+
+
+def _read_data(name: str, data: bytes, suffix: str, model: str | None, skip_invalid: bool,
+               mapping: Mapping | None) -> Dataset:
+    """An input held in memory (standard input, a CSV or NPZ file, decompressed CSV)."""
     if not data.strip():
         raise InputError(f"{name}: empty input, no events")
-    suffix = Path(path).suffix.lower() if path != "-" else ""
+    kind = table_kind(data[:8])
+    if kind is not None:
+        return _read_tables(name, [(data, kind, name)], model, skip_invalid, mapping)
+    codec = codec_of(data[:4])
+    if codec is not None:
+        pieces = iter_decompressed(io.BytesIO(data).read, codec)
+        return _read_pieces(name, pieces, "", model, skip_invalid, mapping)
     if suffix == ".npz" or data[:4] == b"PK\x03\x04":
         return _read_npz(name, data)
-    if suffix == ".csv" or (suffix not in (".jsonl", ".json", ".ndjson") and not data.lstrip()[:1] == b"{"):
-        return _read_csv(name, data)
-    return _read_jsonl(name, data, model, skip_invalid)
+    if not _is_jsonl(suffix, data[:_SNIFF]):
+        return _read_csv(name, data) if mapping is None else _read_csv_mapped(name, data, model, skip_invalid,
+                                                                              mapping)
+    return _read_events(name, jsonl_chunks(name, [data]), model, skip_invalid, mapping)
+
+
+def _read_compressed(path: str, codec: str, model: str | None, skip_invalid: bool,
+                     mapping: Mapping | None) -> Dataset:
+    """A gzip or zstd file: JSON Lines are decoded as they are decompressed; CSV and NPZ decompressed whole."""
+    inner = Path(Path(path).stem).suffix.lower()  # events.jsonl.gz -> .jsonl
+    with open(path, "rb") as fh:
+        return _read_pieces(path, iter_decompressed(fh.read, codec), inner, model, skip_invalid, mapping)
+
+
+def _read_pieces(name: str, pieces: Iterator[bytes], inner: str, model: str | None, skip_invalid: bool,
+                 mapping: Mapping | None) -> Dataset:
+    try:
+        head: list[bytes] = []
+        for piece in pieces:  # enough of the stream to tell JSON Lines from CSV
+            head.append(piece)
+            if b"".join(head).strip():
+                break
+        stream = itertools.chain(head, pieces)
+        if _is_jsonl(inner, b"".join(head)[:_SNIFF]):
+            return _read_events(name, jsonl_chunks(name, stream), model, skip_invalid, mapping)
+        return _read_data(name, b"".join(stream), inner, model, skip_invalid, mapping)
+    except CorruptStream as exc:
+        raise InputError(f"{name}: {exc}") from None
+
+
+def _read_events(name: str, chunks: Iterator[Chunk], model: str | None, skip_invalid: bool,
+                 mapping: Mapping | None, what: str = "line") -> Dataset:
+    acc = EventAccumulator(make_decoder(mapping), what)
+    acc.add_all(chunks)
+    return acc.dataset(name, model, skip_invalid)
+
+
+def _table_files(d: Path) -> list[tuple[str | bytes, str, str]]:
+    """The Parquet/Arrow files under a directory, in sorted path order (hidden and ``_`` names skipped)."""
+    found: list[tuple[str | bytes, str, str]] = []
+    for f in sorted(d.rglob("*")):
+        rel = f.relative_to(d).parts
+        if f.is_file() and f.name.lower().endswith(TABLE_SUFFIXES) and not any(x[:1] in "._" for x in rel):
+            with f.open("rb") as fh:
+                kind = table_kind(fh.read(8), str(f))
+            if kind is not None:
+                found.append((str(f), kind, str(f)))
+    if not found:
+        raise InputError(f"{d}: is a directory without Parquet or Arrow files (*.parquet, *.arrow, *.feather)")
+    return found
+
+
+def _read_tables(name: str, files: list[tuple[str | bytes, str, str]], model: str | None, skip_invalid: bool,
+                 mapping: Mapping | None) -> Dataset:
+    """Parquet/Arrow files (``(path or bytes, kind, label)``) streamed batch by batch through one decoder."""
+    acc = EventAccumulator(make_decoder(mapping), "row")
+    injected = False
+    top_label = True
+    for src, kind, label in files:
+        table = None
+        try:
+            table = TableFile(src, kind)
+            if mapping is not None:
+                plan = mapped_plan(table.names, mapping.columns)
+            else:
+                plan = canonical_plan(table.names, model or _DEFAULT_MODEL)
+            injected |= bool(plan.const)
+            top_label &= plan.top_label
+            row = 1
+            for batch in table.batches(plan.read):
+                records = batch_records(batch, plan)
+                acc.add(Chunk(label, records, range(row, row + len(records))))
+                row += len(records)
+        except TableError as exc:
+            raise InputError(f"{label}: {exc}") from None
+        finally:
+            if table is not None:
+                table.close()
+    ds = acc.dataset(name, model or (_DEFAULT_MODEL if injected else None), skip_invalid)
+    if injected and model is None:
+        ds.model = None  # like a CSV file: no model named anywhere
+    ds.top_label_only = top_label and ds.classes == 2
+    return ds
+
+
+def _read_csv_mapped(name: str, data: bytes, model: str | None, skip_invalid: bool, mapping: Mapping) -> Dataset:
+    """CSV rows as objects keyed by the header's names, decoded with the schema mapping."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{name}: not UTF-8 text (is it a binary file?)") from None
+    rows = read_rows(text.removeprefix("\ufeff"))
+    first = next(rows, None)
+    if first is None:
+        raise InputError(f"{name}: empty input, no events")
+    header = [c.strip() for c in first[1]]
+    enc = msgspec.json.Encoder().encode
+
+    def chunks() -> Iterator[Chunk]:
+        while batch := list(itertools.islice(rows, 65_536)):
+            recs = [enc({k: cell_value(v) for k, v in zip(header, cells) if v != ""}) for _, cells in batch]
+            yield Chunk(name, recs, [n for n, _ in batch])
+
+    return _read_events(name, chunks(), model, skip_invalid, mapping)
 
 
 def _check_arrays(name: str, z: np.ndarray, y: np.ndarray, what: str) -> None:
@@ -220,101 +347,3 @@ def _csv_numbers(name: str, body: list[tuple[int, list[str]]], cols: list[int], 
     return values
 
 
-def _read_jsonl(name: str, data: bytes, model: str | None, skip_invalid: bool) -> Dataset:
-    lines = data.split(b"\n")
-    if lines and lines[-1].strip() == b"":
-        lines.pop()
-    keep = [i for i, ln in enumerate(lines) if ln.strip()]
-    # offline files are historical and their times do not affect the result: no wall-clock limits here
-    out = Decoder(max_models=10_000, max_segments=10_000, max_classes=_MAX_CLASSES,
-                  max_id_bytes=65_536).decode([lines[i] for i in keep])
-    skipped: dict[str, int] = {}
-    if out.rejected:
-        if not skip_invalid:
-            r = out.rejected[0]
-            more = f" (and {len(out.rejected) - 1} more invalid lines)" if len(out.rejected) > 1 else ""
-            raise InputError(f"{name}: line {keep[r.index] + 1}: {r.reason}: {r.detail}{more}")
-        skipped = out.reason_counts()
-    model = _choose_model(name, out, model)
-    return _labeled_dataset(name, out, model, skipped)
-
-
-def _choose_model(name: str, out: DecodedBatch, model: str | None) -> str:
-    models = sorted(m for m in out.models if m)
-    if model is None:
-        if len(models) > 1:
-            listed = ", ".join(models[:5])
-            raise InputError(f"{name}: events of {len(models)} models ({listed}); choose one with --model")
-        if not models:
-            raise InputError(f"{name}: no prediction or labeled events")
-        model = models[0]
-    if model not in out.models:
-        raise InputError(f"{name}: no events of model {model!r} (models: {', '.join(models[:5])})")
-    return model
-
-
-def _join(out: DecodedBatch, model: str) -> tuple[JoinedBatch | None, int]:
-    """The model's predictions joined with outcomes (with or without the model), and the orphan count.
-
-    One batch and no time limit, so event times do not matter (NaN ones are set to 0 because the
-    joiner compares them); predictions and outcomes may come in either order.
-    """
-    groups = {m: out.models[m] for m in (model, "") if m in out.models}
-    filled = {m: replace(b, ts=np.where(np.isnan(b.ts), 0.0, b.ts)) for m, b in groups.items()}
-    joiner = Joiner(ttl=math.inf, max_pending=max(1, sum(len(b) for b in groups.values())))
-    joined = joiner.process(filled).get(model)
-    return joined, joiner.counters.orphans + len(joiner.early)
-
-
-def _labeled_dataset(name: str, out: DecodedBatch, model: str, skipped: dict[str, int]) -> Dataset:
-    """Labeled events in record order, then joined predictions in the order of the predictions."""
-    mb = out.models[model]
-    k = mb.classes
-    lab, pred = mb.select(mb.kind == LABELED), mb.select(mb.kind == PREDICTION)
-    joined, orphans = _join(out, model)
-    pairs = _in_prediction_order(joined, pred) if joined is not None else None
-    n_joined = 0 if pairs is None else len(pairs.label)
-    if pairs is not None and (pairs.label >= k).any():
-        bad = int(np.flatnonzero(pairs.label >= k)[0])
-        raise InputError(f"{name}: outcome for id {pairs.ids[bad]!r}: label must be < {k}")
-    unjoined = len(pred) - n_joined
-    if len(lab) + n_joined == 0:
-        raise InputError(f"{name}: no labeled events (predictions without outcomes: {unjoined})")
-    labels = lab.label if pairs is None else np.concatenate([lab.label, pairs.label])
-    ids = lab.ids if pairs is None else np.concatenate([lab.ids, pairs.ids])
-    ts = lab.ts if pairs is None else np.concatenate([lab.ts, pairs.ts])
-    if k == 2:
-        z = _stack(lab.score, None if pairs is None else pairs.score)
-        return Dataset(name, 2, z, labels.astype(np.float64), ids=ids, ts=ts, model=model,
-                       unjoined_predictions=unjoined, orphan_outcomes=orphans, skipped=skipped)
-    probs = _stack(lab.probs, None if pairs is None else pairs.probs)
-    top = probs.argmax(axis=1)
-    return Dataset(name, k, probs[np.arange(len(probs)), top], (top == labels).astype(np.float64), probs=probs,
-                   labels=labels, ids=ids, ts=ts, model=model, unjoined_predictions=unjoined, orphan_outcomes=orphans,
-                   skipped=skipped)
-
-
-@dataclass
-class _Pairs:
-    label: np.ndarray
-    ids: np.ndarray
-    ts: np.ndarray
-    score: np.ndarray | None
-    probs: np.ndarray | None
-
-
-def _in_prediction_order(joined: JoinedBatch, pred: ModelBatch) -> _Pairs:
-    """Reorder joined pairs (completed in outcome order) into the record order of their predictions."""
-    first: dict[str, int] = {}
-    for i, key in enumerate(pred.ids.tolist()):
-        first.setdefault(key, i)
-    assert joined.ids is not None
-    order = np.argsort([first[key] for key in joined.ids.tolist()], kind="stable")
-    return _Pairs(joined.label[order], joined.ids[order], joined.ts[order],
-                  None if joined.score is None else joined.score[order],
-                  None if joined.probs is None else joined.probs[order])
-
-
-def _stack(a: np.ndarray | None, b: np.ndarray | None) -> np.ndarray:
-    parts = [x for x in (a, b) if x is not None]
-    return np.concatenate(parts) if parts else np.zeros(0)

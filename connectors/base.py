@@ -110,8 +110,9 @@ class HealthReporting(Protocol):
 
 @runtime_checkable
 class DeadLetterSink(Protocol):
-    def write(self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None) -> None:
-        """Record rejected raw records with their reason codes."""
+    def write(self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None,
+              meta: list[RecordMeta] | None = None) -> None:
+        """Record rejected raw records with their reason codes (and their transport metadata, if any)."""
 
     def position(self) -> dict[str, Any]:
         """Position to checkpoint with the state (so a restart can drop dead letters written after it)."""

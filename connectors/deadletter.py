@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 
 from calmon.eventparse import OversizedRecord
+from connectors.base import RecordMeta
 
 __all__ = ["FileDeadLetterSink", "DEADLETTER_POSITION_VERSION"]
 
@@ -102,7 +103,8 @@ class FileDeadLetterSink:
         return self._fd
 
     def write(
-        self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None
+        self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None,
+        meta: list[RecordMeta] | None = None,
     ) -> None:
         """Record rejected raw records with their reason codes.
 
@@ -116,6 +118,9 @@ class FileDeadLetterSink:
             Source name.
         origins
             Optional per-record origins (``"file:line"``, ``"topic/partition@offset"``).
+        meta
+            Optional per-record transport metadata: a Kafka record's key and headers are kept
+            (``key_b64``, ``headers`` as ``[name, base64 value]`` pairs) so a replay can rebuild the record.
         """
         self._fd_or_raise()
         if len(reasons) != len(records):
@@ -127,6 +132,8 @@ class FileDeadLetterSink:
             doc: dict[str, Any] = {"reason": str(reasons[i]), "source": source,
                                    "origin": None if origins is None else origins[i]}
             doc.update(self._record_fields(rec))
+            if meta is not None:
+                doc.update(_meta_fields(meta[i]))
             lines.append(_enc.encode(doc))
         if not lines:
             return
@@ -223,3 +230,13 @@ class FileDeadLetterSink:
         finally:
             os.close(self._fd)
             self._fd = None
+
+
+def _meta_fields(m: RecordMeta) -> dict[str, Any]:
+    """A record's key and headers as JSON (base64: both are arbitrary bytes); nothing when it has neither."""
+    out: dict[str, Any] = {}
+    if m.key is not None:
+        out["key_b64"] = base64.b64encode(m.key).decode("ascii")
+    if m.headers:
+        out["headers"] = [[name, base64.b64encode(value).decode("ascii")] for name, value in m.headers]
+    return out

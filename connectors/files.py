@@ -1,9 +1,20 @@
-"""File source: JSONL and CSV files or directories, read once or followed like ``tail -F``.
+"""File source: JSONL, CSV, gzip/zstd and Parquet files or directories, read once or followed like ``tail -F``.
 
 The source implements :class:`connectors.base.Source`. Records are whole lines: JSONL lines are
 passed through as they are, CSV rows are converted to JSON objects (see
-:class:`calmon.csvrows.CsvConverter`), so
-the decoder sees one JSON document per record whatever the file format.
+:class:`calmon.csvrows.CsvConverter`; with ``schema_columns``, :class:`calmon.csvobjects.CsvObjects`),
+Parquet/Arrow rows too (:mod:`calmon.parquetio`), so the decoder sees one JSON document per record
+whatever the file format.
+
+Whole files
+-----------
+gzip/zstd files (JSON Lines or CSV inside) and Parquet/Arrow files are read whole, once complete
+(:mod:`connectors.filewhole`): at once by a read-once source; by a following source once their size and
+modification time have not changed for ``settle`` seconds (write such files elsewhere and rename them
+in, or let only log rotation compress), a Parquet file only once it has its footer (until then it
+waits: not an error). A truncated or corrupt stream is logged and listed in :attr:`FileSource.errors`
+(lines before the damage are delivered) and retried only if the file changes, never in a loop. A
+finished whole file stays in the position (``done``) while it is matched: it is never read twice.
 
 Reading is chunked (``os.read`` of about a megabyte, ``bytes.split`` on newlines), so reading and
 splitting alone runs at several million lines per second on JSONL (see ``scripts/bench_files.py``).
@@ -15,6 +26,11 @@ Positions
     {"version": 1, "kind": "files", "source": NAME,
      "files": [{"path": P, "dev": D, "ino": I, "offset": BYTES, "line": NEXT_LINE_NUMBER,
                 "fp": SHA1_HEX, "fp_len": N, "done": BOOL}, ...]}
+
+A whole file's entry adds ``"whole"`` (``gzip``, ``zstd`` or ``table``) and ``"unit"``: for a compressed
+file ``offset`` is the **decompressed** byte offset (``unit: decompressed``; a restart decompresses the
+file again and skips that many bytes), for a table the index of the next row (``unit: row``); ``fp``
+fingerprints the file's first bytes.
 
 ``offset`` is the byte offset just after the last newline whose line has been returned by
 :meth:`FileSource.read`; ``fp`` is the SHA-1 of the first ``fp_len`` (at most 1024) bytes of the
@@ -33,13 +49,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
+from calmon.csvobjects import CsvObjects
 from calmon.csvrows import CsvConverter
+from calmon.parquetio import IncompleteTable, TableError
 from connectors.base import Batch
-from connectors.filescan import FileSpecs
+from connectors.filescan import FORMATS, FileSpecs
 from connectors.filetrack import BOM, FP_MAX, LineSkip, TrackedFile, csv_header, locate, skip_to_end
+from connectors.filewhole import CompressedLines, open_reader
 
 __all__ = ["FileSource", "CsvConverter", "POSITION_VERSION"]
 
@@ -58,8 +77,9 @@ class FileSource:
         non-hidden files whose names match ``pattern`` (default by format: ``*.jsonl``,
         ``*.ndjson``, ``*.json`` and/or ``*.csv``). Files are read in sorted path order.
     format
-        ``"jsonl"``, ``"csv"`` or ``"auto"`` (by extension; otherwise by the first byte: ``{`` is
-        JSONL, anything else CSV).
+        ``"jsonl"``, ``"csv"``, ``"parquet"`` or ``"auto"`` (by extension and magic bytes; otherwise by
+        the first byte: ``{`` is JSONL, anything else CSV). Compressed files (``.gz``, ``.zst``) are
+        read when a path, glob or ``pattern`` names them (see :mod:`connectors.filescan`).
     follow
         False: read every file to its end (a last line without newline included), then
         :attr:`exhausted` becomes True. True: keep following: new files in directories/globs are
@@ -85,6 +105,12 @@ class FileSource:
         A line longer than this is read past without being buffered and delivered as one
         :class:`calmon.events.OversizedRecord` (its first bytes, real length and SHA-256), which
         the decoder rejects as ``too_large``; give the agent's ``limits.max_record_bytes``.
+    settle
+        Seconds a compressed or Parquet file must stay unchanged before a following source reads it.
+    schema_columns
+        ``None``: records in the canonical schema. With a schema mapping, the columns it reads
+        (:attr:`calmon.schema.Mapping.columns`, ``"all"`` for every column): CSV and Parquet rows then
+        keep their own column names and only those Parquet columns are read.
 
     Examples
     --------
@@ -115,9 +141,11 @@ class FileSource:
         rotate_grace: float = 1.0,
         origins: bool = True,
         max_line_bytes: int = 1 << 20,
+        settle: float = 1.0,
+        schema_columns: Collection[str] | str | None = None,
     ) -> None:
-        if format not in ("jsonl", "csv", "auto"):
-            raise ValueError(f"format must be 'jsonl', 'csv' or 'auto', got {format!r}")
+        if format not in FORMATS:
+            raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
         if start not in ("beginning", "end"):
             raise ValueError(f"start must be 'beginning' or 'end', got {start!r}")
         if chunk_bytes < 1 or max_line_bytes < 1 or poll_interval <= 0 or rotate_grace < 0:
@@ -136,6 +164,9 @@ class FileSource:
         self.rotate_grace = float(rotate_grace)
         self.with_origins = bool(origins)
         self.max_line_bytes = int(max_line_bytes)
+        self.settle = float(settle)
+        self.schema_columns = schema_columns
+        self.errors: list[str] = []  # whole files that could not be read to their end: "path: why"
         self._specs = FileSpecs(specs, format, pattern, must_exist=not self.follow, name=name)
         self._files: dict[tuple[int, int], TrackedFile] = {}
         self._order: list[TrackedFile] = []
@@ -163,12 +194,15 @@ class FileSource:
             return False
         f.fd = fd
         f.buf, f.skip = b"", None
+        if f.fmt == "?":
+            f.fmt, f.whole = self._specs.kind_of(f.path, fd)
+        f.size = st.st_size
+        if f.whole:
+            f.head = os.pread(fd, FP_MAX, 0)
+            return True
         if f.offset > st.st_size:  # truncated while we were away
             f.rewind()
         os.lseek(fd, f.offset, os.SEEK_SET)
-        f.size = st.st_size
-        if f.fmt == "?":
-            f.fmt = self._specs.format_of(f.path, fd)
         return True
 
     def _rescan(self) -> None:
@@ -189,19 +223,105 @@ class FileSource:
                         del self._files[key]
                         continue
                     if initial and self.start == "end":
-                        skip_to_end(f, self.max_line_bytes)
+                        self._to_end(f)
             else:
                 f.path = path
                 f.size = st.st_size
                 if not f.matched:
                     f.matched, f.detached_at = True, None
+            f.observe(st.st_size, st.st_mtime_ns, now)
         for f in list(self._files.values()):
-            if f.key() not in seen and f.matched:
+            if f.key() not in seen and f.whole and (f.done or not self.follow):
+                f.close()  # a finished (or, read once, vanished) whole file: nothing more to read
+                if self.follow:
+                    del self._files[f.key()]
+            elif f.key() not in seen and f.matched:
                 f.matched = False
                 f.detached_at = now
         self._order = sorted(
             self._files.values(), key=lambda f: (f.matched, f.detached_at or 0.0, f.path)
         )
+
+    def _to_end(self, f: TrackedFile) -> None:
+        """``start="end"``: existing lines are skipped; an existing whole file counts as read."""
+        if f.whole:
+            f.done = True
+            f.close()
+        else:
+            skip_to_end(f, self.max_line_bytes)
+
+    # ------------------------------------------------------------------ whole files
+    def _complete(self, f: TrackedFile) -> bool:
+        """Whether a whole file may be read now (see the module docstring)."""
+        if not self.follow:
+            return True
+        if f.failed is not None and f.failed == f.seen:
+            return False  # failed as it is now: wait for a change
+        quiet = min(time.time() - f.seen[1] / 1e9, time.monotonic() - f.seen_since)
+        return f.seen[0] > 0 and (quiet >= self.settle or not f.matched)
+
+    def _start_whole(self, f: TrackedFile) -> bool:
+        """Open the reader of a whole file at its position; False if it is not readable (yet)."""
+        try:
+            f.reader = open_reader(f, self.schema_columns, self.max_line_bytes, self.chunk_bytes)
+            if isinstance(f.reader, CompressedLines) and f.fmt == "csv" and f.offset > 0 and f.reader.header:
+                f.conv = self._csv_converter(f.reader.header)
+        except IncompleteTable as exc:
+            if not self.follow:
+                self._whole_failed(f, str(exc))
+            else:
+                log.info("%s: %s is not complete yet (%s)", self.name, f.path, exc)
+                f.failed = f.seen
+            return False
+        except (TableError, OSError) as exc:
+            self._whole_failed(f, str(exc))
+            return False
+        return True
+
+    def _whole_failed(self, f: TrackedFile, why: str) -> None:
+        log.error("%s: %s: %s (lines before it were read; retried if the file changes)", self.name, f.path, why)
+        self.errors.append(f"{f.path}: {why}")
+        f.failed = f.seen
+        if f.reader is not None:
+            f.reader.close()
+            f.reader = None
+        if not self.follow:
+            f.done = True
+            f.close()
+
+    def _read_whole(self, f: TrackedFile, need: int, out: list[bytes], origins: list[str] | None) -> int:
+        """Append up to ``need`` records of a compressed or table file (once it is complete)."""
+        if f.reader is None and not (self._complete(f) and self._start_whole(f)):
+            return 0
+        r = f.reader
+        assert r is not None
+        got = 0
+        while got < need and not r.finished:
+            try:
+                segs = r.read(need - got)
+            except TableError as exc:
+                f.offset, f.line = r.offset, r.offset + 1  # a table: rows before the damage were returned
+                self._whole_failed(f, str(exc))
+                return got
+            if not segs:
+                break
+            for seg in segs:
+                if seg.oversized is not None:
+                    out.append(seg.oversized)
+                    if origins is not None:
+                        origins.append(f"{f.path}:{seg.first}")
+                    got += 1
+                elif seg.lines:
+                    got += self._emit(f, seg.lines, seg.first, out, origins)
+        f.offset = r.offset
+        f.line = r.line if isinstance(r, CompressedLines) else r.offset + 1
+        if r.finished:
+            if isinstance(r, CompressedLines) and r.error is not None:
+                self._whole_failed(f, r.error)
+            else:
+                f.done, f.failed = True, None
+                f.close()
+        return got
 
     # ------------------------------------------------------------------ reading
     def _read_file(self, f: TrackedFile, need: int, out: list[bytes], origins: list[str] | None) -> int:
@@ -214,13 +334,15 @@ class FileSource:
                 self.lost.append({"path": f.path, "dev": f.dev, "ino": f.ino, "offset": f.offset})
                 f.done = True
             return 0
+        if f.whole:
+            return self._read_whole(f, need, out, origins)
         final = not self.follow or (not f.matched and f.detached_at is not None
                                     and time.monotonic() - f.detached_at >= self.rotate_grace)
         if self.follow and not f.unchanged():
             log.info("%s: %s was truncated or rewritten, reading from the start", self.name, f.path)
             f.rewind()
         if f.fmt == "csv" and f.conv is None and f.offset > 0:
-            f.conv = csv_header(f)
+            f.conv = csv_header(f, self._csv_converter)
         got = 0
         while got < need:
             if f.skip is not None:
@@ -305,7 +427,7 @@ class FileSource:
             return 0
         if f.fmt == "csv":
             if f.conv is None:
-                f.conv = CsvConverter(parts[0])
+                f.conv = self._csv_converter(parts[0])
                 if f.conv.error is not None:
                     log.warning("%s: CSV header of %s rejected: %s", self.name, f.path, f.conv.error)
                     # the header itself goes to the decoder (and the dead letters) as it is
@@ -318,6 +440,9 @@ class FileSource:
             p = f.path
             origins.extend([f"{p}:{i}" for i in lines_no])
         return len(parts)
+
+    def _csv_converter(self, header: bytes) -> CsvConverter | CsvObjects:
+        return CsvConverter(header) if self.schema_columns is None else CsvObjects(header)
 
     def _check_eof(self, f: TrackedFile, final: bool) -> None:
         """At EOF: detect truncation, finish read-once files, drop drained rotated files."""
@@ -393,7 +518,9 @@ class FileSource:
 
     def lag_bytes(self) -> int:
         """Bytes known to be in the files but not yet returned (from the last size seen)."""
-        return sum(max(0, f.size - f.offset) for f in self._files.values() if not f.done)
+        return sum(max(0, f.size - (f.offset if not f.whole else f.reader.raw_pos
+                                    if isinstance(f.reader, CompressedLines) else 0))
+                   for f in self._files.values() if not f.done)
 
     # ------------------------------------------------------------------ positions
     def position(self) -> dict[str, Any]:
@@ -401,8 +528,11 @@ class FileSource:
         files = []
         for f in self._order:
             fp, fp_len = f.fingerprint()
-            files.append({"path": f.path, "dev": f.dev, "ino": f.ino, "offset": f.offset, "line": f.line,
-                          "fp": fp, "fp_len": fp_len, "done": f.done})
+            entry = {"path": f.path, "dev": f.dev, "ino": f.ino, "offset": f.offset, "line": f.line,
+                     "fp": fp, "fp_len": fp_len, "done": f.done}
+            if f.whole:
+                entry.update(whole=f.whole, unit="row" if f.whole == "table" else "decompressed")
+            files.append(entry)
         return {"version": POSITION_VERSION, "kind": "files", "source": self.name, "files": files}
 
     def seek(self, position: Mapping[str, Any]) -> None:
@@ -444,7 +574,13 @@ class FileSource:
             st = os.fstat(fd)
             f = TrackedFile(p, st.st_dev, st.st_ino, "?", offset=int(e["offset"]), line=int(e.get("line", 1)),
                             done=bool(e.get("done", False)), size=st.st_size)
-            if f.offset <= st.st_size:
+            if e.get("whole"):
+                if f.done:  # a finished whole file stays finished (never read twice)
+                    f.whole, f.head = str(e["whole"]), os.pread(fd, FP_MAX, 0)
+                    self._files[f.key()] = f
+                    os.close(fd)
+                    continue
+            elif f.offset <= st.st_size:
                 f.fd = fd
                 f.load_tail()
                 f.fd = None

@@ -10,6 +10,12 @@ Examples
 ['a.jsonl', 'b.csv']
 >>> FileSpecs([str(d / "*.csv")], "auto").format_of(str(d / "b.csv"), None)
 'csv'
+>>> FileSpecs([str(d / "*.jsonl.gz")]).kind_of(str(d / "c.jsonl.gz"), None), len(FileSpecs([str(d / "*.gz")]).scan())
+(('jsonl', 'gzip'), 1)
+
+Compressed files (``.gz``, ``.zst``) are matched only by a path, glob or ``pattern`` that names their
+suffix (``*.jsonl.gz``), never by the default patterns or by a glob such as ``app.jsonl*``: log rotation
+often compresses lines that were already read from the live file into the same directory.
 """
 
 from __future__ import annotations
@@ -19,13 +25,18 @@ import glob
 import os
 import stat as stat_mod
 
+from calmon.compressed import codec_of, codec_of_name
+from calmon.parquetio import table_kind
 from connectors.filetrack import BOM
 
-__all__ = ["FileSpecs", "JSONL_SUFFIXES", "CSV_SUFFIXES", "COMPRESSED"]
+__all__ = ["FileSpecs", "JSONL_SUFFIXES", "CSV_SUFFIXES", "TABLE_SUFFIXES", "COMPRESSED", "FORMATS"]
 
+FORMATS = ("auto", "jsonl", "csv", "parquet")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 CSV_SUFFIXES = (".csv",)
-COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")  # never matched by globs/directories
+TABLE_SUFFIXES = (".parquet", ".pq")
+READABLE = (".gz", ".zst")  # compressed suffixes read when a spec names them
+COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")  # never matched by globs that do not name them
 
 
 class FileSpecs:
@@ -50,7 +61,8 @@ class FileSpecs:
                  must_exist: bool = False, name: str = "files") -> None:
         self.format = format
         if pattern is None:
-            sfx = {"jsonl": JSONL_SUFFIXES, "csv": CSV_SUFFIXES}.get(format, JSONL_SUFFIXES + CSV_SUFFIXES)
+            sfx = {"jsonl": JSONL_SUFFIXES, "csv": CSV_SUFFIXES, "parquet": TABLE_SUFFIXES}.get(
+                format, JSONL_SUFFIXES + CSV_SUFFIXES + TABLE_SUFFIXES)
             self.patterns = ["*" + s for s in sfx]
         else:
             self.patterns = [pattern]
@@ -81,8 +93,9 @@ class FileSpecs:
             if kind == "file":
                 add(s)
             elif kind == "glob":
+                named = s.lower().endswith(READABLE)
                 for p in sorted(glob.glob(s)):
-                    if not p.lower().endswith(COMPRESSED):
+                    if named or not p.lower().endswith(COMPRESSED):
                         add(p)
             else:
                 try:
@@ -94,9 +107,22 @@ class FileSpecs:
                         add(os.path.join(s, n))
         return sorted(found.values(), key=lambda t: t[0])
 
+    def kind_of(self, path: str, fd: int | None) -> tuple[str, str | None]:
+        """``(format, whole)``: a Parquet or Arrow file is ``("table", "table")``; a gzip or zstd file
+        ``(inner format, codec)`` (by the suffix before ``.gz``, default JSON Lines); else ``(format, None)``."""
+        head = os.pread(fd, 8, 0) if fd is not None else b""
+        if self.format == "parquet" or table_kind(head, path) is not None or path.lower().endswith(TABLE_SUFFIXES):
+            return "table", "table"
+        codec = codec_of_name(path) or codec_of(head)
+        if codec is None:
+            return self.format_of(path, fd), None
+        inner = os.path.splitext(path)[0] if codec_of_name(path) else path
+        fmt = self.format if self.format != "auto" else "csv" if inner.lower().endswith(CSV_SUFFIXES) else "jsonl"
+        return fmt, codec
+
     def format_of(self, path: str, fd: int | None) -> str:
         """``"jsonl"`` or ``"csv"``: the configured format, else by extension, else by the first byte."""
-        if self.format != "auto":
+        if self.format in ("jsonl", "csv"):
             return self.format
         low = path.lower()
         if low.endswith(CSV_SUFFIXES):

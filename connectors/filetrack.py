@@ -18,12 +18,16 @@ from __future__ import annotations
 import hashlib
 import os
 import stat as stat_mod
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from calmon.csvobjects import CsvObjects
 from calmon.csvrows import CsvConverter
 from calmon.eventparse import PREFIX_BYTES, OversizedRecord
+
+if TYPE_CHECKING:
+    from connectors.filewhole import CompressedLines, TableRows
 
 __all__ = ["TrackedFile", "LineSkip", "fingerprint", "locate", "skip_to_end", "csv_header", "FP_MAX", "BOM"]
 
@@ -88,7 +92,14 @@ class TrackedFile:
     size: int = 0  # last known size
     matched: bool = True  # still matched by a path/glob/dir spec
     detached_at: float | None = None  # when the name stopped pointing at this inode
-    conv: CsvConverter | None = None
+    conv: CsvConverter | CsvObjects | None = None
+    #: whole-file reading (:mod:`connectors.filewhole`): ``"gzip"``, ``"zstd"`` or ``"table"``; None: plain lines
+    whole: str | None = None
+    reader: CompressedLines | TableRows | None = None
+    head: bytes = b""  # a whole file's first (at most FP_MAX) raw bytes: its fingerprint
+    seen: tuple[int, int] = (-1, -1)  # (size, mtime_ns) at the last scan
+    seen_since: float = 0.0  # monotonic time since which ``seen`` has not changed
+    failed: tuple[int, int] | None = None  # ``seen`` when a whole file failed: retried once it changes
 
     def key(self) -> tuple[int, int]:
         return (self.dev, self.ino)
@@ -118,12 +129,18 @@ class TrackedFile:
             os.lseek(self.fd, 0, os.SEEK_SET)
 
     def fingerprint(self) -> tuple[str, int]:
-        """``(SHA-1 hex, length)`` of the bytes before the offset, as stored in a position."""
-        return hashlib.sha1(self.tail, usedforsecurity=False).hexdigest(), len(self.tail)
+        """``(SHA-1 hex, length)`` of the bytes before the offset (a whole file: of its first bytes)."""
+        data = self.head if self.whole else self.tail
+        return hashlib.sha1(data, usedforsecurity=False).hexdigest(), len(data)
+
+    def observe(self, size: int, mtime_ns: int, now: float) -> None:
+        """Note the size and modification time seen by a scan (a whole file is read once they settle)."""
+        if (size, mtime_ns) != self.seen:
+            self.seen, self.seen_since = (size, mtime_ns), now
 
     def unchanged(self) -> bool:
         """Whether the bytes before the offset are still those that were read (one ``pread``)."""
-        if self.fd is None or not self.tail:
+        if self.fd is None or not self.tail or self.whole:
             return True
         n = len(self.tail)
         return os.pread(self.fd, n, self.offset - n) == self.tail
@@ -136,6 +153,9 @@ class TrackedFile:
 
     def close(self) -> None:
         """Close the descriptor (if open) and drop the read-ahead buffer."""
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
         if self.fd is not None:
             try:
                 os.close(self.fd)
@@ -156,11 +176,13 @@ def locate(e: Mapping[str, Any], at_offset: bool = True) -> tuple[str, int] | No
 
     Looks at the recorded path, then at files with the same inode in the same directory (a
     rotation by rename); the fingerprint must match: of the ``fp_len`` bytes before the offset
-    (``at_offset``, position version 2) or of the first ``fp_len`` bytes (version 1). A file now
+    (``at_offset``, position version 2) or of the first ``fp_len`` bytes (version 1, and entries of
+    whole files, whose ``unit`` is ``"decompressed"`` or ``"row"``: their offset is not a file offset). A file now
     shorter than the offset was truncated: it is returned (and read again from its start). Without
     a fingerprint, the device must match.
     """
     path, ino, dev = str(e["path"]), int(e["ino"]), int(e["dev"])
+    at_offset = at_offset and e.get("unit", "byte") == "byte"
     fp, fp_len, offset = str(e.get("fp", "")), int(e.get("fp_len", 0)), int(e.get("offset", 0))
     candidates = [path]
     try:
@@ -208,7 +230,8 @@ def skip_to_end(f: TrackedFile, max_line_bytes: int) -> None:
     os.lseek(f.fd, end, os.SEEK_SET)
 
 
-def csv_header(f: TrackedFile) -> CsvConverter:
+def csv_header(f: TrackedFile, make: Callable[[bytes], CsvConverter | CsvObjects] = CsvConverter
+               ) -> CsvConverter | CsvObjects:
     """The converter of a CSV file opened past its beginning, from its first non-blank line."""
     assert f.fd is not None
     data = b""
@@ -219,5 +242,5 @@ def csv_header(f: TrackedFile) -> CsvConverter:
         data += more
         for line in data.split(b"\n")[:-1]:
             if line.strip(b"\r"):
-                return CsvConverter(line.rstrip(b"\r"))
-    return CsvConverter(b"")
+                return make(line.rstrip(b"\r"))
+    return make(b"")

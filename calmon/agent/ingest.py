@@ -50,11 +50,12 @@ class Ingestor:
         """Decode, join and bin one batch; count it; dead-letter its rejects."""
         now = self.clock()
         st = self.state
-        decoded = st.decoder.decode(batch.records, batch.origins)
+        decoded = st.decoder_for(batch.source).decode(batch.records, batch.origins, batch.meta)
         if decoded.rejected and self.dead_letter is not None:
             self.dead_letter.write([batch.records[r.index] for r in decoded.rejected],
                                    [r.reason for r in decoded.rejected], batch.source,
-                                   [r.origin or "" for r in decoded.rejected] if batch.origins else None)
+                                   [r.origin or "" for r in decoded.rejected] if batch.origins else None,
+                                   [batch.meta[r.index] for r in decoded.rejected] if batch.meta else None)
         lag_records = _lag_records(src)
         with st.lock:
             self._apply(decoded, now)

@@ -18,17 +18,20 @@ immutable object (:mod:`calmon.agent.views`).
 
 Checkpoints
 -----------
-A checkpoint is written between two batches, when the state holds exactly the records up to
-every source's position: it contains the decoder state, the join buffers, every ring of every
-model, all counters, each source's position and the dead-letter sink's position, in one
-document saved atomically by :class:`calmon.checkpoint.CheckpointStore`.  On start the agent
-loads it, seeks each source to its position and truncates the dead-letter file to its
+A checkpoint is captured between two batches, when the state holds exactly the records up to
+every source's position: the decoder state, the join buffers, every ring of every model, all
+counters, each source's position and the dead-letter sink's position.  Under the lock only what
+changed since the last generation is copied; a writer thread serialises it and commits the
+generation (:mod:`calmon.checkpoint_incremental`, :class:`calmon.checkpoint.CheckpointStore`), and
+source offsets are committed after that, on the ingestion thread.  On start the agent loads the
+newest generation, seeks each source to its position and truncates the dead-letter file to its
 position: records after the checkpoint are read again and everything derived from them is
 rebuilt, so after a crash no event is lost and none is counted twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -49,16 +52,18 @@ from calmon.agent.build import (
 )
 from calmon.agent.evaluation import Evaluator, RoundResult, check_testers
 from calmon.agent.ingest import Ingestor
+from calmon.agent.pool import TesterPool
 from calmon.agent.recalibrate import Recalibrator
 from calmon.agent.scheduler import Scheduler
 from calmon.agent.state import AgentState, StateError
 from calmon.agent.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo
-from calmon.agent.views import Published, metrics_state, status_document
+from calmon.agent.views import Published, live_state, metrics_state, model_bytes, round_state, status_document
 from calmon.calibration import check_methods
 from calmon.checkpoint import CheckpointStore
+from calmon.checkpoint_incremental import Checkpointer, resolver
 from calmon.config import Config, ConfigError
 from calmon.exporter.http import Endpoints, HTTPExporter, HTTPLimits, tls_context
-from calmon.exporter.metrics import AgentMetrics
+from calmon.exporter.metrics import AgentMetrics, SeriesBudget
 from calmon.statuspage import render as render_status
 from connectors.base import Batch, Committable, Connectable, DeadLetterSink, Source
 
@@ -67,7 +72,7 @@ log = logging.getLogger("calmon.agent")
 __all__ = ["Agent", "StartupError"]
 
 CHECKPOINT_FORMAT = "calmon.agent_state"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  #: 2: buckets as blob references (incremental); 1 (every bucket inline) is still read
 
 
 class Agent:
@@ -115,7 +120,9 @@ class Agent:
         self.alertmanager = build_alertmanager(cfg.alerts)
         self.published = Published()
         self.checkpoint_info: CheckpointInfo = {"last_timestamp": None, "duration": None, "count": 0}
-        self.metrics = AgentMetrics(self.metrics_state)
+        ex = cfg.exporter
+        self.metrics = AgentMetrics(self.live_state, SeriesBudget(ex.reliability, ex.max_series_per_model,
+                                                                  ex.max_series), clock=clock)
         self.ready = False
         self.done = False
         self._stop = threading.Event()
@@ -123,10 +130,12 @@ class Agent:
         self.sources: list[Source] = []
         self.dead_letter: DeadLetterSink | None = None
         self.store: CheckpointStore | None = None
+        self.checkpointer: Checkpointer | None = None
         self.http: HTTPExporter | None = None
         self.scheduler: Scheduler | None = None
         self.ingestor: Ingestor | None = None
         self.evaluator: Evaluator | None = None
+        self.pool: TesterPool | None = None
         self._ingest_thread: threading.Thread | None = None
         self.started_at = self.clock()
         #: Callables ``fn(evaluations)`` run after each evaluation round (the demo prints from one).
@@ -152,11 +161,14 @@ class Agent:
         if self.cfg.recalibration.enabled:
             recal = Recalibrator(self.cfg.recalibration, build_publishers(self.cfg))
         history = next((name for name, length in self.state.windows.items() if length is None), None)
-        self.evaluator = Evaluator(self.cfg.evaluation, self.alert_engine, recal, clock=self.clock,
-                                   estimation=self.cfg.estimation, history_window=history)
+        ev = self.cfg.evaluation
+        self.pool = TesterPool(ev.pool, ev.workers)
+        self.evaluator = Evaluator(ev, self.alert_engine, recal, clock=self.clock, estimation=self.cfg.estimation,
+                                   history_window=history, pool=self.pool)
         self.ingestor = Ingestor(self.state, self.dead_letter, self.clock)
         if self.cfg.checkpoint.enabled:
-            self.store = CheckpointStore(Path(self.cfg.state_dir) / "checkpoints")
+            self.store = CheckpointStore(Path(self.cfg.state_dir) / "checkpoints", keep=self.cfg.checkpoint.keep)
+            self.checkpointer = Checkpointer(self.store)
             doc = self.store.load()
             if doc is not None:
                 self.restore(doc)
@@ -168,7 +180,7 @@ class Agent:
             self.state.source(src.name)
         if self.cfg.exporter.enabled:
             self.http = self._start_http()
-        self.scheduler = Scheduler(self.evaluate_round, self.cfg.evaluation.every).start()
+        self.scheduler = Scheduler(self.evaluate_round, self.cfg.evaluation.every, self._settle).start()
         self.ready = True
 
     def _start_http(self) -> HTTPExporter:
@@ -195,8 +207,17 @@ class Agent:
         self._stop.set()
 
     def close(self) -> None:
+        try:
+            self._checkpoint_done(wait=True)  # a checkpoint in flight is finished and its offsets committed
+        except (OSError, ValueError, TypeError):
+            log.exception("checkpoint failed")
+        if self.evaluator is not None:
+            self.evaluator.stop()  # a round waiting for scheduled testers publishes what it has
         if self.scheduler is not None:
             self.scheduler.stop()
+        if self.pool is not None:
+            self.pool.close(wait=True)  # calls in flight finish (a worker killed mid-call would be an error)
+            self.pool = None
         if self.http is not None:
             self.http.stop()
             self.http = None
@@ -229,8 +250,9 @@ class Agent:
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 got = self.poll_once()
-                if self.cfg.checkpoint.enabled and time.monotonic() - last_ck >= self.cfg.checkpoint.every:
-                    self.checkpoint()
+                self._checkpoint_done()
+                if (self.cfg.checkpoint.enabled and time.monotonic() - last_ck >= self.cfg.checkpoint.every
+                        and self.checkpoint(wait=False)):
                     last_ck = time.monotonic()
                 if not got and all(s.exhausted for s in self.sources):
                     if not self.done:
@@ -246,6 +268,8 @@ class Agent:
 
     def finish_input(self) -> None:
         """Every read-once source is exhausted: expire the join, evaluate now and wait for the round."""
+        for dec in {id(d): d for d in self.state.decoders.values()}.values():
+            dec.finish()  # a mapped path that matched none of a short input: one line (calmon run exits 2)
         with self.state.lock:
             self.state.joiner.sweep()
         self.done = True
@@ -276,31 +300,62 @@ class Agent:
         self.ingestor.ingest(batch, src)
 
     # -- checkpoints ---------------------------------------------------------------------------
-    def state_doc(self) -> dict[str, Any]:
-        """Everything a restart needs (call between batches, on the ingestion thread)."""
+    def _checkpoint_head(self) -> dict[str, Any]:
+        """The checkpoint's documents besides the state: format, positions, alert states, calibrators."""
         pub = self.published
         return {
             "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "calmon_version": __version__,
-            "created": self.clock(), **self.state.to_doc(),
+            "created": self.clock(),
             "sources": {src.name: src.position() for src in self.sources},
             "dead_letter": None if self.dead_letter is None else self.dead_letter.position(),
             "alerts": None if pub.alert_doc is None else dict(pub.alert_doc),
             "calibrators": dict(pub.calibrators),
         }
 
-    def checkpoint(self) -> None:
-        """Write the state, source positions and dead-letter position together, atomically."""
-        if self.store is None:
-            return
-        t0 = time.monotonic()
+    def state_doc(self) -> dict[str, Any]:
+        """Everything a restart needs, every bucket inline (call between batches, on the ingestion thread)."""
+        return {**self._checkpoint_head(), **self.state.to_doc()}
+
+    def checkpoint(self, wait: bool = True) -> bool:
+        """Capture the state with the source and dead-letter positions; write it on the writer thread.
+
+        Ingestion is blocked only while what changed since the last generation is copied (see
+        :mod:`calmon.checkpoint_incremental`).  At most one checkpoint is in flight: with ``wait``
+        this one waits for the previous one and then for itself (durable and offsets committed on
+        return); without, it is skipped (returns False) while the previous one is being written.
+        """
+        ck = self.checkpointer
+        if self.store is None or ck is None:
+            return False
+        self._checkpoint_done(wait=wait)
+        if ck.busy:
+            return False
         if self.dead_letter is not None:
             self.dead_letter.flush()
-        doc = self.state_doc()
-        self.store.save(doc)
+        ck.submit(ck.capture(self.state, self._checkpoint_head()))
+        if wait:
+            self._checkpoint_done(wait=True)
+        return True
+
+    def _checkpoint_done(self, wait: bool = False) -> None:
+        """Commit source offsets of a committed generation (on the ingestion thread) and record it.
+
+        Raises the writer's exception when the generation could not be written (as a failed save
+        always did: the previous generation stays the state on disk).
+        """
+        ck = self.checkpointer
+        if ck is None or not ck.busy:
+            return
+        res = ck.wait() if wait else ck.poll()
+        if res is None:
+            return
         for src in self.sources:
-            if isinstance(src, Committable) and not src.commit(doc["sources"][src.name]):
+            pos = res.positions.get(src.name)
+            if pos is not None and isinstance(src, Committable) and not src.commit(pos):
                 log.warning("offset commit failed for %s (the checkpoint stays the source of truth)", src.name)
-        self.checkpoint_info = {"last_timestamp": self.clock(), "duration": time.monotonic() - t0,
+        log.debug("checkpoint %s: %d buckets, %d bytes, lock %.3f s, %.2f s", res.path, res.blobs, res.bytes,
+                  res.lock_seconds, res.seconds)
+        self.checkpoint_info = {"last_timestamp": self.clock(), "duration": res.seconds,
                                 "count": self.checkpoint_info["count"] + 1}
 
     def restore(self, doc: dict[str, Any]) -> None:
@@ -311,12 +366,19 @@ class Agent:
         :class:`StartupError` naming the file and the field.
         """
         where = self.store.loaded_path if self.store is not None and self.store.loaded_path else self.cfg.state_dir
-        if doc.get("format") != CHECKPOINT_FORMAT or doc.get("version") != CHECKPOINT_VERSION:
-            raise StartupError(f"{where}: checkpoint is not a {CHECKPOINT_FORMAT} v{CHECKPOINT_VERSION} document")
+        if doc.get("format") != CHECKPOINT_FORMAT or doc.get("version") not in (1, CHECKPOINT_VERSION):
+            raise StartupError(f"{where}: checkpoint is not a {CHECKPOINT_FORMAT} v1 or v{CHECKPOINT_VERSION} "
+                               "document")
         try:
-            self.state.load_doc(doc)
+            if self.store is None:
+                self.state.load_doc(doc)
+            else:
+                with self.store.reader() as reader:
+                    self.state.load_doc(doc, resolve=resolver(reader))
         except StateError as exc:
             raise StartupError(f"checkpoint {where}: {exc}") from None
+        if self.checkpointer is not None:
+            self.checkpointer.adopt(self.state, doc)
         alert_doc = doc.get("alerts") if self.alert_engine is not None else None
         if alert_doc and self.alert_engine is not None:
             try:
@@ -354,18 +416,34 @@ class Agent:
             except Exception:  # noqa: BLE001 - a hook is user code (the demo's console); it must not stop the scheduler
                 log.exception("round hook failed")
 
+    def _settle(self, until: float, interrupted: Callable[[], bool]) -> bool:
+        """Between rounds (scheduler thread): publish tester results that arrive; True while some are running."""
+        if self.evaluator is None or not self.evaluator.busy:
+            return False
+        evaluations = self.evaluator.settle(until, interrupted)
+        if evaluations is not None:
+            self.published = dataclasses.replace(self.published, evaluations=tuple(evaluations))
+            self.metrics.prepare(round_state(self.published))
+        return self.evaluator.busy
+
     def _publish(self, res: RoundResult) -> None:
         old = self.published.scheduler
         sched: SchedulerInfo = {"evaluations": old.get("evaluations", 0) + 1,
                                 "overruns": old.get("overruns", 0) + int(res.overrun),
                                 "last_timestamp": res.finished_at, "last_duration": res.duration}
         self.published = Published(tuple(res.evaluations), tuple(res.alerts), res.calibrators, sched,
-                                   res.alert_doc if res.alert_doc is not None else self.published.alert_doc)
+                                   res.alert_doc if res.alert_doc is not None else self.published.alert_doc,
+                                   work=res.work, nbytes=model_bytes(self.state))
+        self.metrics.prepare(round_state(self.published))  # /metrics renders the round's part once, here
 
     # -- views ---------------------------------------------------------------------------------
     def metrics_state(self) -> dict[str, Any]:
         """Consistent copy of everything the Prometheus collector exports."""
         return metrics_state(self.state, self.published, self.checkpoint_info, self.is_ready(), self.clock())
+
+    def live_state(self) -> dict[str, Any]:
+        """The live part of ``/metrics`` (counters under the lock; the round part is cached)."""
+        return live_state(self.state, self.checkpoint_info, self.is_ready(), self.clock())
 
     @property
     def sched_info(self) -> dict[str, Any]:

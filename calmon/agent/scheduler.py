@@ -50,8 +50,12 @@ class Scheduler:
     (True, 1)
     """
 
-    def __init__(self, round_fn: Callable[[], None], every: float) -> None:
+    def __init__(self, round_fn: Callable[[], None], every: float,
+                 settle_fn: Callable[[float, Callable[[], bool]], bool] | None = None) -> None:
         self.round_fn = round_fn
+        #: Between rounds: ``settle_fn(next_at, interrupted)`` collects work a round left running (returns
+        #: whether some is still running); called again until it says no, the next round is due or a trigger.
+        self.settle_fn = settle_fn
         self.every = float(every)
         #: ``time.monotonic()`` value of the next periodic round (the status page shows when it comes).
         self.next_at = time.monotonic() + self.every
@@ -96,12 +100,25 @@ class Scheduler:
             return False
         return True
 
+    def _settle(self, until: float) -> None:
+        if self.settle_fn is None:
+            return
+        stop = lambda: self._wake.is_set() or self._stop.is_set()  # noqa: E731
+        while not stop() and time.monotonic() < until:
+            try:
+                if not self.settle_fn(until, stop):
+                    return
+            except Exception:  # noqa: BLE001 - keep scheduling; the error is logged
+                log.exception("collecting evaluation results failed")
+                return
+
     def alive(self) -> bool:
         return self.thread.is_alive()
 
     def _loop(self) -> None:
         next_at = self.next_at = time.monotonic() + self.every  # the first round after one period (or triggered)
         while not self._stop.is_set():
+            self._settle(next_at)
             self._wake.wait(max(0.0, next_at - time.monotonic()))
             if self._stop.is_set():
                 return

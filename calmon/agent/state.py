@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from calmon.agent.buckets import BucketStats, ModelWindows
+from calmon.agent.build import build_decoders
 from calmon.agent.changes import ChangeMonitor
 from calmon.agent.checkpoint_schema import SchemaError, validate_checkpoint
 from calmon.agent.counters import Counters, SourceInfo
@@ -42,6 +43,12 @@ class WindowSnapshot:
     segment: str
     window: str
     bucket: BucketStats
+    #: ``(ring version, start of the newest tier-0 bucket)``: equal stamps, equal sums (``None``: unknown).
+    stamp: tuple[int, float] | None = None
+
+
+#: A ring (the object: a restore replaces it), its stamp and its window sums at that stamp.
+_RingSums = tuple[Any, "tuple[int, float] | None", dict[str, BucketStats]]
 
 
 class AgentState:
@@ -74,12 +81,20 @@ class AgentState:
                                discover=cfg.accept_unknown_models, max_classes=lim.max_classes,
                                max_record_bytes=lim.max_record_bytes, max_id_bytes=lim.max_id_bytes,
                                future_skew=float(lim.future_skew), past_horizon=float(lim.past_horizon))
+        #: per source with a ``schema``: a decoder of its record shape sharing ``decoder``'s state (issue #16)
+        self.decoders = build_decoders(cfg, self.decoder)
         self.joiner = Joiner(cfg.join.ttl, cfg.join.max_pending, cfg.limits.max_join_bytes)
         self.models: dict[str, ModelWindows] = {}
         self.counters = Counters()
         #: Per-model change detectors on the calibration stream (checkpointed like the windows).
         self.changes = ChangeMonitor(cfg.changes)
         self.sources: dict[str, SourceInfo] = {}
+        #: The scheduler's previous sums per ring, reused by :meth:`snapshot` while a ring is unchanged.
+        self._snap_cache: dict[tuple[str, str], _RingSums] = {}
+
+    def decoder_for(self, source: str) -> Decoder:
+        """The decoder of a source's records (its schema mapping's, else the canonical one)."""
+        return self.decoders.get(source, self.decoder)
 
     @property
     def watermark(self) -> float | None:
@@ -104,14 +119,37 @@ class AgentState:
         return info
 
     def snapshot(self) -> list[WindowSnapshot]:
-        """Window sums of every (model, segment, window), taken under the lock, in model order."""
-        out: list[WindowSnapshot] = []
+        """Window sums of every (model, segment, window), in model order, taking the lock one ring at a time.
+
+        Each ring's sums are taken under the lock on their own (one ring's ``window_sums``, then the
+        lock is released so a batch can go in), so a snapshot is consistent *per ring*: every window
+        of one (model, segment) reflects the same batches, two rings may differ by the batches
+        ingested in between.  A ring whose ``version`` and window bounds did not change since the
+        previous snapshot is not summed again: its previous sums are reused (they are never
+        mutated, see :class:`WindowSnapshot`), and :attr:`WindowSnapshot.stamp` tells the evaluator
+        so.  Called by one thread (the scheduler); the reuse cache is that thread's.
+        """
         with self.lock:
             wm = self.joiner.watermark
-            for name in sorted(self.models):
-                for seg, ring in self.models[name].rings.items():
+            rings = [(name, seg, ring) for name in sorted(self.models) for seg, ring in self.models[name].rings.items()]
+        w0 = self.tiers[0][0]
+        cache = self._snap_cache
+        fresh: dict[tuple[str, str], _RingSums] = {}
+        out: list[WindowSnapshot] = []
+        for name, seg, ring in rings:
+            with self.lock:
+                end = max(wm, ring.watermark)
+                cur = math.floor(end / w0) * w0 if end > -math.inf else 0.0
+                version = getattr(ring, "version", None)  # TieredRing.version: +1 on every mutation
+                stamp = None if version is None else (int(version), cur)
+                hit = cache.get((name, seg))
+                if stamp is not None and hit is not None and hit[0] is ring and hit[1] == stamp:
+                    sums = hit[2]
+                else:
                     sums = ring.window_sums(self.windows, watermark=wm)
-                    out.extend(WindowSnapshot(name, seg, w, sums[w]) for w in self.windows)
+            fresh[(name, seg)] = (ring, stamp, sums)
+            out.extend(WindowSnapshot(name, seg, w, sums[w], stamp) for w in self.windows)
+        self._snap_cache = fresh
         return out
 
     def change_view(self) -> tuple[dict[str, dict[str, Any]], float | None]:
@@ -124,15 +162,35 @@ class AgentState:
             return {name: mw.nbytes() for name, mw in self.models.items()}
 
     # -- checkpoint ----------------------------------------------------------------------------
-    def to_doc(self) -> dict[str, Any]:
-        """The checkpoint's state part (decoder, join, models, counters)."""
+    def to_doc(self, models: Callable[[dict[str, ModelWindows]], Any] | None = None,
+               join: Callable[[Joiner], Any] | None = None) -> dict[str, Any]:
+        """The checkpoint's state part (decoder, join, models, counters, change detectors), under the lock.
+
+        Parameters
+        ----------
+        models, join
+            How the models and the joiner are taken (default: their full documents).  The incremental
+            checkpoint (:mod:`calmon.checkpoint_incremental`) passes functions that only copy what changed
+            and serialises the copies outside the lock.
+        """
         with self.lock:
-            return {"decoder": self.decoder.state(), "join": self.joiner.to_dict(),
-                    "models": {name: mw.to_dict() for name, mw in self.models.items()},
+            return {"decoder": self.decoder.state(),
+                    "join": self.joiner.to_dict() if join is None else join(self.joiner),
+                    "models": ({name: mw.to_dict() for name, mw in self.models.items()} if models is None
+                               else models(self.models)),
                     "counters": self.counters.to_dict(), "changes": self.changes.to_dict()}
 
-    def load_doc(self, doc: Mapping[str, Any]) -> None:
+    def load_doc(self, doc: Mapping[str, Any], resolve: Callable[[str, Any], Any] | None = None) -> None:
         """Restore :meth:`to_doc`'s output (checked against the checkpoint schema first).
+
+        Parameters
+        ----------
+        doc
+            The state document (a checkpoint manifest's ``state``).
+        resolve
+            ``resolve(field, rings)``: the rings of one model with their blob references replaced by the
+            bucket documents (see :mod:`calmon.checkpoint_incremental`); called one model at a time, so
+            only one model's documents are in memory besides the state.
 
         Raises
         ------
@@ -149,6 +207,11 @@ class AgentState:
             if [(float(w), int(c)) for w, c in md["tiers"]] != self.tiers:
                 raise StateError(f"windows.tiers: the checkpoint in {self.cfg.state_dir} was written with tiers "
                                  f"{md['tiers']}; restore them or start with an empty state directory")
+            if resolve is not None:
+                try:
+                    md = {**md, "rings": resolve(f"models.{name}.rings", md["rings"])}
+                except ValueError as exc:  # a damaged or edited blob: the message names the pack and the field
+                    raise StateError(str(exc)) from None
             models[name] = _read(f"models.{name}", ModelWindows.from_dict, md)
         joiner = _read("join", lambda d: Joiner.from_dict(d, self.cfg.limits.max_join_bytes), doc["join"])
         joiner.ttl = self.cfg.join.ttl

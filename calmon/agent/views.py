@@ -20,7 +20,7 @@ from calmon.agent.types import CalibratorInfo, CheckpointInfo, Evaluation, Sched
 from calmon.config import format_duration
 from calmon.jsonio import clean
 
-__all__ = ["Published", "metrics_state", "status_document"]
+__all__ = ["Published", "live_state", "metrics_state", "model_bytes", "round_state", "status_document"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +34,32 @@ class Published:
                                                                            last_timestamp=None))
     #: The alert engine's state after this round (``None`` before the first round or without rules).
     alert_doc: Mapping[str, Any] | None = None
+    #: The work-item scheduler after this round (:class:`calmon.agent.evaluation.WorkInfo`).
+    work: Mapping[str, Any] = field(default_factory=dict)
+    #: Bytes of statistics per model, measured after this round (:func:`model_bytes`).
+    nbytes: Mapping[str, int] = field(default_factory=dict)
 
 
-def metrics_state(state: AgentState, pub: Published, checkpoint: CheckpointInfo, ready: bool,
-                  now: float) -> dict[str, Any]:
-    """Consistent copy of everything the Prometheus collector exports (see :mod:`calmon.exporter.metrics`)."""
+def model_bytes(state: AgentState) -> dict[str, int]:
+    """Bytes of statistics per model, taking the state lock one model at a time (never for all of them)."""
+    with state.lock:
+        models = list(state.models.items())
+    out = {}
+    for name, mw in models:
+        with state.lock:
+            out[name] = mw.nbytes()
+    return out
+
+
+def round_state(pub: Published) -> dict[str, Any]:
+    """What the round part of ``/metrics`` is rendered from (:meth:`calmon.exporter.metrics.AgentMetrics.prepare`)."""
+    return {"scheduler": dict(pub.scheduler), "state_bytes": dict(pub.nbytes), "evaluations": pub.evaluations,
+            "alerts": pub.alerts, "calibrators": [dict(v) for v in pub.calibrators.values()
+                                                  if v.get("version") is not None]}
+
+
+def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: float) -> dict[str, Any]:
+    """The live part of ``/metrics``: counters, join, sources, change detectors (a copy under the lock, O(models))."""
     with state.lock:
         c = state.counters.copy()
         sources: dict[str, SourceView] = {
@@ -49,17 +70,21 @@ def metrics_state(state: AgentState, pub: Published, checkpoint: CheckpointInfo,
         join = {"joined": dict(jc.joined), "expired": dict(jc.expired), "duplicates": dict(jc.duplicates),
                 "orphans": jc.orphans}
         pending = state.joiner.pending_count()
-        state_bytes = {name: mw.nbytes() for name, mw in state.models.items()}
         watermark = state.watermark
         changes = state.changes.view()
-    return {
-        "version": __version__, "ready": ready, "watermark": watermark,
-        "events": c.events, "rejected": c.rejected, "late": c.late, "join": join, "pending": pending,
-        "sources": sources, "scheduler": dict(pub.scheduler), "checkpoint": dict(checkpoint),
-        "state_bytes": state_bytes, "evaluations": list(pub.evaluations), "alerts": list(pub.alerts),
-        "calibrators": [dict(v) for v in pub.calibrators.values() if v.get("version") is not None],
-        "changes": changes,
-    }
+    return {"version": __version__, "ready": ready, "watermark": watermark, "events": c.events,
+            "rejected": c.rejected, "late": c.late, "join": join, "pending": pending, "sources": sources,
+            "checkpoint": dict(checkpoint), "changes": changes}
+
+
+def metrics_state(state: AgentState, pub: Published, checkpoint: CheckpointInfo, ready: bool,
+                  now: float) -> dict[str, Any]:
+    """Everything ``/api/status`` shows: the live part and the round's (state bytes as of the last round)."""
+    st = live_state(state, checkpoint, ready, now)
+    st.update(round_state(pub), evaluations=list(pub.evaluations), alerts=list(pub.alerts), work=dict(pub.work))
+    if not pub.nbytes:  # before the first round
+        st["state_bytes"] = model_bytes(state)
+    return st
 
 
 def status_document(st: Mapping[str, Any], pub: Published, *, windows: list[str], tiers: list[tuple[float, int]],
@@ -75,7 +100,7 @@ def status_document(st: Mapping[str, Any], pub: Published, *, windows: list[str]
             "events": [{"model": m, "type": k, "count": n} for (m, k), n in sorted(st["events"].items())],
             "rejected": st["rejected"], "late": st["late"], "join": st["join"], "pending": st["pending"],
             "sources": st["sources"], "scheduler": st["scheduler"], "checkpoint": st["checkpoint"],
-            "state_bytes": st["state_bytes"], "changes": st["changes"],
+            "state_bytes": st["state_bytes"], "changes": st["changes"], "work": st.get("work", {}),
         },
     })
 

@@ -21,6 +21,14 @@ bucket of the coarser tier shorter than ``L`` (never older data than ``L``).
 
 Memory: at most ``sum(c_i) + len(tiers)`` buckets plus the archive exist (only buckets that
 received events are allocated).
+
+Versions (for incremental checkpoints and for skipping unchanged windows): ``ring.version`` is a
+counter, monotone per ring object, increased on every mutation -- an :meth:`~TieredRing.add` that
+lands events, an :meth:`~TieredRing.advance` that moves the watermark (rolling buckets into a
+coarser tier or the archive, or dropping them), a restore by :meth:`~TieredRing.from_dict`.
+:meth:`~TieredRing.entries` gives each bucket with the ring version at which it was last mutated,
+so "what changed since version ``v``" is the buckets with a version ``> v`` plus the buckets that
+disappeared (rolled away).  Reading (:meth:`~TieredRing.window_sums`) never changes a version.
 """
 
 from __future__ import annotations
@@ -37,6 +45,10 @@ class Mergeable(Protocol):
 
 
 S = TypeVar("S", bound=Mergeable)
+
+#: Tier (and start key) reported for the archive by :meth:`TieredRing.entries`.
+ARCHIVE_TIER = -1
+ARCHIVE_KEY = -math.inf
 
 
 class TieredRing(Generic[S]):
@@ -62,6 +74,8 @@ class TieredRing(Generic[S]):
     (2, 2, 5)
     >>> ring.layout()
     [[1260.0], [], 'archive']
+    >>> ring.version, [(t, k, v) for t, k, v, _ in ring.entries()]
+    (2, [(0, 1260.0, 2), (-1, -inf, 2)])
     """
 
     def __init__(self, tiers: Iterable[tuple[float, int]], factory: Callable[[], S], archive: bool = True) -> None:
@@ -78,17 +92,28 @@ class TieredRing(Generic[S]):
         self.buckets: list[dict[float, S]] = [{} for _ in self.tiers]
         self.archive: S | None = None
         self.watermark = -math.inf
+        #: Mutation counter (see the module docstring); bucket versions mirror ``buckets``.
+        self.version = 0
+        self.bucket_versions: list[dict[float, int]] = [{} for _ in self.tiers]
+        self.archive_version = 0
+        self._bounds_at: int | None = None  # finest bucket index of the cached bounds
+        self._bounds: list[float] = []
 
     # -- geometry ----------------------------------------------------------------------------
     def bounds(self, watermark: float | None = None) -> list[float]:
         """Lower bucket start ``lo_i`` of each tier at ``watermark`` (default: the current one)."""
         wm = self.watermark if watermark is None else watermark
         w0, c0 = self.tiers[0]
+        cell = math.floor(wm / w0) if wm > -math.inf else None
+        if cell is not None and cell == self._bounds_at:  # bounds move only with the finest bucket
+            return list(self._bounds)
         lo = math.floor(wm / w0) * w0 - (c0 - 1) * w0
         out = [lo]
         for w, c in self.tiers[1:]:
             lo = math.floor(lo / w) * w - c * w
             out.append(lo)
+        if cell is not None:
+            self._bounds_at, self._bounds = cell, list(out)
         return out
 
     def _target(self, key: float, tier: int, bounds: list[float]) -> tuple[int, float]:
@@ -107,23 +132,31 @@ class TieredRing(Generic[S]):
                     self.archive = state
                 else:
                     self.archive.merge(state)
+                self.archive_version = self.version
             return
         have = self.buckets[tier].get(key)
         if have is None:
             self.buckets[tier][key] = state
         else:
             have.merge(state)
+        self.bucket_versions[tier][key] = self.version
 
     def advance(self, watermark: float) -> None:
         """Move the watermark forward (never back) and roll buckets into coarser tiers."""
         if not watermark > self.watermark:
             return
+        same = self.watermark > -math.inf and (
+            math.floor(watermark / self.tiers[0][0]) == math.floor(self.watermark / self.tiers[0][0]))
         self.watermark = float(watermark)
+        self.version += 1
+        if same:  # still in the same finest bucket: the bounds did not move, nothing leaves its tier
+            return
         bounds = self.bounds()
         for tier in range(len(self.tiers)):
             stale = sorted(k for k in self.buckets[tier] if k < bounds[tier])
             for key in stale:
                 state = self.buckets[tier].pop(key)
+                del self.bucket_versions[tier][key]
                 t, k = self._target(key, tier, bounds)
                 self._put(t, k, state)
 
@@ -145,24 +178,10 @@ class TieredRing(Generic[S]):
         if ts.size == 0:
             return
         self.advance(float(ts.max()) if watermark is None else max(watermark, float(ts.max())))
-        bounds = self.bounds()
-        tier = np.full(ts.size, len(self.tiers), dtype=np.int64)
-        key = np.zeros(ts.size)
-        for i in range(len(self.tiers) - 1, -1, -1):
-            k = np.floor(ts / self.tiers[i][0]) * self.tiers[i][0]
-            ok = k >= bounds[i]
-            tier[ok] = i
-            key[ok] = k[ok]
-        # one integer code per (tier, bucket): bucket starts are multiples of the finest width
-        code = tier * (1 << 42) + np.floor(key / self.tiers[0][0] + 0.5).astype(np.int64)
-        lo, hi = int(code.min()), int(code.max())
-        if lo == hi:  # fast path: a single bucket
-            groups: list[tuple[int, float, np.ndarray]] = [(int(tier[0]), float(key[0]), np.arange(ts.size))]
-        else:
-            uniq, first, inverse = np.unique(code, return_index=True, return_inverse=True)
-            order = np.argsort(inverse, kind="stable")
-            splits = np.cumsum(np.bincount(inverse, minlength=uniq.size))[:-1]
-            groups = [(int(tier[f]), float(key[f]), idx) for f, idx in zip(first, np.split(order, splits))]
+        groups = self._groups(ts, self.bounds())
+        if all(t >= len(self.tiers) for t, _, _ in groups) and not self.keep_archive:
+            return  # nothing lands
+        self.version += 1
         for t, start, idx in groups:  # (tier, bucket start, event indices)
             if t >= len(self.tiers):
                 if not self.keep_archive:
@@ -170,11 +189,44 @@ class TieredRing(Generic[S]):
                 if self.archive is None:
                     self.archive = self.factory()
                 update(self.archive, idx)
+                self.archive_version = self.version
                 continue
             state = self.buckets[t].get(start)
             if state is None:
                 state = self.buckets[t][start] = self.factory()
             update(state, idx)
+            self.bucket_versions[t][start] = self.version
+
+    def _groups(self, ts: np.ndarray, bounds: list[float]) -> list[tuple[int, float, np.ndarray]]:
+        """``(tier, bucket start, event indices)`` of the buckets that events ``ts`` fall in under ``bounds``."""
+        w0 = self.tiers[0][0]
+        k0 = np.floor(ts / w0) * w0
+        lo0, hi0 = float(k0.min()), float(k0.max())
+        if lo0 >= bounds[0]:  # fast path (live traffic): every event in tier 0
+            if lo0 == hi0:
+                return [(0, lo0, np.arange(ts.size))]
+            tier = np.zeros(ts.size, dtype=np.int64)
+            key = k0
+        else:
+            tier = np.full(ts.size, len(self.tiers), dtype=np.int64)
+            key = np.zeros(ts.size)
+            for i in range(len(self.tiers) - 1, -1, -1):
+                k = k0 if i == 0 else np.floor(ts / self.tiers[i][0]) * self.tiers[i][0]
+                ok = k >= bounds[i]
+                tier[ok] = i
+                key[ok] = k[ok]
+        # one integer code per (tier, bucket): bucket starts are multiples of the finest width
+        code = tier * (1 << 42) + np.floor(key / w0 + 0.5).astype(np.int64)
+        if int(code.min()) == int(code.max()):  # a single bucket
+            return [(int(tier[0]), float(key[0]), np.arange(ts.size))]
+        order = np.argsort(code, kind="stable")
+        sc = code[order]
+        cut = np.flatnonzero(sc[1:] != sc[:-1]) + 1
+        starts = [0, *cut.tolist()]
+        first = order[starts]
+        ends = [*starts[1:], order.size]
+        return [(int(t), float(k), order[a:b]) for t, k, a, b in zip(tier[first].tolist(), key[first].tolist(),
+                                                                      starts, ends)]
 
     # -- reading ------------------------------------------------------------------------------
     def iter_newest_first(self) -> list[tuple[float, float, S]]:
@@ -231,6 +283,24 @@ class TieredRing(Generic[S]):
     def bucket_count(self) -> int:
         return sum(len(t) for t in self.buckets) + (self.archive is not None)
 
+    def entries(self) -> list[tuple[int, float, int, S]]:
+        """Every bucket as ``(tier, start, version, state)``, finest tier first, then by start.
+
+        ``version`` is the ring's :attr:`version` when that bucket was last mutated (created, added
+        to, or merged into by a roll); the archive is reported last as ``(ARCHIVE_TIER,
+        ARCHIVE_KEY, version, state)`` = ``(-1, -inf, ...)``.  The states are the ring's own objects
+        (not copies): read them under the same lock as the ring (reading a
+        :class:`~calmon.agent.buckets.BucketStats` may aggregate its folded events in place, which
+        changes its storage but never its content or version).  A bucket absent from a later
+        call was rolled into a coarser tier (whose bucket then carries a newer version) or dropped.
+        """
+        out: list[tuple[int, float, int, S]] = []
+        for t, (tier, vers) in enumerate(zip(self.buckets, self.bucket_versions)):
+            out.extend((t, k, vers[k], tier[k]) for k in sorted(tier))
+        if self.archive is not None:
+            out.append((ARCHIVE_TIER, ARCHIVE_KEY, self.archive_version, self.archive))
+        return out
+
     # -- serialisation ------------------------------------------------------------------------
     def to_dict(self, dump: Callable[[S], Any]) -> dict[str, Any]:
         return {"tiers": [list(t) for t in self.tiers],
@@ -245,6 +315,11 @@ class TieredRing(Generic[S]):
         ring.watermark = -math.inf if d["watermark"] is None else float(d["watermark"])
         ring.buckets = [{float(k): load(s) for k, s in tier} for tier in d["buckets"]]
         ring.archive = None if d["archive"] is None else load(d["archive"])
+        # a restore is a mutation: every bucket carries the restored version (continuing ``d["version"]``
+        # when the caller stored one; to_dict does not, so the document format is unchanged)
+        ring.version = int(d.get("version", 0)) + 1
+        ring.bucket_versions = [dict.fromkeys(tier, ring.version) for tier in ring.buckets]
+        ring.archive_version = ring.version if ring.archive is not None else 0
         return ring
 
 

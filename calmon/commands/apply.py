@@ -15,6 +15,7 @@ import numpy as np
 from calmon.calibration.base import Calibrator
 from calmon.calibration.document import load
 from calmon.io import Dataset, read_input
+from calmon.schema import add_schema_arguments, mapping_from_arguments
 
 FORMATS = ("csv", "jsonl", "npz")
 
@@ -30,6 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="output format (default: from the output extension, else csv)")
     p.add_argument("--model", default=None, help="model to use when the events hold several")
     p.add_argument("--skip-invalid", action="store_true", help="skip invalid JSONL events instead of stopping")
+    add_schema_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -110,7 +112,8 @@ def write_output(res: dict[str, Any], path: str, fmt: str | None, model: str | N
 
 def run(args: argparse.Namespace) -> int:
     cal = load(args.calibrator)
-    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
+    mapping = mapping_from_arguments(args)
+    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
     res = apply_dataset(cal, ds)
     write_output(res, args.output, args.format, ds.model)
     if args.output != "-":

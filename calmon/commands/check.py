@@ -17,6 +17,7 @@ from calmon.algorithms.ece import reliability, summary
 from calmon.algorithms.twosample import calibration_change_test
 from calmon.io import Dataset, read_input
 from calmon.jsonio import clean
+from calmon.schema import add_schema_arguments, mapping_from_arguments
 from calmon.stats.model import ModelStats
 from calmon.testers import CalibrationData, check_params, run_tester
 from calmon.verdict import summarize
@@ -47,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tester option, e.g. lp.eps=0.05 or ldtc.grid_points=101 (repeatable)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="skip invalid JSONL events (counted by reason) instead of stopping at the first")
+    add_schema_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -215,13 +217,14 @@ def run(args: argparse.Namespace) -> int:
     steps = 2 + len(parse_testers(args.tests)) + (2 if args.reference else 0)
     with Steps(steps) as progress:
         progress.start("read")
-        ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
+        mapping = mapping_from_arguments(args)
+        ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
         progress.done()
         doc = report(ds, args, progress)
         progress.done()
         if args.reference:
             progress.start("read reference")
-            ref = read_input(args.reference, model=args.model, skip_invalid=args.skip_invalid)
+            ref = read_input(args.reference, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
             progress.done()
             progress.start("compare with the reference")
             doc["reference"] = compare(ref, ds, args)

@@ -15,6 +15,7 @@ from calmon.calibration.registry import CALIBRATORS, make_calibrator
 from calmon.calibration.split import hash_split
 from calmon.io import Dataset, read_input
 from calmon.jsonio import write_json_atomic
+from calmon.schema import add_schema_arguments, mapping_from_arguments
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--salt", default="calmon", help="salt of the holdout hash")
     p.add_argument("--ece-bins", type=int, default=15, help="bins of the reported ECE (default 15)")
     p.add_argument("--skip-invalid", action="store_true", help="skip invalid JSONL events instead of stopping")
+    add_schema_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -120,7 +122,8 @@ def fit_dataset(ds: Dataset, method: str, options: dict[str, Any], *, holdout: f
 
 
 def run(args: argparse.Namespace) -> int:
-    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
+    mapping = mapping_from_arguments(args)
+    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
     doc = fit_dataset(ds, args.method, _options(args), holdout=args.holdout, salt=args.salt, ece_bins=args.ece_bins)
     if args.output == "-":
         json.dump(doc, sys.stdout, indent=2, allow_nan=False)

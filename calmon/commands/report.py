@@ -13,6 +13,7 @@ from calmon.calibration.document import load
 from calmon.commands.check import DEFAULT_TESTS, Steps, build_stats, parse_testers, report
 from calmon.io import Dataset, read_input
 from calmon.jsonio import write_bytes_atomic
+from calmon.schema import add_schema_arguments, mapping_from_arguments
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
 
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws")
     p.add_argument("--bins", type=int, default=4096, help="cells of the fine grid (power of two)")
     p.add_argument("--skip-invalid", action="store_true", help="skip invalid JSONL events instead of stopping")
+    add_schema_arguments(p)
     p.set_defaults(func=run, reliability_bins=15, test_param=[])
 
 
@@ -93,7 +95,8 @@ def run(args: argparse.Namespace) -> int:
     steps = 4 + len(parse_testers(args.tests))
     with Steps(steps) as progress:
         progress.start("read")
-        ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid)
+        mapping = mapping_from_arguments(args)
+        ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
         progress.done()
         doc = report(ds, args, progress)
         stats = build_stats(ds, args.bins)

@@ -75,7 +75,13 @@ def run(args: argparse.Namespace) -> int:
     install_signal_handlers(agent)
     if agent.http is not None:
         print(f"calmon run: serving {agent.http.url}/metrics", file=sys.stderr, flush=True)
-    return agent.run()
+    from calmon.schema import MappingError
+
+    try:
+        return agent.run()
+    except MappingError as exc:  # a mapped path that matched none of the first records: the batch was not applied
+        print(f"calmon run: schema error: {exc}", file=sys.stderr)
+        return 2
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -85,16 +85,35 @@ class SourceConfig:
     name: str = "events"
     type: Literal["file", "kafka", "simulate"] = "file"
     path: str | None = None
-    format: Literal["auto", "jsonl", "csv"] = "auto"
+    format: Literal["auto", "jsonl", "csv", "parquet"] = "auto"
     follow: bool = False
     #: Extra keyword arguments for the connector's constructor (e.g. Kafka ``bootstrap_servers``, ``topics``).
     options: dict[str, Any] = field(default_factory=dict)
+    #: Schema mapping of this source's records (a YAML/JSON file path or an inline mapping; see
+    #: :mod:`calmon.schema`); ``None``: calmon's own schema.
+    schema: Any = None
 
     def validate(self, path: str) -> None:
         _check(bool(re.fullmatch(r"[A-Za-z0-9_.:-]+", self.name)), f"{path}.name",
                f"must be a non-empty name of letters, digits, _ . : -, got {self.name!r}")
         if self.type == "file":
             _check(bool(self.path), f"{path}.path", "is required for a file source")
+        if self.schema is not None:
+            self.mapping(path)
+
+    def mapping(self, path: str = "source") -> Any:
+        """The validated :class:`calmon.schema.Mapping` of ``schema`` (``None`` without one); a bad mapping
+        raises :class:`ConfigError` naming the key (``sources.0.schema.fields.x``)."""
+        from calmon.schema import MappingError, load_mapping
+
+        if self.schema is None:
+            return None
+        _check(isinstance(self.schema, str | dict), f"{path}.schema", "must be a file path or a mapping")
+        try:
+            return load_mapping(self.schema, where=f"{path}.schema")
+        except MappingError as exc:
+            where, _, why = str(exc).partition(": ")
+            raise ConfigError(where, why) from None
 
 
 @dataclass
@@ -251,7 +270,8 @@ class EvaluationConfig:
     """The scheduler: every ``every`` seconds evaluate each (model, segment, window)."""
 
     every: Duration = Duration(60.0)
-    #: Time budget of one round; testers left when it is spent are skipped (counted as an overrun).
+    #: Time budget of one round: metrics and cheap testers of every changed window, then as many scheduled
+    #: tester calls as fit (stalest first); only cheap testers left when it is spent count as an overrun.
     budget: Duration = Duration(30.0)
     alpha: float = 0.05
     mc: int = 1000
@@ -262,10 +282,29 @@ class EvaluationConfig:
     reliability_bins: int = 20
     tests: list[TesterConfig] = field(default_factory=lambda: [TesterConfig("tcal"), TesterConfig("smce"),
                                                              TesterConfig("ldtc")])
+    #: Testers run on every changed window every round; the others are scheduled work items.
+    cheap: list[str] = field(default_factory=lambda: ["tcal"])
+    #: A cheap tester measured slower than this per window is scheduled like the others.
+    cheap_cost: Duration = Duration(0.05)
+    #: Tester -> fewest rounds between two runs of a scheduled tester on one window (default 1).
+    cadence: dict[str, int] = field(default_factory=dict)
+    #: Where scheduled testers run: ``process`` (spawned workers, JSON in and out), ``thread`` or ``inline``.
+    pool: str = "process"
+    workers: int = 2
 
     def validate(self, path: str) -> None:
         _check(self.every > 0, f"{path}.every", "must be positive")
         _check(self.budget > 0, f"{path}.budget", "must be positive")
+        _check(self.cheap_cost > 0, f"{path}.cheap_cost", "must be positive")
+        configured = {t.name for t in self.tests}
+        for name, rounds in self.cadence.items():
+            _check(name in configured, f"{path}.cadence.{name}",
+                   f"is not a configured tester ({', '.join(sorted(configured))})")
+            _check(isinstance(rounds, int) and rounds >= 1, f"{path}.cadence.{name}",
+                   f"must be an integer >= 1 (rounds), got {rounds!r}")
+        _check(self.pool in ("inline", "thread", "process"), f"{path}.pool",
+               f"must be one of inline, thread, process, got {self.pool!r}")
+        _check(1 <= self.workers <= 64, f"{path}.workers", f"must be in [1, 64], got {self.workers}")
         _check(0 < self.alpha < 1, f"{path}.alpha", f"must lie in (0, 1), got {self.alpha}")
         _check(self.mc >= 1, f"{path}.mc", f"must be >= 1, got {self.mc}")
         _check(self.min_events >= 0, f"{path}.min_events", "must be >= 0")
@@ -325,6 +364,11 @@ class ExporterConfig:
     idle_timeout: Duration = Duration(60.0)
     #: Open connections at most; a new one beyond evicts the longest-idle one (or is refused if all are busy).
     max_connections: int = 64
+    #: Windows whose reliability diagram (3 x reliability_bins series each) is exported: all, none or "1h,24h".
+    reliability: str = "all"
+    #: Series budget of the per-window detail (see calmon/exporter/rounds.py): per model, and in total.
+    max_series_per_model: int = 5000
+    max_series: int = 200_000
 
     def validate(self, path: str) -> None:
         _check(0 <= self.port <= 65535, f"{path}.port", f"must be an integer in [0, 65535], got {self.port}")
@@ -334,15 +378,22 @@ class ExporterConfig:
                f"must be in [10ms, 1h], got {self.idle_timeout}")
         _check(1 <= self.max_connections <= 10_000, f"{path}.max_connections",
                f"must be in [1, 10000], got {self.max_connections}")
+        _check(self.reliability in ("all", "none") or all(w.strip() for w in self.reliability.split(",")),
+               f"{path}.reliability", f"must be all, none or comma-separated window names, got {self.reliability!r}")
+        _check(self.max_series_per_model >= 1, f"{path}.max_series_per_model", "must be >= 1")
+        _check(self.max_series >= 1, f"{path}.max_series", "must be >= 1")
 
 
 @dataclass
 class CheckpointConfig:
     enabled: bool = True
     every: Duration = Duration(30.0)
+    #: Generations kept restorable (with the pack files they refer to).
+    keep: int = 3
 
     def validate(self, path: str) -> None:
         _check(self.every > 0, f"{path}.every", "must be positive")
+        _check(1 <= self.keep <= 100, f"{path}.keep", f"must be in [1, 100], got {self.keep}")
 
 
 @dataclass

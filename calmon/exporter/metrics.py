@@ -1,21 +1,28 @@
 """Prometheus metrics of the agent (names fixed by the metrics contract, see docs/agent.md).
 
 The agent keeps its counters in its own (checkpointed) state, so a restart continues every
-counter where the checkpoint left it instead of resetting it.  A custom collector reads a
-consistent copy of that state and the latest evaluation snapshot at scrape time; only the
-evaluation-latency histogram is a live prometheus-client object.  Everything lives in a
-private :class:`prometheus_client.CollectorRegistry` (no process/platform collectors mixed in
-unless asked).
+counter where the checkpoint left it instead of resetting it.  ``/metrics`` has two parts:
+
+* the **round part** (per-window gauges, tester results, estimates, reliability diagrams, alerts,
+  calibrators, scheduler counters, state bytes) is rendered once per evaluation round from the
+  published round (:meth:`AgentMetrics.prepare`, :mod:`calmon.exporter.rounds`, within a series
+  budget) and served as cached bytes: a scrape neither takes the state lock for it nor re-renders it;
+* the **live part** (event, join and source counters, lags, checkpoint, change detectors, the
+  evaluation-latency histogram, test ages) is read at scrape time through ``state_fn``, a copy
+  taken under the state lock in O(models + sources).
 
 Label cardinality is bounded upstream: models by ``limits.max_models`` (the decoder rejects
 events of further models with reason ``too_many_models``), segments by the per-model
 allow-list, windows and testers by the configuration, reliability bins by
-``evaluation.reliability_bins``.
+``evaluation.reliability_bins``; and per model and in total by the series budget
+(:class:`~calmon.exporter.rounds.SeriesBudget`).
 """
 
 from __future__ import annotations
 
 import math
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -24,18 +31,10 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 
 from calmon import __version__
+from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget
 
-#: Evaluation metrics exported per (model, segment, window): metric name -> key in ``evaluation["metrics"]``.
-WINDOW_GAUGES: dict[str, tuple[str, str]] = {
-    "calmon_ece": ("ece", "15-bin equal-width l1-ECE (Guo et al. 2017)"),
-    "calmon_ece_l2_debiased": ("ece_l2_debiased",
-                               "Debiased squared l2-ECE at the adaptive dyadic scale (T-Cal eq. 6)"),
-    "calmon_smce": ("smce", "Smooth calibration error (Blasiok et al. 2023)"),
-    "calmon_ldtc": ("ldtc", "Lower distance to calibration (Blasiok et al. 2023)"),
-    "calmon_brier_score": ("brier", "Brier score"),
-    "calmon_accuracy": ("accuracy", "Accuracy (binary: 0.5 threshold; multiclass: top-1)"),
-    "calmon_mean_confidence": ("mean_confidence", "Mean score (binary) or mean top-label confidence"),
-}
+__all__ = ["WINDOW_GAUGES", "AgentCollector", "AgentMetrics", "SeriesBudget"]
+
 EVALUATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -49,7 +48,7 @@ def _num(v: Any) -> float:
 
 
 class AgentCollector:
-    """Prometheus collector reading the agent state through ``state_fn`` at each scrape.
+    """Prometheus collector of the live part, reading the agent state through ``state_fn`` at each scrape.
 
     Parameters
     ----------
@@ -68,58 +67,17 @@ class AgentCollector:
 
     def __init__(self, state_fn: Callable[[], Mapping[str, Any]]) -> None:
         self.state_fn = state_fn
+        #: Series left out by the budget: reason -> in the last round, and summed over rounds.
+        self.dropped: dict[str, tuple[int, int]] = {}
 
     def describe(self) -> list[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
         st = self.state_fn()
-        for part in (_process, _events, _join, _sources, _scheduler, _checkpoint):
+        for part in (_process, _events, _join, _sources, _checkpoint, _changes):
             yield from part(st)
-        yield from self._evaluations(st.get("evaluations", []))
-        yield from _estimates(st.get("evaluations", []))
-        yield from _alerts(st)
-        yield from _calibrators(st)
-        yield from _changes(st)
-
-    @staticmethod
-    def _evaluations(evaluations: list[dict[str, Any]]) -> Iterator[Metric]:
-        lab = ["model", "segment", "window"]
-        events = GaugeMetricFamily("calmon_window_events", "Labeled events in the window", labels=lab)
-        gauges = {name: GaugeMetricFamily(name, doc, labels=lab) for name, (_, doc) in WINDOW_GAUGES.items()}
-        rel = {k: GaugeMetricFamily(f"calmon_reliability_{k}", f"Reliability diagram: {k.replace('_', ' ')} per bin",
-                                    labels=lab + ["bin"]) for k in ("mean_score", "mean_outcome", "events")}
-        tl = lab + ["test"]
-        t_stat = GaugeMetricFamily("calmon_test_statistic", "Tester statistic", labels=tl)
-        t_p = GaugeMetricFamily("calmon_test_p_value", "Tester p-value (NaN when it has none)", labels=tl)
-        t_rej = GaugeMetricFamily("calmon_test_rejected", "1 = miscalibrated", labels=tl)
-        t_ins = GaugeMetricFamily("calmon_test_insufficient_data", "1 = the tester had too little data", labels=tl)
-        for e in evaluations:
-            key = [e["model"], e["segment"], e["window"]]
-            events.add_metric(key, e.get("n", 0))
-            metrics = e.get("metrics", {})
-            for name, (field, _) in WINDOW_GAUGES.items():
-                if field in metrics and metrics[field] is not None:
-                    gauges[name].add_metric(key, _num(metrics[field]))
-            for point in e.get("reliability", []):
-                b = [f"{point['bin']:.2f}"]
-                rel["events"].add_metric(key + b, point.get("events", 0))
-                if point.get("events"):
-                    rel["mean_score"].add_metric(key + b, _num(point.get("mean_score")))
-                    rel["mean_outcome"].add_metric(key + b, _num(point.get("mean_outcome")))
-            for test, r in sorted(e.get("tests", {}).items()):
-                if not isinstance(r, dict) or "decision" not in r:
-                    continue
-                k = key + [test]
-                t_stat.add_metric(k, _num(r.get("statistic")))
-                t_p.add_metric(k, _num(r.get("p_value")))
-                t_rej.add_metric(k, 1.0 if r.get("decision") == "miscalibrated" else 0.0)
-                t_ins.add_metric(k, 1.0 if r.get("decision") == "insufficient data" else 0.0)
-        yield events
-        yield from gauges.values()
-        yield from rel.values()
-        yield from (t_stat, t_p, t_rej, t_ins)
-
+        yield from _series(self.dropped)
 
 # -- metric families, one function per part of the state -------------------------------------------------
 State = Mapping[str, Any]
@@ -132,10 +90,6 @@ def _process(st: State) -> Iterator[Metric]:
     ready = GaugeMetricFamily("calmon_ready", "1 when sources are connected and state is loaded")
     ready.add_metric([], 1.0 if st.get("ready") else 0.0)
     yield ready
-    mem = GaugeMetricFamily("calmon_state_bytes", "Bytes held by the windowed statistics", labels=["model"])
-    for model, n in sorted(st.get("state_bytes", {}).items()):
-        mem.add_metric([model], n)
-    yield mem
 
 
 def _events(st: State) -> Iterator[Metric]:
@@ -189,18 +143,6 @@ def _sources(st: State) -> Iterator[Metric]:
     yield from lag.values()
 
 
-def _scheduler(st: State) -> Iterator[Metric]:
-    sched = st.get("scheduler", {})
-    total = CounterMetricFamily("calmon_evaluations", "Evaluation rounds completed")
-    total.add_metric([], sched.get("evaluations", 0))
-    over = CounterMetricFamily("calmon_evaluation_overruns", "Rounds that exceeded the time budget")
-    over.add_metric([], sched.get("overruns", 0))
-    last = GaugeMetricFamily("calmon_last_evaluation_timestamp_seconds", "End of the last evaluation round")
-    if sched.get("last_timestamp") is not None:
-        last.add_metric([], sched["last_timestamp"])
-    yield from (total, over, last)
-
-
 def _checkpoint(st: State) -> Iterator[Metric]:
     ck = st.get("checkpoint", {})
     ck_ts = GaugeMetricFamily("calmon_checkpoint_last_timestamp_seconds", "Time of the last checkpoint")
@@ -209,65 +151,6 @@ def _checkpoint(st: State) -> Iterator[Metric]:
         ck_ts.add_metric([], ck["last_timestamp"])
         ck_d.add_metric([], ck.get("duration", 0.0))
     yield from (ck_ts, ck_d)
-
-
-def _alerts(st: State) -> Iterator[Metric]:
-    alert = GaugeMetricFamily("calmon_alert_active", "1 while the alert is firing",
-                              labels=["alert", "model", "segment", "window", "severity"])
-    for a in st.get("alerts", []):
-        alert.add_metric([a.get("alert", ""), a.get("model", ""), a.get("segment", ""), a.get("window", ""),
-                          a.get("severity", "")], 1.0 if a.get("state") == "firing" else 0.0)
-    yield alert
-
-
-def _calibrators(st: State) -> Iterator[Metric]:
-    cal_v = GaugeMetricFamily("calmon_calibrator_version", "Version of the published calibrator",
-                              labels=["model", "method"])
-    cal_e = GaugeMetricFamily("calmon_calibrator_error", "Calibration error before/after the calibrator",
-                              labels=["model", "method", "stage", "metric"])
-    for c in st.get("calibrators", []):
-        cal_v.add_metric([c["model"], c["method"]], _num(c.get("version")))
-        for stage in ("before", "after"):
-            for metric, v in sorted((c.get(stage) or {}).items()):
-                cal_e.add_metric([c["model"], c["method"], stage, metric], _num(v))
-    yield from (cal_v, cal_e)
-
-
-#: Label-free estimates exported per window: ``calmon_estimated_<metric>`` (+ ``_lower``/``_upper``).
-ESTIMATED = ("accuracy", "precision", "recall", "base_rate", "brier", "log_loss", "roc_auc")
-
-
-def _estimates(evaluations: list[dict[str, Any]]) -> Iterator[Metric]:
-    lab = ["model", "segment", "window"]
-    preds = GaugeMetricFamily("calmon_window_predictions", "Predictions in the window, with or without outcome",
-                              labels=lab)
-    est = {(m, b): GaugeMetricFamily(f"calmon_estimated_{m}{suffix}", f"Label-free estimate of {m.replace('_', ' ')}"
-                                     f"{doc} (CBPE from the window's scores and the calibrator in service)", labels=lab)
-           for m in ESTIMATED for b, suffix, doc in (("value", "", ""), ("lo", "_lower", ", interval lower bound"),
-                                                     ("hi", "_upper", ", interval upper bound"))}
-    err = GaugeMetricFamily("calmon_estimation_error", "Estimate minus realised metric on the predictions whose "
-                            "outcomes have arrived", labels=lab + ["metric"])
-    psi = GaugeMetricFamily("calmon_score_drift_psi", "Population stability index of the window's scores against "
-                            "everything before it", labels=lab)
-    p = GaugeMetricFamily("calmon_score_drift_p_value", "Chi-square test of an unchanged score distribution",
-                          labels=lab)
-    for e in evaluations:
-        key = [e["model"], e["segment"], e["window"]]
-        if "predictions" in e:
-            preds.add_metric(key, e["predictions"])
-        for m, bounds in (e.get("estimated") or {}).items():
-            for b, v in bounds.items():
-                if (m, b) in est:
-                    est[(m, b)].add_metric(key, _num(v))
-        for m, v in sorted((e.get("estimation_error") or {}).items()):
-            err.add_metric(key + [m], _num(v))
-        drift = e.get("score_drift")
-        if drift:
-            psi.add_metric(key, _num(drift.get("psi")))
-            p.add_metric(key, _num(drift.get("p_value")))
-    yield preds
-    yield from est.values()
-    yield from (err, psi, p)
 
 
 def _changes(st: State) -> Iterator[Metric]:
@@ -285,13 +168,31 @@ def _changes(st: State) -> Iterator[Metric]:
     yield from (total, point)
 
 
+def _series(dropped: Mapping[str, tuple[int, int]]) -> Iterator[Metric]:
+    last = GaugeMetricFamily("calmon_metrics_series_over_budget", "Per-window series left out of /metrics by the "
+                             "series budget in the last round", labels=["reason"])
+    total = CounterMetricFamily("calmon_metrics_series_dropped", "Per-window series left out of /metrics by the "
+                                "series budget, summed over rounds", labels=["reason"])
+    for reason, (n, acc) in sorted(dropped.items()):
+        last.add_metric([reason], n)
+        total.add_metric([reason], acc)
+    yield last
+    yield total
+
+
 class AgentMetrics:
-    """The agent's private registry: the state collector plus the evaluation-latency histogram.
+    """The agent's ``/metrics``: the cached round part, the live collector and the evaluation-latency histogram.
 
     Parameters
     ----------
     state_fn
-        See :class:`AgentCollector`.
+        The live state (see :class:`AgentCollector`).  Until :meth:`prepare` is first called, the
+        round part is rendered from this state at every scrape (its ``evaluations``, ``alerts``,
+        ``calibrators``, ``scheduler`` and ``state_bytes`` keys).
+    budget
+        Series budget of the round part.
+    clock
+        Wall clock for the test ages.
 
     Examples
     --------
@@ -300,15 +201,34 @@ class AgentMetrics:
     >>> text = m.render().decode()
     >>> "calmon_evaluations_total 2.0" in text, "calmon_evaluation_duration_seconds_count 1.0" in text
     (True, True)
+    >>> m.prepare({"scheduler": {"evaluations": 3}}); "calmon_evaluations_total 3.0" in m.render().decode()
+    True
     """
 
-    def __init__(self, state_fn: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, state_fn: Callable[[], Mapping[str, Any]], budget: SeriesBudget | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.evaluation_duration = Histogram("calmon_evaluation_duration_seconds", "Duration of one evaluation round",
                                              buckets=EVALUATION_BUCKETS, registry=self.registry)
         self.collector = AgentCollector(state_fn)
         self.registry.register(self.collector)
+        self.budget = budget or SeriesBudget()
+        self.clock = clock
+        self._round: RoundPart | None = None
+        self._lock = threading.Lock()
+
+    def prepare(self, round_state: Mapping[str, Any]) -> None:
+        """Render the round part once (called by the scheduler after it publishes a round)."""
+        part = RoundPart.build(round_state, self.budget)
+        with self._lock:
+            old = self.collector.dropped
+            self.collector.dropped = {r: (n, old.get(r, (0, 0))[1] + n) for r, n in part.dropped.items()}
+            self._round = part
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""
-        return generate_latest(self.registry)
+        live = generate_latest(self.registry)
+        part = self._round
+        if part is None:
+            part = RoundPart.build(self.collector.state_fn(), self.budget)
+        return live + part.text + part.ages(self.clock())

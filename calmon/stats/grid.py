@@ -21,6 +21,14 @@ uninterrupted computation.  A cell holds up to ``2**35`` (3.4e10) events before 
 
 With ``bins = 2**d`` the cell of z is ``floor(z * 2**d)`` computed exactly in binary
 floating point, so every dyadic level ``2**b`` (``b <= d``) is an exact ``coarsen(2**b)``.
+
+Storage is sized by content: a grid of at least :data:`SPARSE_MIN_CELLS` cells starts *sparse*
+(the occupied cells and their six sums, 56 bytes per occupied cell, see :mod:`calmon.stats.sparse`)
+and becomes dense (48 bytes per cell) once more than a quarter of its cells are occupied.  The
+two storages hold the same integers; every reader (the field properties, :meth:`ScoreGrid.coarsen`,
+equality, :meth:`ScoreGrid.to_dict`) sees the same values whichever is in use, and the document
+written by :meth:`ScoreGrid.to_dict` is chosen by content alone (sparse while at most a quarter of
+the cells are occupied), so it does not depend on the history of merges.
 """
 
 from __future__ import annotations
@@ -30,24 +38,56 @@ from typing import Any
 import numpy as np
 
 from calmon.jsonio import pack_array, unpack_array
+from calmon.stats import sparse
 
 FIELDS: tuple[str, ...] = ("n", "sum_z", "sum_y", "sum_zz", "sum_zy", "sum_vv")
 QUANTUM_BITS = 28
 _SCALE = float(2**QUANTUM_BITS)
 FORMAT = "calmon.score_grid"
 FORMAT_VERSION = 1
+#: Version of the sparse document (occupied cells only); dense documents keep version 1.
+SPARSE_VERSION = 2
+#: Grids with fewer cells are always dense (a sparse index would not pay).
+SPARSE_MIN_CELLS = 64
+_F = len(FIELDS)
 
 
 def cell_index(z: np.ndarray, bins: int) -> np.ndarray:
     """Equal-width cell of each score: ``min(floor(z * bins), bins - 1)`` (so z = 1 is in the last cell)."""
-    idx = np.floor(np.asarray(z, dtype=np.float64) * bins).astype(np.int64)
-    np.clip(idx, 0, bins - 1, out=idx)
+    # truncation equals floor for z >= 0, and every z < 0 lands in cell 0 either way after the clip
+    idx = (np.asarray(z, dtype=np.float64) * bins).astype(np.int64)
+    np.minimum(idx, bins - 1, out=idx)
+    np.maximum(idx, 0, out=idx)
     return idx
 
 
 def quantize(x: np.ndarray) -> np.ndarray:
     """Fixed-point representation (units of ``2**-28``) used by every stored sum."""
     return np.rint(np.asarray(x, dtype=np.float64) * _SCALE)
+
+
+def event_sums(z: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """The per-event fixed-point contributions to the six fields, int64 of shape ``(6, n)``.
+
+    Summing the columns of a set of events gives exactly what :meth:`ScoreGrid.update` adds
+    (the sums of integers below ``2**53`` are the same in float64 and int64).
+    """
+    z = np.asarray(z, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    qz = quantize(z)
+    v = z * (1.0 - z)
+    out = np.empty((_F, z.size), dtype=np.int64)
+    out[0] = 1
+    out[1] = qz
+    out[2] = y * _SCALE
+    out[3] = quantize(z * z)
+    out[4] = qz * y
+    out[5] = quantize(v * v)
+    return out
+
+
+_NO_CELLS = np.zeros(0, dtype=np.int64)
+_NO_VALUES = np.zeros((_F, 0), dtype=np.int64)
 
 
 class ScoreGrid:
@@ -75,13 +115,20 @@ class ScoreGrid:
     >>> (g + g - g).n.tolist() == g.n.tolist()
     True
 
+    A large grid holding few events stores only its occupied cells:
+
+    >>> big = ScoreGrid(bins=1024)
+    >>> big.update(np.array([0.1, 0.2]), np.array([0, 1]))
+    >>> big.is_sparse, big.nbytes(), big.count
+    (True, 112, 2)
+
     References
     ----------
     Lee, Huang, Hassani, Dobriban. T-Cal: an optimal test for the calibration of predictive
     models. JMLR 2023 -- Section 3 (binned estimators, eqs. 5-6) need exactly these sums.
     """
 
-    __slots__ = ("bins", "channels", "_raw")
+    __slots__ = ("bins", "channels", "_dense", "_cells", "_vals")
 
     def __init__(self, bins: int = 4096, channels: int | None = None) -> None:
         if int(bins) != bins or bins < 1:
@@ -90,15 +137,58 @@ class ScoreGrid:
             raise ValueError(f"channels must be None or a positive integer, got {channels!r}")
         self.bins = int(bins)
         self.channels = None if channels is None else int(channels)
-        self._raw: dict[str, np.ndarray] = {f: np.zeros(self.shape, dtype=np.int64) for f in FIELDS}
+        # dense: int64 (6, size) in FIELDS order; sparse (``_dense is None``): sorted occupied flat cells and
+        # their sums, treated as immutable (replaced, never written in place) so copies may share them
+        self._dense: np.ndarray | None = None
+        self._cells = _NO_CELLS
+        self._vals = _NO_VALUES
+        if self.size < SPARSE_MIN_CELLS:
+            self._dense = np.zeros((_F, self.size), dtype=np.int64)
 
     # -- shape and views -------------------------------------------------------------------
     @property
     def shape(self) -> tuple[int, ...]:
         return (self.bins,) if self.channels is None else (self.channels, self.bins)
 
+    @property
+    def size(self) -> int:
+        """Cells over all channels."""
+        return self.bins * (self.channels or 1)
+
+    @property
+    def is_sparse(self) -> bool:
+        """Whether only the occupied cells are stored."""
+        return self._dense is None
+
+    def _all(self) -> np.ndarray:
+        """The six fields as a dense int64 ``(6, size)`` array (the storage itself when dense)."""
+        if self._dense is not None:
+            return self._dense
+        return sparse.to_dense(self._cells, self._vals, self.size)
+
+    def _densify(self) -> np.ndarray:
+        if self._dense is None:
+            self._dense = sparse.to_dense(self._cells, self._vals, self.size)
+            self._cells, self._vals = _NO_CELLS, _NO_VALUES
+        return self._dense
+
+    def _set_sparse(self, cells: np.ndarray, vals: np.ndarray) -> None:
+        """Store sparse cell sums, dense instead when the grid is small or the cells are many."""
+        if self.size < SPARSE_MIN_CELLS or cells.size > self.size // 4:
+            self._dense = sparse.to_dense(cells, vals, self.size)
+            self._cells, self._vals = _NO_CELLS, _NO_VALUES
+        else:
+            self._dense = None
+            self._cells, self._vals = cells, vals
+
     def _view(self, field: str) -> np.ndarray:
-        a = self._raw[field]
+        i = FIELDS.index(field)
+        if self._dense is not None:
+            a = self._dense[i]
+        else:
+            a = np.zeros(self.size, dtype=np.int64)
+            a[self._cells] = self._vals[i]
+        a = a.reshape(self.shape)
         return a.astype(np.float64) if field == "n" else a / _SCALE
 
     n = property(lambda self: self._view("n"), doc="Events per cell.")
@@ -111,7 +201,7 @@ class ScoreGrid:
     @property
     def count(self) -> int:
         """Total number of events (over all cells; per channel events are counted once per channel)."""
-        return int(self._raw["n"].sum())
+        return int((self._dense if self._dense is not None else self._vals)[0].sum())
 
     @property
     def edges(self) -> np.ndarray:
@@ -156,19 +246,30 @@ class ScoreGrid:
                 raise ValueError(f"expected scores of shape (n, {self.channels}), got {z.shape}")
             flat = (cell_index(z, self.bins) + np.arange(self.channels) * self.bins).ravel()
             z, y = z.ravel(), y.ravel()
-        if flat.size == 0:
+        if flat.size:
+            self.add_cells(flat, event_sums(z, y))
+
+    def add_cells(self, cells: np.ndarray, sums: np.ndarray, aggregated: bool = False) -> None:
+        """Add per-event (or, with ``aggregated``, per sorted unique cell) sums to flat ``cells``.
+
+        ``sums`` is int64 of shape ``(6, len(cells))`` as made by :func:`event_sums`; this is the
+        vectorised ingestion path (the caller computes cells and sums once for a whole batch).
+        """
+        if cells.size == 0:
             return
-        size = self.bins * (self.channels or 1)
-        qz = quantize(z)
-        v = z * (1.0 - z)
-        weights = {"sum_z": qz, "sum_y": y, "sum_zz": quantize(z * z), "sum_zy": qz * y,
-                   "sum_vv": quantize(v * v)}
-        self._raw["n"] += np.bincount(flat, minlength=size).reshape(self.shape)
-        for field, w in weights.items():
-            if field == "sum_y":
-                w = w * _SCALE
-            # float64 bincount of integers is exact while a batch's cell sum stays below 2**53
-            self._raw[field] += np.bincount(flat, weights=w, minlength=size).astype(np.int64).reshape(self.shape)
+        if self._dense is not None:
+            if not aggregated and cells.size > 64:
+                # float64 bincount of integers is exact while a batch's cell sum stays below 2**53
+                for i in range(_F):
+                    self._dense[i] += np.bincount(cells, weights=sums[i], minlength=self.size).astype(np.int64)
+                return
+            if not aggregated:
+                cells, sums = sparse.aggregate(cells, sums)
+            self._dense[:, cells] += sums
+            return
+        if not aggregated:
+            cells, sums = sparse.aggregate(cells, sums)
+        self._set_sparse(*sparse.combine(self._cells, self._vals, cells, sums))
 
     # -- algebra ---------------------------------------------------------------------------
     def _check_compatible(self, other: ScoreGrid) -> None:
@@ -176,22 +277,34 @@ class ScoreGrid:
             raise ValueError(f"cannot combine grids of shapes {self.shape} and {getattr(other, 'shape', None)}")
 
     def copy(self) -> ScoreGrid:
-        out = ScoreGrid(self.bins, self.channels)
-        out._raw = {f: a.copy() for f, a in self._raw.items()}
+        out = ScoreGrid.__new__(ScoreGrid)
+        out.bins, out.channels = self.bins, self.channels
+        out._dense = None if self._dense is None else self._dense.copy()
+        out._cells, out._vals = self._cells, self._vals
         return out
+
+    def _combine(self, other: ScoreGrid, sign: int) -> None:
+        self._check_compatible(other)
+        if other._dense is not None:
+            mine = self._densify()
+            if sign > 0:
+                mine += other._dense
+            else:
+                mine -= other._dense
+        elif self._dense is not None:
+            self._dense[:, other._cells] += other._vals if sign > 0 else -other._vals
+        else:
+            cells, vals = sparse.combine(self._cells, self._vals, other._cells, other._vals, sign)
+            self._set_sparse(*(sparse.prune(cells, vals) if sign < 0 else (cells, vals)))
 
     def merge(self, other: ScoreGrid) -> None:
         """Add ``other``'s statistics into this grid, in place."""
-        self._check_compatible(other)
-        for f in FIELDS:
-            self._raw[f] += other._raw[f]
+        self._combine(other, 1)
 
     def subtract(self, other: ScoreGrid) -> None:
         """Remove ``other``'s statistics (which must be contained in this grid), in place."""
-        self._check_compatible(other)
-        for f in FIELDS:
-            self._raw[f] -= other._raw[f]
-        if (self._raw["n"] < 0).any():
+        self._combine(other, -1)
+        if ((self._dense if self._dense is not None else self._vals)[0] < 0).any():
             raise ValueError("subtract removed more events than the grid holds")
 
     def __add__(self, other: ScoreGrid) -> ScoreGrid:
@@ -207,8 +320,12 @@ class ScoreGrid:
     merged = __add__
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, ScoreGrid) and other.shape == self.shape
-                and all(np.array_equal(self._raw[f], other._raw[f]) for f in FIELDS))
+        if not isinstance(other, ScoreGrid) or other.shape != self.shape:
+            return False
+        if self._dense is None and other._dense is None:
+            a, b = sparse.prune(self._cells, self._vals), sparse.prune(other._cells, other._vals)
+            return np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+        return np.array_equal(self._all(), other._all())
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -218,8 +335,12 @@ class ScoreGrid:
             raise ValueError(f"cannot coarsen {self.bins} cells to {bins}: {bins} must divide {self.bins}")
         out = ScoreGrid(bins, self.channels)
         factor = self.bins // bins
-        for f in FIELDS:
-            out._raw[f] = self._raw[f].reshape(*self.shape[:-1], bins, factor).sum(axis=-1)
+        if self._dense is not None:
+            out._dense = self._dense.reshape(_F, -1, bins, factor).sum(axis=-1).reshape(_F, -1)
+            out._cells, out._vals = _NO_CELLS, _NO_VALUES
+        else:
+            cells = self._cells // self.bins * bins + self._cells % self.bins // factor
+            out._set_sparse(*sparse.aggregate(cells, self._vals))
         return out
 
     def channel(self, k: int) -> ScoreGrid:
@@ -227,26 +348,59 @@ class ScoreGrid:
         if self.channels is None:
             raise ValueError("grid has no channels")
         out = ScoreGrid(self.bins)
-        out._raw = {f: a[k].copy() for f, a in self._raw.items()}
+        if self._dense is not None:
+            out._dense = self._dense[:, k * self.bins:(k + 1) * self.bins].copy()
+            out._cells, out._vals = _NO_CELLS, _NO_VALUES
+        else:
+            keep = (self._cells >= k * self.bins) & (self._cells < (k + 1) * self.bins)
+            out._set_sparse(self._cells[keep] - k * self.bins, self._vals[:, keep])
         return out
 
     def nbytes(self) -> int:
-        return sum(a.nbytes for a in self._raw.values())
+        """Bytes held by the statistics (dense fields, or the occupied cells and their sums)."""
+        if self._dense is not None:
+            return int(self._dense.nbytes)
+        return int(self._cells.nbytes + self._vals.nbytes)
 
     # -- serialisation --------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Versioned, pickle-free document: each int64 field as zlib-compressed little-endian bytes in base64."""
-        return {"format": FORMAT, "version": FORMAT_VERSION, "bins": self.bins, "channels": self.channels,
-                "quantum_bits": QUANTUM_BITS, "fields": {f: pack_array(self._raw[f]) for f in FIELDS}}
+        """Versioned, pickle-free document, chosen by content: the occupied cells and their sums (version 2)
+        while at most a quarter of a grid of >= :data:`SPARSE_MIN_CELLS` cells is occupied, else each int64
+        field as zlib-compressed little-endian bytes in base64 (version 1)."""
+        if self._dense is None:
+            cells, vals = sparse.prune(self._cells, self._vals)
+        else:
+            cells, vals = sparse.from_dense(self._dense)
+        base = {"format": FORMAT, "bins": self.bins, "channels": self.channels, "quantum_bits": QUANTUM_BITS}
+        if self.size >= SPARSE_MIN_CELLS and cells.size <= self.size // 4:
+            return {**base, "version": SPARSE_VERSION, "cells": pack_array(cells), "values": pack_array(vals)}
+        dense = self._all().reshape(_F, *self.shape)
+        return {**base, "version": FORMAT_VERSION, "fields": {f: pack_array(dense[i]) for i, f in enumerate(FIELDS)}}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ScoreGrid:
-        if d.get("format") != FORMAT or d.get("version") != FORMAT_VERSION:
-            raise ValueError(f"not a {FORMAT} v{FORMAT_VERSION} document: {d.get('format')} v{d.get('version')}")
+        """Rebuild from :meth:`to_dict` output (dense version 1 or sparse version 2), stored by content."""
+        if d.get("format") != FORMAT or d.get("version") not in (FORMAT_VERSION, SPARSE_VERSION):
+            raise ValueError(f"not a {FORMAT} v{FORMAT_VERSION}/v{SPARSE_VERSION} document: "
+                             f"{d.get('format')} v{d.get('version')}")
         if d.get("quantum_bits") != QUANTUM_BITS:
             raise ValueError(f"grid uses quantum 2^-{d.get('quantum_bits')}, this build uses 2^-{QUANTUM_BITS}")
         out = cls(d["bins"], d["channels"])
-        out._raw = {f: unpack_array(d["fields"][f], "<i8", out.shape) for f in FIELDS}
+        if d["version"] == SPARSE_VERSION:
+            cells = unpack_array(d["cells"], "<i8").astype(np.int64)
+            vals = unpack_array(d["values"], "<i8", (_F, cells.size)).astype(np.int64)
+            if cells.ndim != 1 or (cells.size and (cells.min() < 0 or cells.max() >= out.size
+                                                   or (np.diff(cells) <= 0).any())):
+                raise ValueError("sparse grid cells must be sorted, unique and inside the grid")
+            out._set_sparse(cells, vals)
+        else:
+            dense = np.stack([unpack_array(d["fields"][f], "<i8", out.shape).reshape(-1) for f in FIELDS])
+            cells, vals = sparse.from_dense(dense)
+            if out.size >= SPARSE_MIN_CELLS and cells.size <= out.size // 4:
+                out._set_sparse(cells, vals)
+            else:
+                out._dense = dense.astype(np.int64)
+                out._cells, out._vals = _NO_CELLS, _NO_VALUES
         return out
 
     def __repr__(self) -> str:

@@ -98,7 +98,14 @@ class ModelStats:
 
     # -- algebra ---------------------------------------------------------------------------
     def copy(self) -> ModelStats:
-        return ModelStats.from_dict(self.to_dict())
+        """An independent copy, field by field (a checkpoint copies dirty buckets under the lock: keep it cheap)."""
+        out = ModelStats.__new__(ModelStats)
+        out.classes = self.classes
+        out.fine, out.ece = self.fine.copy(), self.ece.copy()
+        out.classwise = None if self.classwise is None else self.classwise.copy()
+        out.reservoir = None if self.reservoir is None else self.reservoir.copy()
+        out.levelset = None if self.levelset is None else self.levelset.copy()
+        return out
 
     def merge(self, other: ModelStats, rng: np.random.Generator | None = None) -> None:
         """Add ``other`` in place (reservoirs are merged by weighted sampling with ``rng``)."""
@@ -162,6 +169,8 @@ class ModelStats:
 
     def nbytes(self) -> int:
         n = self.fine.nbytes() + self.ece.nbytes() + (self.classwise.nbytes() if self.classwise else 0)
+        if self.levelset is not None:
+            n += self.levelset.nbytes()
         if self.reservoir is not None:
-            n += self.reservoir._data.nbytes
+            n += self.reservoir.nbytes()
         return n

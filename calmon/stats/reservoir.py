@@ -22,6 +22,10 @@ class Reservoir:
     the sequence of rows -- not on how they were split into batches (a restarted agent that
     replays from its checkpoint rebuilds the same sample).
 
+    Memory is sized by content: rows are allocated as the sample fills (doubling, up to
+    ``capacity``), and the generator is created on first use (a time bucket that never
+    receives an event costs neither).
+
     Parameters
     ----------
     capacity
@@ -38,6 +42,10 @@ class Reservoir:
     >>> r.update(np.column_stack([np.linspace(0, 1, 1000), np.zeros(1000)]))
     >>> r.seen, r.rows.shape
     (1000, (100, 2))
+    >>> small = Reservoir(capacity=100, width=2)
+    >>> small.update(np.zeros((3, 2)))
+    >>> small.nbytes()
+    48
 
     References
     ----------
@@ -50,12 +58,48 @@ class Reservoir:
         self.capacity = int(capacity)
         self.width = int(width)
         self.seen = 0
-        self._data = np.zeros((self.capacity, self.width))
-        self._rng = np.random.default_rng(seed)
+        self._data = np.zeros((0, self.width))
+        self._seed = seed
+        self._gen: np.random.Generator | None = None
+        #: uniform draws consumed by rows that filled an empty slot (their draw is not needed), not yet taken
+        self._owed = 0
+
+    @property
+    def _rng(self) -> np.random.Generator:
+        """The sampling generator, created from the seed on first use and advanced past the draws owed.
+
+        ``PCG64.advance(k)`` moves the stream exactly as ``k`` calls of ``random()`` would (one 64-bit output per
+        double), so the state is the same as if every draw had been taken.
+        """
+        if self._gen is None:
+            self._gen = np.random.default_rng(self._seed)
+        if self._owed:
+            bits = self._gen.bit_generator
+            if not isinstance(bits, np.random.PCG64):
+                raise TypeError(f"reservoir generator must be PCG64, got {type(bits).__name__}")
+            bits.advance(self._owed)
+            self._owed = 0
+        return self._gen
+
+    @_rng.setter
+    def _rng(self, gen: np.random.Generator) -> None:
+        self._gen, self._owed = gen, 0
 
     @property
     def rows(self) -> np.ndarray:
         return self._data[: min(self.seen, self.capacity)]
+
+    def nbytes(self) -> int:
+        """Bytes of the allocated rows."""
+        return int(self._data.nbytes)
+
+    def _reserve(self, rows: int) -> None:
+        """Room for ``rows`` rows (at most ``capacity``), growing geometrically and keeping the filled ones."""
+        have = len(self._data)
+        if rows > have:
+            grown = np.zeros((min(self.capacity, max(rows, 2 * have)), self.width))
+            grown[:have] = self._data
+            self._data = grown
 
     def update(self, rows: np.ndarray) -> None:
         rows = np.asarray(rows, dtype=np.float64)
@@ -64,9 +108,16 @@ class Reservoir:
         m = rows.shape[0]
         if m == 0:
             return
+        if self.seen + m <= self.capacity:  # every row fills an empty slot: its draw is owed, not taken
+            self._reserve(self.seen + m)
+            self._data[self.seen:self.seen + m] = rows
+            self._owed += m
+            self.seen += m
+            return
         u = self._rng.random(m)
         t = self.seen + np.arange(m)  # 0-based index of each row in the stream
         fill = t < self.capacity
+        self._reserve(min(self.capacity, self.seen + m))
         self._data[t[fill]] = rows[fill]
         slot = np.floor(u * (t + 1)).astype(np.int64)
         repl = ~fill & (slot < self.capacity)
@@ -77,14 +128,26 @@ class Reservoir:
             self._data[rev_u] = rows[src[::-1][rev_i]]
         self.seen += m
 
+    def copy(self) -> Reservoir:
+        """An independent copy: rows, count, seed, generator state and draws owed (no document round trip)."""
+        out = Reservoir.__new__(Reservoir)
+        out.capacity, out.width, out.seen, out._seed, out._owed = (self.capacity, self.width, self.seen,
+                                                                   self._seed, self._owed)
+        out._data = self._data.copy()
+        out._gen = None
+        if self._gen is not None:
+            out._gen = np.random.Generator(np.random.PCG64(0))
+            out._gen.bit_generator.state = self._gen.bit_generator.state
+        return out
+
     def merged(self, other: Reservoir, rng: np.random.Generator) -> Reservoir:
         """A uniform sample of the union of both streams (counts drawn hypergeometrically)."""
         if other.width != self.width:
             raise ValueError(f"cannot merge reservoirs of widths {self.width} and {other.width}")
-        out = Reservoir(max(self.capacity, other.capacity), self.width)
-        out._rng = np.random.default_rng(rng.integers(2**63))
+        out = Reservoir(max(self.capacity, other.capacity), self.width, seed=int(rng.integers(2**63)))
         total = self.seen + other.seen
         take = min(out.capacity, total)
+        out._reserve(take)
         if take:
             k_a = int(rng.hypergeometric(self.seen, other.seen, take)) if self.seen and other.seen else (
                 take if self.seen else 0)
@@ -110,6 +173,7 @@ class Reservoir:
         rows = _rows_v1(d["rows_zlib_b64"], out.width) if d["version"] == 1 else unpack_array(d["rows"], "<f8")
         if rows.ndim != 2 or rows.shape[1] != out.width or len(rows) > out.capacity:
             raise ValueError(f"reservoir rows have shape {rows.shape}, expected (<= {out.capacity}, {out.width})")
+        out._reserve(len(rows))
         out._data[: len(rows)] = rows
         out._rng.bit_generator.state = d["rng"]
         return out

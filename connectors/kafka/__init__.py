@@ -37,6 +37,14 @@ exponential backoff (never raising for connectivity errors); :attr:`KafkaSource.
 backwards (the broker lost data and the consumer was reset) is counted in ``offset_resets``; an
 offset that jumps forward (retention deleted records not yet read) in ``skipped_offsets``.
 
+Record metadata
+---------------
+With ``metadata=True`` (source option ``metadata: true``) each batch carries every record's
+timestamp (create or log-append time; ``None`` when the broker gives none), key and headers as
+:attr:`connectors.base.Batch.meta`, which schema mappings read as ``$timestamp``, ``$key`` and
+``$headers.NAME``; :class:`KafkaDeadLetterSink` keeps a rejected record's key and headers when
+given them.  Off by default: one object per record costs 30-65 % of the consume rate.
+
 References
 ----------
 Apache Kafka documentation, "Consumer position", "Offset management" and "Log compaction"

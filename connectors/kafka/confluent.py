@@ -9,9 +9,10 @@ with an "erroneous state" error).  ``client`` options are librdkafka properties 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
 
+from connectors.base import RecordMeta
 from connectors.kafka.clients import (
     ConsumerEvents,
     ConsumerSettings,
@@ -19,6 +20,8 @@ from connectors.kafka.clients import (
     KafkaConfigError,
     Polled,
     Record,
+    RecordLike,
+    header_tuple,
 )
 from connectors.kafka.positions import TP
 from connectors.kafka.settings import check_librdkafka
@@ -40,6 +43,16 @@ def _ctp(tp: TP, offset: int | None = None) -> Any:
     from confluent_kafka import OFFSET_INVALID, TopicPartition
 
     return TopicPartition(tp.topic, tp.partition, OFFSET_INVALID if offset is None else offset)
+
+
+def message_meta(msg: Any) -> RecordMeta:
+    """Timestamp, key and headers of a ``confluent_kafka.Message``.
+
+    ``timestamp()`` is ``(type, ms)``; type 0 (``TIMESTAMP_NOT_AVAILABLE``) means none.
+    """
+    tt, ts = msg.timestamp()
+    h = msg.headers()
+    return RecordMeta(ts if tt and ts >= 0 else None, msg.key(), header_tuple(h) if h else ())
 
 
 class ConfluentConsumer:
@@ -166,15 +179,22 @@ class ConfluentConsumer:
         except _errors() as exc:
             raise KafkaClientError(repr(exc)) from exc
         out: dict[TP, list[Record]] = {}
+        meta = self.settings.metadata
         for m in msgs:
             err = m.error()
             if err is None:
-                out.setdefault(TP(m.topic(), m.partition()), []).append(Record(m.offset(), m.value()))
+                rec = Record(m.offset(), m.value(), message_meta(m)) if meta else Record(m.offset(), m.value())
+                out.setdefault(TP(m.topic(), m.partition()), []).append(rec)
             elif err.code() != KafkaError._PARTITION_EOF and self._handler is not None:
                 self._handler.on_error(str(err), counted=True)
         if out:
             self._connected = True
         return out
+
+    @staticmethod
+    def metas(records: Sequence[RecordLike]) -> list[RecordMeta]:
+        """The metadata :meth:`poll` read with each record (``settings.metadata``)."""
+        return [r.meta for r in cast("Sequence[Record]", records)]  # this adapter's poll returns Records
 
     def committed(self, tps: list[TP], timeout: float) -> dict[TP, int]:
         try:

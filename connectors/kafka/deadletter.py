@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from connectors.base import RecordMeta
 from connectors.kafka.admin import ensure_topic, scan_topic
 from connectors.kafka.clients import KafkaClientError
 from connectors.kafka.kafkapython import mapped
@@ -20,15 +21,17 @@ log = logging.getLogger("connectors.kafka")
 REASON_HEADER = "calmon-reason"
 SOURCE_HEADER = "calmon-source"
 ORIGIN_HEADER = "calmon-origin"
+_OWN_HEADERS = frozenset({REASON_HEADER, SOURCE_HEADER, ORIGIN_HEADER})
 _SINK_KEYS = ("topic", "partitions", "buffer_limit", "flush_timeout")
 
 
 class DeadLetter(NamedTuple):
-    """A queued dead letter: the raw record, its headers, its origin (``topic/partition@offset``)."""
+    """A queued dead letter: the raw record, its headers, its origin (``topic/partition@offset``), its key."""
 
     value: bytes
     headers: list[tuple[str, bytes]]
     origin: str | None
+    key: bytes | None = None
 
 
 @dataclass
@@ -46,11 +49,14 @@ class KafkaDeadLetterSink:
     """Write rejected records to a Kafka topic, the reason code in header ``calmon-reason``.
 
     Each dead letter keeps the raw record as value and carries headers ``calmon-reason``,
-    ``calmon-source`` and ``calmon-origin`` (e.g. ``"events/0@1234"``).  The position (end offset of
-    the dead-letter topic per partition after a flush) is checkpointed with the agent's state; after
-    :meth:`seek` the sink reads the dead letters written after that position and skips re-writing
-    records with the same origin, so a restart that replays source records does not duplicate
-    dead letters (exactly once, given unique origins).
+    ``calmon-source`` and ``calmon-origin`` (e.g. ``"events/0@1234"``); given the records' transport
+    metadata (a Kafka source's ``Batch.meta``) it also keeps their key and, before calmon's, their
+    headers (except any of those three names, which would shadow this rejection's).
+
+    The position (end offset of the dead-letter topic per partition after a flush) is checkpointed
+    with the agent's state; after :meth:`seek` the sink reads the dead letters written after that
+    position and skips re-writing records with the same origin, so a restart that replays source
+    records does not duplicate dead letters (exactly once, given unique origins).
 
     Parameters
     ----------
@@ -125,19 +131,33 @@ class KafkaDeadLetterSink:
         return cls(bootstrap, client=client, **kw)
 
     # ------------------------------------------------------------------ DeadLetterSink protocol
-    def write(self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None) -> None:
-        """Queue rejected ``records`` with their reason codes (sent asynchronously; see :meth:`flush`)."""
-        if len(records) != len(reasons) or (origins is not None and len(origins) != len(records)):
-            raise ValueError("records, reasons (and origins) must have the same length")
+    def write(
+        self,
+        records: list[bytes],
+        reasons: list[str],
+        source: str,
+        origins: list[str] | None = None,
+        meta: list[RecordMeta] | None = None,
+    ) -> None:
+        """Queue rejected ``records`` with their reason codes (sent asynchronously; see :meth:`flush`).
+
+        ``meta`` (one per record, optional): each dead letter keeps the record's key and headers.
+        """
+        n = len(records)
+        if len(reasons) != n or (origins is not None and len(origins) != n) or (meta is not None and len(meta) != n):
+            raise ValueError("records, reasons (and origins, meta) must have the same length")
         src = source.encode()
         for i, rec in enumerate(records):
             origin = origins[i] if origins is not None else None
             if self._replayed(origin):
                 continue
-            headers = [(REASON_HEADER, str(reasons[i]).encode()), (SOURCE_HEADER, src)]
+            m = meta[i] if meta is not None else None
+            # a record's own calmon-* headers (an older dead letter read back) would shadow this rejection's
+            headers = [h for h in m.headers if h[0] not in _OWN_HEADERS] if m is not None else []
+            headers += [(REASON_HEADER, str(reasons[i]).encode()), (SOURCE_HEADER, src)]
             if origin is not None:
                 headers.append((ORIGIN_HEADER, origin.encode()))
-            self._buffer.append(DeadLetter(bytes(rec), headers, origin))
+            self._buffer.append(DeadLetter(bytes(rec), headers, origin, None if m is None else m.key))
         if len(self._buffer) > self.buffer_limit:
             drop = len(self._buffer) - self.buffer_limit
             self.stats.dropped += drop
@@ -247,7 +267,7 @@ class KafkaDeadLetterSink:
                 continue
             try:
                 with mapped("send"):
-                    fut = self._producer.send(self.topic, value=letter.value, headers=letter.headers)
+                    fut = self._producer.send(self.topic, value=letter.value, key=letter.key, headers=letter.headers)
             except KafkaClientError as exc:  # broker down: keep the rest for later
                 self.stats.failures += 1
                 self.stats.last_error = str(exc)

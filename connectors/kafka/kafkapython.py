@@ -11,15 +11,18 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Protocol, cast
 
+from connectors.base import RecordMeta
 from connectors.kafka.clients import (
     ConsumerEvents,
     ConsumerSettings,
     KafkaClientError,
     KafkaConfigError,
     Polled,
+    RecordLike,
+    header_tuple,
 )
 from connectors.kafka.positions import TP
 from connectors.kafka.settings import check_client, client_keys
@@ -49,6 +52,22 @@ def mapped(op: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 - kafka-python raises KafkaError, AssertionError, OSError, KeyError...
         raise KafkaClientError(repr(exc), fatal=isinstance(exc, IllegalStateError)) from exc
+
+
+class ConsumerRecordLike(RecordLike, Protocol):
+    """The fields of kafka-python's ``ConsumerRecord`` that :meth:`KafkaPythonConsumer.metas` reads."""
+
+    @property
+    def timestamp(self) -> int: ...
+
+    @property
+    def timestamp_type(self) -> int | None: ...
+
+    @property
+    def key(self) -> bytes | None: ...
+
+    @property
+    def headers(self) -> list[tuple[str, bytes | None]]: ...
 
 
 def _ktp(tp: TP) -> Any:
@@ -161,6 +180,30 @@ class KafkaPythonConsumer:
             # keys are kafka-python TopicPartitions: tuples equal to (and hashed like) TP
             polled: Polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=int(max_records))
         return polled
+
+    @staticmethod
+    def metas(records: Sequence[RecordLike]) -> list[RecordMeta]:
+        """Timestamp, key and headers of kafka-python ``ConsumerRecord`` s.
+
+        The timestamp is the create or log-append time (``timestamp_type`` 0 or 1); none for
+        v0 messages (type ``None``) and for a timestamp of -1 (the producer set none).
+
+        Examples
+        --------
+        >>> from kafka.consumer.fetcher import ConsumerRecord
+        >>> r = ConsumerRecord("t", 0, None, 5, 1700000000123, 0, b"a1", b"{}", [("model", b"m")], None, 2, 2, 8)
+        >>> a, b = KafkaPythonConsumer.metas([r, r._replace(timestamp=-1, key=None, headers=[])])
+        >>> a
+        RecordMeta(timestamp_ms=1700000000123, key=b'a1', headers=(('model', b'm'),))
+        >>> b
+        RecordMeta(timestamp_ms=None, key=None, headers=())
+        """
+        out = []
+        for r in cast("Sequence[ConsumerRecordLike]", records):  # this adapter's poll returns ConsumerRecords
+            ts, tt, h = r.timestamp, r.timestamp_type, r.headers
+            ts_ms = ts if (tt == 0 or tt == 1) and ts >= 0 else None
+            out.append(RecordMeta(ts_ms, r.key, header_tuple(h) if h else ()))
+        return out
 
     def committed(self, tps: list[TP], timeout: float) -> dict[TP, int]:
         deadline = time.monotonic() + timeout

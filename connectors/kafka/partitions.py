@@ -8,11 +8,12 @@ Its lock is shared with the client's rebalance callbacks, which may run on anoth
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from connectors.kafka.clients import Polled
+from connectors.base import RecordMeta
+from connectors.kafka.clients import Polled, RecordLike
 from connectors.kafka.positions import TP, position_key
 
 
@@ -31,6 +32,7 @@ class Taken:
 
     records: list[bytes] = field(default_factory=list)
     origins: list[str] | None = None
+    meta: list[RecordMeta] | None = None
     position: dict[str, int] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
 
@@ -53,6 +55,9 @@ class PartitionBook:
     >>> t = book.take({TP("t", 0): [Record(5, b"a"), Record(6, None)]}, origins=True)
     >>> t.records, t.origins, t.position
     ([b'a', b''], ['t/0@5', 't/0@6'], {'t/0': 7})
+    >>> from connectors.base import RecordMeta
+    >>> book.take({TP("t", 0): [Record(7, b"b", RecordMeta(1, b"k"))]}, False, lambda rs: [r.meta for r in rs]).meta
+    [RecordMeta(timestamp_ms=1, key=b'k', headers=())]
     """
 
     def __init__(self) -> None:
@@ -123,9 +128,15 @@ class PartitionBook:
             self.pending.difference_update(tps)
             return [tp for tp in tps if tp in self.assigned]
 
-    def take(self, polled: Polled, origins: bool) -> Taken:
-        """Accept the records of assigned, positioned partitions and advance their positions."""
-        out = Taken(origins=[] if origins else None)
+    def take(
+        self, polled: Polled, origins: bool, metas: Callable[[Sequence[RecordLike]], list[RecordMeta]] | None = None
+    ) -> Taken:
+        """Accept the records of assigned, positioned partitions and advance their positions.
+
+        ``metas`` (the client's :meth:`~connectors.kafka.clients.ConsumerClient.metas`) fills
+        :attr:`Taken.meta`, one per record.
+        """
+        out = Taken(origins=[] if origins else None, meta=None if metas is None else [])
         with self.lock:
             for tp in sorted(polled):
                 rs = polled[tp]
@@ -138,6 +149,8 @@ class PartitionBook:
                 out.records.extend([r.value if r.value is not None else b"" for r in rs])
                 if out.origins is not None:
                     out.origins.extend([f"{key}@{r.offset}" for r in rs])
+                if out.meta is not None and metas is not None:
+                    out.meta.extend(metas(rs))
                 self.pos[key] = rs[-1].offset + 1
             out.position = dict(self.pos)
         return out

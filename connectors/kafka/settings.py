@@ -16,7 +16,7 @@ ClientKind = Literal["consumer", "producer", "admin"]
 #: Options of a source that calmon interprets (everything else belongs to the client library).
 SOURCE_KEYS = frozenset(
     {"name", "group_id", "position_policy", "auto_offset_reset", "backoff_initial", "backoff_max", "origins",
-     "on_revoke"}
+     "metadata", "on_revoke"}
 )
 LIBRARIES = ("kafka-python", "confluent")
 #: kafka-python producer options calmon sets itself (dead letters and calibrators are raw bytes).

@@ -167,9 +167,114 @@ class CubeLevel:
 
 
 def _draw_labels(cum: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
-    """``draws`` independent label vectors ``y*_j ~ Categorical(z_j)`` (rows: draws)."""
-    u = rng.random((draws, cum.shape[0], 1))
-    return np.minimum((u > cum[None, :, :]).sum(axis=2), cum.shape[1] - 1)
+    """``draws`` independent label vectors ``y*_j ~ Categorical(z_j)`` (rows: draws).
+
+    ``y* = #{k < K - 1: u > cum_k}`` column by column: the same labels as ``min(#{k: u > cum_k}, K - 1)``
+    without the ``draws x n x K`` boolean array.
+    """
+    u = rng.random((draws, cum.shape[0]))
+    y = np.zeros(u.shape, dtype=np.int64)
+    for col in cum[:, :-1].T:
+        y += u > col
+    return y
+
+
+class _NullStack:
+    """Every level's DPE for a batch of simulated label vectors: the values of :meth:`CubeLevel.statistic`.
+
+    Per cell ``||C - Z||**2 - Q = sum_k (C_k**2 - 2 C_k Z_k) + 2 sum_j z_j,y_j + ||Z||**2 - N - zz``, so a
+    level needs its class-count histogram (``C``) and one per-event gather ``z_j,y_j`` shared by all levels
+    (a matrix product with the per-event weights ``1/N_c``).  The histograms of coarse levels, where nearly
+    every event shares its cell, are sums of a finer level's (the cube cells are nested): one bincount
+    over the events serves them all; finer levels count only the events sharing their cell.
+    """
+
+    def __init__(self, probs: np.ndarray, levels: list[CubeLevel]) -> None:
+        n, k = probs.shape
+        self.n, self.k, self.levels = n, k, levels
+        self._flat = probs.ravel()
+        self._row = np.arange(n, dtype=np.int64) * k
+        w2 = np.zeros((n, len(levels)))
+        for i, lv in enumerate(levels):
+            w2[lv.members, i] = 2.0 / lv.N[lv.inv]
+        self.w2 = w2
+        self.const = np.array([lv._const for lv in levels])
+        self.hub_cells, self.hub_of, self.starts, self.coarse = self._hub(probs)
+
+    def _hub(self, probs: np.ndarray) -> tuple[int, np.ndarray, list[np.ndarray], list[tuple[np.ndarray, np.ndarray]]]:
+        """The finest level (prefix) whose full cells, at most ``n / K`` of them, refine every coarser one."""
+        full = [cube_cells(probs, lv.bins) for lv in self.levels]
+        hub = -1
+        for i, (inv, cells) in enumerate(full):
+            if cells * self.k > self.n or not all(_refines(inv, cells, full[j][0]) for j in range(i)):
+                break
+            hub = i
+        if hub < 0:
+            return 0, np.zeros(0, dtype=np.int64), [], []
+        inv_h, cells_h = full[hub]
+        parents = []
+        for j in range(hub + 1):
+            par = np.zeros(cells_h, dtype=np.int64)
+            par[inv_h] = full[j][0]
+            parents.append(par)
+        order = np.lexsort(parents[::-1])  # hub cells sorted so that each coarser cell is a contiguous run
+        rank = np.empty(cells_h, dtype=np.int64)
+        rank[order] = np.arange(cells_h)
+        hub_of = rank[inv_h]
+        starts: list[np.ndarray] = []
+        coarse: list[tuple[np.ndarray, np.ndarray]] = []
+        for par in parents:
+            ps = par[order]
+            new = np.concatenate([[True], ps[1:] != ps[:-1]])
+            seg = np.cumsum(new) - 1
+            starts.append(np.flatnonzero(new))
+            coarse.append(self._weights(probs, seg[hub_of], int(seg[-1]) + 1))
+        return cells_h, hub_of, starts, coarse
+
+    def _weights(self, probs: np.ndarray, inv: np.ndarray, cells: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(1/N_c repeated per class, 2 Z_ck / N_c)`` flattened; 0 for a cell with one event (no pair)."""
+        N = np.bincount(inv, minlength=cells).astype(np.float64)
+        w = np.where(N >= 2, 1.0 / np.maximum(N, 1.0), 0.0)
+        Z = np.stack([np.bincount(inv, probs[:, j], minlength=cells) for j in range(self.k)], axis=1)
+        return np.repeat(w, self.k), (2.0 * Z * w[:, None]).ravel()
+
+    def statistics(self, y: np.ndarray) -> np.ndarray:
+        """``(R, L)`` DPE of every level for the label rows ``y`` (shape ``(R, n)``)."""
+        r, k = y.shape[0], self.k
+        g = np.take(self._flat, self._row[None, :] + y)  # z_j,y_j
+        out = g @ self.w2 + self.const[None, :]
+        hub = len(self.starts)
+        if hub:
+            key = (np.arange(r, dtype=np.int64) * (self.hub_cells * k))[:, None] + self.hub_of[None, :] * k + y
+            counts = np.bincount(key.ravel(), minlength=r * self.hub_cells * k).reshape(r, self.hub_cells, k)
+            for i in range(hub):
+                a = np.add.reduceat(counts, self.starts[i], axis=1).reshape(r, -1).astype(np.float64)
+                out[:, i] += (a * a) @ self.coarse[i][0] - a @ self.coarse[i][1]
+        for i in range(hub, len(self.levels)):
+            lv = self.levels[i]
+            cells = lv.N.size + 1  # the last cell collects the events alone in theirs (weight 0)
+            if 4 * lv.members.size > self.n:  # indexing every row by the members costs more than counting all
+                base, lab = self._fine_base(i), y
+            else:
+                base, lab = lv.inv * k, y[:, lv.members]
+            key = (np.arange(r, dtype=np.int64) * (cells * k))[:, None] + base[None, :] + lab
+            a = np.bincount(key.ravel(), minlength=r * cells * k).reshape(r, cells * k)[:, :-k].astype(np.float64)
+            out[:, i] += (a * a) @ np.repeat(1.0 / lv.N, k) - a @ (2.0 * lv.Z / lv.N[:, None]).ravel()
+        return out / self.n
+
+    def _fine_base(self, i: int) -> np.ndarray:
+        """Per event ``k`` times its cell at level ``i``, the extra last cell for events alone in theirs."""
+        lv = self.levels[i]
+        base = np.full(self.n, lv.N.size * self.k, dtype=np.int64)
+        base[lv.members] = lv.inv * self.k
+        return base
+
+
+def _refines(fine: np.ndarray, cells: int, coarse: np.ndarray) -> bool:
+    """Whether every cell of the ``fine`` labelling lies inside one cell of the ``coarse`` labelling."""
+    par = np.full(cells, -1, dtype=np.int64)
+    par[fine] = coarse
+    return bool(np.array_equal(par[fine], coarse))
 
 
 def canonical_tcal_test(probs: np.ndarray, labels: np.ndarray, *, alpha: float = 0.05, mc: int = 2000,
@@ -283,10 +388,11 @@ def _monte_carlo(levels: list[CubeLevel], obs: np.ndarray, var: np.ndarray, prob
     stop_at = np.zeros(len(levels), dtype=np.int64)
     done, batch = 0, 32
     cap = max(1, _BATCH_ELEMENTS // (n * k))
+    stack = _NullStack(probs, levels)
     while done < R:
         size = min(batch, cap, R - done)
         y_star = _draw_labels(cum, size, rng)
-        T = np.stack([lv.statistic(y_star) for lv in levels], axis=1)
+        T = stack.statistics(y_star)
         cum_ex = np.cumsum(T >= threshold, axis=0) + exceed
         for j in np.flatnonzero((stop_at == 0) & (cum_ex[-1] >= h)):
             stop_at[j] = done + 1 + int(np.argmax(cum_ex[:, j] >= h))

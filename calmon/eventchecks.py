@@ -1,0 +1,233 @@
+"""The per-column checks of :class:`calmon.events.Decoder`: reason codes, verdicts and the event columns.
+
+Every check works on whole columns of one model's events (numpy masks) and records the first failed
+check of each event in :class:`Verdicts`, which names its reason from :data:`REASONS`; see
+:mod:`calmon.events` for the schema and the order of the checks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import numpy as np
+
+from calmon.eventparse import EventFields, InvalidEvent, Rejection
+
+__all__ = ["REASONS", "KINDS", "PREDICTION", "OUTCOME", "LABELED", "Verdicts", "Columns", "columns_of",
+           "check_ids", "check_structure", "binary_scores", "class_probs", "timestamps", "orphan_labels",
+           "parse_timestamp"]
+
+REASONS: tuple[str, ...] = (
+    "not_json", "not_object", "missing_field", "bad_type", "bad_timestamp", "non_finite", "out_of_range",
+    "probs_sum", "label_range", "k_mismatch", "unknown_type", "too_many_models", "too_many_segments",
+    "bad_encoding", "too_deep", "too_large", "id_too_long", "too_many_classes", "future_timestamp", "past_timestamp",
+    "unmapped_label",
+)
+KINDS: tuple[str, ...] = ("prediction", "outcome", "labeled")
+PREDICTION, OUTCOME, LABELED = 0, 1, 2
+_KIND_CODE = {k: i for i, k in enumerate(KINDS)}
+_MAX_EPOCH = 1e11
+
+
+
+def parse_timestamp(ts: float | str | None) -> float:
+    """Epoch seconds from an RFC 3339 string or a number; NaN for ``None``.
+
+    >>> parse_timestamp("2026-01-01T00:00:00Z")
+    1767225600.0
+    >>> parse_timestamp(1767225600)
+    1767225600.0
+    """
+    if ts is None:
+        return math.nan
+    if isinstance(ts, str):
+        try:
+            dt = datetime.fromisoformat(ts.replace("z", "Z").replace("Z", "+00:00"))
+        except ValueError:
+            raise InvalidEvent("bad_timestamp", f"ts {ts[:40]!r} is not RFC 3339") from None
+        if dt.tzinfo is None:
+            raise InvalidEvent("bad_timestamp", f"ts {ts[:40]!r} has no UTC offset")
+        return dt.timestamp()
+    value = float(ts)
+    if not math.isfinite(value) or value < 0 or value > _MAX_EPOCH:
+        raise InvalidEvent("bad_timestamp", f"ts {value!r} is not epoch seconds (milliseconds are not accepted)")
+    return value
+
+
+
+class Verdicts:
+    """Per-event verdicts of one model's events: the first rejection of an event is the one reported."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.bad = np.zeros(n, dtype=np.int16)  # 0 = fine, else 1 + position in REASONS
+        self.details: dict[int, str] = {}
+
+    @property
+    def ok(self) -> np.ndarray:
+        return self.bad == 0
+
+    def reject(self, mask: np.ndarray, reason: str, detail: str) -> None:
+        new = mask & (self.bad == 0)
+        if new.any():
+            self.bad[new] = REASONS.index(reason) + 1
+            for j in np.flatnonzero(new).tolist():
+                self.details[j] = detail
+
+    def reject_all(self, reason: str, detail: str) -> None:
+        self.reject(np.ones(self.n, bool), reason, detail)
+
+    def reject_one(self, j: int, reason: str, detail: str) -> None:
+        if self.bad[j] == 0:
+            self.bad[j] = REASONS.index(reason) + 1
+            self.details[j] = detail
+
+    def rejections(self, index: np.ndarray) -> list[Rejection]:
+        return [Rejection(int(index[j]), REASONS[self.bad[j] - 1], self.details.get(j, ""))
+                for j in np.flatnonzero(self.bad).tolist()]
+
+
+@dataclass
+class Columns:
+    """The fields of one model's events as columns (``label_f``: float labels, NaN where missing)."""
+
+    kind: np.ndarray
+    ids: np.ndarray
+    label: np.ndarray
+    label_f: np.ndarray
+    has_score: np.ndarray
+    has_probs: np.ndarray
+    has_label: np.ndarray
+    scores: Sequence[float | None]
+    probs: Sequence[list[float] | None]
+
+
+def columns_of(f: EventFields) -> Columns:
+    scores = f.score
+    probs = f.probs
+    label_f = np.array(f.label, dtype=np.float64)  # None -> NaN
+    has_label = ~np.isnan(label_f)
+    with np.errstate(invalid="ignore"):
+        label = np.where(has_label, label_f, -1).astype(np.int64)
+    kind = np.array([-1 if t is None else _KIND_CODE.get(t, -2) for t in f.type], dtype=np.int8)
+    ids = np.array(["" if i is None else i if i.__class__ is str else str(i) for i in f.id], dtype=object)
+    return Columns(kind, ids, label, label_f, np.array([x is not None for x in scores], dtype=bool),
+                    np.array([x is not None for x in probs], dtype=bool), has_label, scores, probs)
+
+
+
+def check_ids(ids: np.ndarray, v: Verdicts, max_bytes: int) -> None:
+    """Reject ids longer than ``max_bytes`` in UTF-8 (characters first: a character is at most 4 bytes)."""
+    chars = np.fromiter(map(len, ids), dtype=np.int64, count=ids.size)
+    for j in np.flatnonzero(chars * 4 > max_bytes).tolist():
+        s = ids[j]
+        if chars[j] > max_bytes or len(s.encode("utf-8", "surrogatepass")) > max_bytes:
+            v.reject_one(j, "id_too_long", f"id of {chars[j]} characters exceeds {max_bytes} bytes")
+
+
+def check_structure(c: Columns, v: Verdicts, has_model: bool) -> None:
+    """Event types (inferred where omitted, written into ``c.kind``), required fields and label sign."""
+    has_pred = c.has_score | c.has_probs
+    inferred = np.where(c.has_label, np.where(has_pred, LABELED, OUTCOME), PREDICTION)
+    v.reject(c.kind == -2, "unknown_type", "type must be prediction, outcome or labeled")
+    c.kind = np.where(c.kind < 0, inferred, c.kind).astype(np.int8)
+    if not has_model:
+        v.reject(c.kind != OUTCOME, "missing_field", "model is required for predictions and labeled events")
+    needs_pred = c.kind != OUTCOME
+    v.reject(needs_pred & ~has_pred, "missing_field", "score or probs is required")
+    v.reject(needs_pred & c.has_score & c.has_probs, "bad_type", "give score or probs, not both")
+    v.reject((c.kind != PREDICTION) & ~c.has_label, "missing_field", "label is required")
+    v.reject((c.kind != LABELED) & (c.ids == ""), "missing_field", "id is required to join predictions and outcomes")
+    v.reject(c.has_label & ((c.label < 0) | (c.label_f != c.label)), "label_range",
+             "label must be a non-negative class index")
+
+
+def binary_scores(c: Columns, v: Verdicts, model: str, tol: float) -> np.ndarray:
+    """P(y = 1) of a binary model's events (from ``score`` or a ``probs`` pair), validated."""
+    score = np.array(c.scores, dtype=np.float64)  # None -> NaN
+    for j in np.flatnonzero(c.has_probs).tolist():
+        p = c.probs[j] or []
+        if len(p) != 2:
+            v.reject_one(j, "k_mismatch", f"model {model[:40]!r} is binary; probs has {len(p)} entries")
+        elif not all(math.isfinite(x) for x in p):
+            v.reject_one(j, "non_finite", "probs contains NaN or infinity")
+        elif min(p) < 0 or max(p) > 1:
+            v.reject_one(j, "out_of_range", "probs must lie in [0, 1]")
+        elif abs(sum(p) - 1.0) > tol:
+            v.reject_one(j, "probs_sum", f"probs sum to {sum(p):.6g}, not 1")
+        else:
+            score[j] = p[1]
+    finite = np.isfinite(score)
+    v.reject(c.has_score & ~finite, "non_finite", "score is NaN or infinite")
+    v.reject(c.has_score & finite & ((score < 0) | (score > 1)), "out_of_range", "score must lie in [0, 1]")
+    v.reject(c.has_label & (c.label > 1), "label_range", "binary label must be 0 or 1")
+    return score
+
+
+def class_probs(c: Columns, v: Verdicts, model: str, classes: int, tol: float, known_from: int = 0) -> np.ndarray:
+    """The ``(n, classes)`` probability rows of a multiclass model's events, validated."""
+    n = v.n
+    probs = np.full((n, classes), np.nan)
+    v.reject(c.has_score, "k_mismatch", f"model {model[:40]!r} has {classes} classes; send probs, not score")
+    for j in np.flatnonzero(c.has_probs).tolist():
+        p = c.probs[j] or []
+        if len(p) != classes:
+            v.reject_one(j, "k_mismatch", f"model {model[:40]!r} has {classes} classes; probs has {len(p)}")
+        else:
+            probs[j] = p
+    rows = c.has_probs & v.ok
+    if rows.any():
+        sub = probs[rows]
+        pos = np.flatnonzero(rows)
+        v.reject(_mask(n, pos[~np.isfinite(sub).all(axis=1)]), "non_finite", "probs contains NaN or infinity")
+        v.reject(_mask(n, pos[~((sub >= 0) & (sub <= 1)).all(axis=1)]), "out_of_range", "probs must lie in [0, 1]")
+        v.reject(_mask(n, pos[np.abs(sub.sum(axis=1) - 1.0) > tol]), "probs_sum", "probs do not sum to 1")
+    before = np.arange(n) < known_from  # outcomes before the model's first prediction: as if binary
+    v.reject(c.has_label & before & (c.label > 1), "label_range", "label must be 0 or 1 before the model's "
+             "first prediction fixes its classes")
+    v.reject(c.has_label & (c.label >= classes), "label_range", f"label must be < {classes}")
+    return probs
+
+
+def timestamps(f: EventFields, v: Verdicts) -> np.ndarray:
+    """Event times in epoch seconds (NaN where missing); RFC 3339 strings are parsed one by one.
+
+    Numbers are in ``f.ts_unit`` (divided by ``f.ts_div``; refused with ``f.ts_iso``)."""
+    ts_col = f.ts
+    if not any(t.__class__ is str for t in ts_col):
+        ts = np.array(ts_col, dtype=np.float64)  # None -> NaN
+        if f.ts_iso:
+            v.reject(~np.isnan(ts), "bad_timestamp", "ts must be an RFC 3339 string (ts_unit: iso)")
+        elif f.ts_div != 1.0:
+            ts = ts / f.ts_div
+        with np.errstate(invalid="ignore"):
+            v.reject((ts < 0) | (ts > _MAX_EPOCH), "bad_timestamp", f"ts is not epoch {f.ts_unit}"
+                     + (" (milliseconds are not accepted)" if f.ts_unit == "seconds" else ""))
+        return ts
+    ts = np.full(len(ts_col), np.nan)
+    for j, t in enumerate(ts_col):
+        if t is not None and v.bad[j] == 0:
+            try:
+                if t.__class__ is not str and f.ts_iso:
+                    raise InvalidEvent("bad_timestamp", "ts must be an RFC 3339 string (ts_unit: iso)")
+                ts[j] = parse_timestamp(t if t.__class__ is str else t / f.ts_div)
+            except InvalidEvent as err:
+                v.reject_one(j, err.reason, err.detail)
+    return ts
+
+
+def orphan_labels(c: Columns, v: Verdicts, bound: np.ndarray) -> np.ndarray:
+    """Labels of outcomes without a model against :meth:`Decoder._orphan_bound`; their (absent) scores."""
+    v.reject(c.has_label & (c.label >= bound), "label_range",
+             "label of an outcome without a model must be below the classes of every admitted model "
+             "(give the outcome its model)")
+    return np.full(v.n, np.nan)
+
+
+def _mask(n: int, pos: np.ndarray) -> np.ndarray:
+    m = np.zeros(n, bool)
+    m[pos] = True
+    return m

@@ -1,0 +1,352 @@
+"""The per-round part of ``/metrics``: rendered once per evaluation round, within a series budget.
+
+Everything that changes only when a round is published -- per-window gauges, tester results,
+label-free estimates, reliability diagrams, alerts, calibrators, scheduler counters, state bytes
+-- is rendered to Prometheus text (format 0.0.4, the same number formatting as
+``prometheus_client``) once, by :meth:`RoundPart.build`, and served as cached bytes; a scrape
+adds only the live counters (:mod:`calmon.exporter.metrics`) and the test ages.
+
+Series budget
+-------------
+Per-window series fall in tiers, kept in this order: ``core`` (events and metric gauges, ~8 per
+window), ``tests`` (per tester, in this order: p-value, age, rejected, insufficient, statistic),
+``estimates`` (label-free: up to 25), ``reliability`` (3 x ``evaluation.reliability_bins``, 60 by
+default).  ``exporter.reliability`` chooses the windows whose reliability diagram is exported
+(``all``, ``none`` or a comma-separated list of window names).  A model keeps the tiers, in
+order, while its series fit ``exporter.max_series_per_model``; then the whole export keeps
+families, in that order, while the total fits ``exporter.max_series`` (a family is kept or
+dropped for every model alike: no alphabetical favourites).  At ~90 bytes a series, the default
+200 000 is ~18 MB: 1000 models x 3 segments x 4 windows keep the core gauges, the p-values and
+the test ages (168 000 series) and drop the rest, counted.  Dropped series are counted in
+``calmon_metrics_series_over_budget{reason}`` (last round) and ``calmon_metrics_series_dropped_total``
+(summed over rounds).
+
+Examples
+--------
+>>> ev = {"model": "m", "segment": "all", "window": "1h", "n": 5, "metrics": {"ece": 0.1},
+...       "tests": {"tcal": {"statistic": 0.0, "p_value": 0.5, "decision": "calibrated", "evaluated_at": 100.0}}}
+>>> part = RoundPart.build({"evaluations": [ev]}, SeriesBudget())
+>>> 'calmon_ece{model="m",segment="all",window="1h"} 0.1' in part.text.decode()
+True
+>>> part.ages(now=130.0).decode().splitlines()[-1]
+'calmon_test_age_seconds{model="m",segment="all",test="tcal",window="1h"} 30.0'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client.utils import floatToGoString
+
+__all__ = ["TIERS", "WINDOW_GAUGES", "RoundPart", "SeriesBudget"]
+
+#: Evaluation metrics exported per (model, segment, window): metric name -> key in ``evaluation["metrics"]``.
+WINDOW_GAUGES: dict[str, tuple[str, str]] = {
+    "calmon_ece": ("ece", "15-bin equal-width l1-ECE (Guo et al. 2017)"),
+    "calmon_ece_l2_debiased": ("ece_l2_debiased",
+                               "Debiased squared l2-ECE at the adaptive dyadic scale (T-Cal eq. 6)"),
+    "calmon_smce": ("smce", "Smooth calibration error (Blasiok et al. 2023)"),
+    "calmon_ldtc": ("ldtc", "Lower distance to calibration (Blasiok et al. 2023)"),
+    "calmon_brier_score": ("brier", "Brier score"),
+    "calmon_accuracy": ("accuracy", "Accuracy (binary: 0.5 threshold; multiclass: top-1)"),
+    "calmon_mean_confidence": ("mean_confidence", "Mean score (binary) or mean top-label confidence"),
+}
+#: Label-free estimates exported per window: ``calmon_estimated_<metric>`` (+ ``_lower``/``_upper``).
+ESTIMATED = ("accuracy", "precision", "recall", "base_rate", "brier", "log_loss", "roc_auc")
+TIERS = ("core", "tests", "estimates", "reliability")
+AGE = "calmon_test_age_seconds"
+REL_EVENTS, REL_SCORE, REL_OUTCOME = (f"calmon_reliability_{k}" for k in ("events", "mean_score", "mean_outcome"))
+WIN = ("model", "segment", "window")
+
+
+@dataclass(frozen=True)
+class SeriesBudget:
+    """How much per-window detail ``/metrics`` carries (see the module docstring)."""
+
+    #: ``all``, ``none`` or a comma-separated list of window names.
+    reliability: str = "all"
+    max_series_per_model: int = 5000
+    max_series: int = 200_000
+
+    def reliability_for(self, window: str) -> bool:
+        if self.reliability in ("all", "none"):
+            return self.reliability == "all"
+        return window in {w.strip() for w in self.reliability.split(",")}
+
+
+def _esc(v: Any) -> str:
+    v = str(v)
+    if "\\" not in v and "\n" not in v and '"' not in v:
+        return v
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _labels(names: Sequence[str], values: Sequence[Any]) -> str:
+    """Label pairs sorted by name, as prometheus_client writes them."""
+    return ",".join(f'{k}="{_esc(v)}"' for k, v in sorted(zip(names, values)))
+
+
+def _fmt(v: Any) -> str:
+    """The sample value as prometheus_client writes it (``1.0``, ``NaN``, ``1e-05``)."""
+    if type(v) is float and -1e6 < v < 1e6:  # repr, as floatToGoString gives below 1e6 (NaN fails the test)
+        return repr(v)
+    return str(floatToGoString(_num(v)))
+
+
+def _num(v: Any) -> float:
+    if v is None:
+        return math.nan
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+class _Family:
+    """One metric family's header and sample lines (counters get ``_total``, as prometheus_client writes)."""
+
+    def __init__(self, name: str, doc: str, kind: str = "gauge") -> None:
+        self.name = f"{name}_total" if kind == "counter" else name
+        self.head = f"# HELP {self.name} {doc}\n# TYPE {self.name} {kind}\n"
+        self.lines: list[str] = []
+
+    def add(self, labels: str, value: Any) -> None:
+        self.lines.append(f"{self.name}{{{labels}}} {floatToGoString(_num(value))}\n" if labels
+                          else f"{self.name} {floatToGoString(_num(value))}\n")
+
+    def text(self) -> str:
+        return self.head + "".join(self.lines)
+
+
+@dataclass
+class _Sink:
+    """Per-window sample lines by tier and family, before the budget decides what is kept."""
+
+    order: list[tuple[str, str, str]] = field(default_factory=list)  # (tier, family name, header)
+    lines: dict[str, dict[str, dict[str, list[str]]]] = field(default_factory=dict)  # model -> tier -> family -> lines
+    #: Reliability diagrams, formatted only if the budget keeps them: (model, window labels, points), and
+    #: their series count per model and family.
+    reliability: list[tuple[str, str, list[Mapping[str, Any]]]] = field(default_factory=list)
+    deferred: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def defer(self, model: str, key: str, points: list[Mapping[str, Any]]) -> None:
+        self.reliability.append((model, key, points))
+        full = sum(1 for p in points if p.get("events"))
+        counts = self.deferred.setdefault(model, {})
+        for name, n in ((REL_EVENTS, len(points)), (REL_SCORE, full), (REL_OUTCOME, full)):
+            counts[name] = counts.get(name, 0) + n
+
+    def counts(self, model: str, tier: str) -> dict[str, int]:
+        if tier == "reliability":
+            return self.deferred.get(model, {})
+        return {name: len(v) for name, v in self.lines.get(model, {}).get(tier, {}).items()}
+
+    def family(self, tier: str, fam: _Family) -> None:
+        self.order.append((tier, fam.name, fam.head))
+
+    def add(self, model: str, tier: str, fam: _Family, labels: str, value: Any) -> None:
+        by_tier = self.lines.get(model)
+        if by_tier is None:
+            by_tier = self.lines[model] = {}
+        by_fam = by_tier.get(tier)
+        if by_fam is None:
+            by_fam = by_tier[tier] = {}
+        out = by_fam.get(fam.name)
+        if out is None:
+            out = by_fam[fam.name] = []
+        out.append(f"{fam.name}{{{labels}}} {_fmt(value)}\n")
+
+
+def _families(sink: _Sink) -> dict[str, _Family]:
+    fams: dict[str, _Family] = {"calmon_window_events": _Family("calmon_window_events", "Labeled events in the window")}
+    fams.update({n: _Family(n, doc) for n, (_, doc) in WINDOW_GAUGES.items()})
+    fams["calmon_window_predictions"] = _Family("calmon_window_predictions",
+                                                "Predictions in the window, with or without outcome")
+    for name, doc in (("calmon_test_p_value", "Tester p-value (NaN when it has none)"),
+                      (AGE, "Seconds since the tester result was computed"),  # rendered per scrape
+                      ("calmon_test_rejected", "1 = miscalibrated"),
+                      ("calmon_test_insufficient_data", "1 = the tester had too little data"),
+                      ("calmon_test_statistic", "Tester statistic")):
+        fams[name] = _Family(name, doc)
+    for m in ESTIMATED:
+        for suffix, doc in (("", ""), ("_lower", ", interval lower bound"), ("_upper", ", interval upper bound")):
+            n = f"calmon_estimated_{m}{suffix}"
+            fams[n] = _Family(n, f"Label-free estimate of {m.replace('_', ' ')}{doc} (CBPE from the window's scores "
+                                 "and the calibrator in service)")
+    fams["calmon_estimation_error"] = _Family("calmon_estimation_error", "Estimate minus realised metric on the "
+                                              "predictions whose outcomes have arrived")
+    fams["calmon_score_drift_psi"] = _Family("calmon_score_drift_psi", "Population stability index of the window's "
+                                             "scores against everything before it")
+    fams["calmon_score_drift_p_value"] = _Family("calmon_score_drift_p_value",
+                                                 "Chi-square test of an unchanged score distribution")
+    for k in ("mean_score", "mean_outcome", "events"):
+        n = f"calmon_reliability_{k}"
+        fams[n] = _Family(n, f"Reliability diagram: {k.replace('_', ' ')} per bin")
+    for name, fam in fams.items():
+        tier = ("tests" if name.startswith("calmon_test_") else "reliability" if "reliability" in name
+                else "estimates" if any(s in name for s in ("estimat", "drift")) else "core")
+        sink.family(tier, fam)
+    return fams
+
+
+def _window(sink: _Sink, fams: Mapping[str, _Family], e: Mapping[str, Any], budget: SeriesBudget,
+            ages: list[tuple[str, str, float]]) -> None:
+    model = e["model"]
+    win = (model, e["segment"], e["window"])
+    key = _labels(WIN, win)
+    ms, wl = key.rsplit(",", 1)  # labels sort as bin < metric < model < segment < test < window
+    sink.add(model, "core", fams["calmon_window_events"], key, e.get("n", 0))
+    metrics = e.get("metrics", {})
+    for name, (fld, _) in WINDOW_GAUGES.items():
+        if metrics.get(fld) is not None:
+            sink.add(model, "core", fams[name], key, metrics[fld])
+    for test, r in sorted(e.get("tests", {}).items()):
+        if not isinstance(r, dict) or "decision" not in r:
+            continue
+        k = f'{ms},test="{_esc(test)}",{wl}'
+        for name, v in (("statistic", r.get("statistic")), ("p_value", r.get("p_value")),
+                        ("rejected", 1.0 if r.get("decision") == "miscalibrated" else 0.0),
+                        ("insufficient_data", 1.0 if r.get("decision") == "insufficient data" else 0.0)):
+            sink.add(model, "tests", fams[f"calmon_test_{name}"], k, v)
+        if r.get("evaluated_at") is not None:
+            sink.add(model, "tests", fams[AGE], k, 0.0)  # counted here, rendered per scrape
+            ages.append((model, k, float(r["evaluated_at"])))
+    _estimates(sink, fams, e, win)
+    if budget.reliability_for(e["window"]) and e.get("reliability"):
+        sink.defer(model, key, e["reliability"])
+
+
+def _reliability(sink: _Sink, fams: Mapping[str, _Family], kept: Mapping[str, set[str]], families: set[str]) -> None:
+    """Format the reliability lines the budget kept (building them all first costs more than the rest together)."""
+    for model, key, points in sink.reliability:
+        if "reliability" not in kept[model]:
+            continue
+        for point in points:
+            b = f'bin="{point["bin"]:.2f}",{key}'
+            if REL_EVENTS in families:
+                sink.add(model, "reliability", fams[REL_EVENTS], b, point.get("events", 0))
+            if point.get("events"):
+                for name, fld in ((REL_SCORE, "mean_score"), (REL_OUTCOME, "mean_outcome")):
+                    if name in families:
+                        sink.add(model, "reliability", fams[name], b, point.get(fld))
+
+
+def _estimates(sink: _Sink, fams: Mapping[str, _Family], e: Mapping[str, Any], win: tuple[str, str, str]) -> None:
+    model = e["model"]
+    key = _labels(WIN, win)
+    if "predictions" in e:
+        sink.add(model, "core", fams["calmon_window_predictions"], key, e["predictions"])
+    for m, bounds in (e.get("estimated") or {}).items():
+        for b, v in bounds.items():
+            name = f"calmon_estimated_{m}" + {"value": "", "lo": "_lower", "hi": "_upper"}.get(b, "?")
+            if name in fams:
+                sink.add(model, "estimates", fams[name], key, v)
+    for m, v in sorted((e.get("estimation_error") or {}).items()):
+        sink.add(model, "estimates", fams["calmon_estimation_error"], _labels((*WIN, "metric"), (*win, m)), v)
+    drift = e.get("score_drift")
+    if drift:
+        sink.add(model, "estimates", fams["calmon_score_drift_psi"], key, drift.get("psi"))
+        sink.add(model, "estimates", fams["calmon_score_drift_p_value"], key, drift.get("p_value"))
+
+
+def _keep(sink: _Sink, budget: SeriesBudget) -> tuple[dict[str, set[str]], set[str], dict[str, int]]:
+    """Tiers kept per model (per-model cap), families kept for all (total cap), series dropped by reason."""
+    dropped = {"model_cap": 0, "total_cap": 0}
+    kept: dict[str, set[str]] = {}
+    per_family: dict[str, int] = {}
+    for model in {**sink.lines, **sink.deferred}:
+        used = 0
+        kept[model] = set()
+        for tier in TIERS:
+            counts = sink.counts(model, tier)
+            n = sum(counts.values())
+            if used + n <= budget.max_series_per_model:
+                kept[model].add(tier)
+                used += n
+                for name, c in counts.items():
+                    per_family[name] = per_family.get(name, 0) + c
+            else:
+                dropped["model_cap"] += n
+    total = 0
+    families = set()
+    for _, name, _ in sorted(sink.order, key=lambda o: TIERS.index(o[0])):  # stable: family order within a tier
+        n = per_family.get(name, 0)
+        if total + n <= budget.max_series:
+            families.add(name)
+            total += n
+        else:
+            dropped["total_cap"] += n
+    return kept, families, dropped
+
+
+@dataclass(frozen=True)
+class RoundPart:
+    """The rendered per-round families, and the test ages' labels for the live part."""
+
+    text: bytes
+    age_labels: tuple[tuple[str, float], ...] = ()
+    dropped: Mapping[str, int] = field(default_factory=dict)
+    series: int = 0
+
+    @classmethod
+    def build(cls, st: Mapping[str, Any], budget: SeriesBudget) -> RoundPart:
+        """Render the round's families from ``st`` (the keys of :func:`calmon.agent.views.round_state`)."""
+        sink = _Sink()
+        fams = _families(sink)
+        ages: list[tuple[str, str, float]] = []
+        for e in st.get("evaluations", []):
+            _window(sink, fams, e, budget, ages)
+        kept, families, dropped = _keep(sink, budget)
+        _reliability(sink, fams, kept, families)
+        fixed = _fixed(st)
+        out = [f.text() for f in fixed]
+        series = sum(len(f.lines) for f in fixed)
+        for tier, name, head in sink.order:
+            if name == AGE:
+                continue
+            out.append(head)
+            for model, tiers in sink.lines.items():
+                if tier in kept[model] and name in families:
+                    lines = tiers.get(tier, {}).get(name, ())
+                    series += len(lines)
+                    out.extend(lines)
+        age_labels = tuple((k, at) for m, k, at in ages if "tests" in kept[m] and AGE in families)
+        return cls("".join(out).encode(), age_labels, dropped, series + len(age_labels))
+
+    def ages(self, now: float) -> bytes:
+        """``calmon_test_age_seconds``: now minus each result's ``evaluated_at`` (rendered per scrape)."""
+        fam = _Family(AGE, "Seconds since the tester result was computed")
+        for labels, at in self.age_labels:
+            fam.add(labels, max(0.0, now - at))
+        return fam.text().encode()
+
+
+def _fixed(st: Mapping[str, Any]) -> tuple[_Family, ...]:
+    """The round's families outside the series budget: scheduler, state bytes, alerts, calibrators."""
+    sched = st.get("scheduler", {})
+    total = _Family("calmon_evaluations", "Evaluation rounds completed", "counter")
+    total.add("", sched.get("evaluations", 0))
+    over = _Family("calmon_evaluation_overruns", "Rounds that exceeded the time budget", "counter")
+    over.add("", sched.get("overruns", 0))
+    last = _Family("calmon_last_evaluation_timestamp_seconds", "End of the last evaluation round")
+    if sched.get("last_timestamp") is not None:
+        last.add("", sched["last_timestamp"])
+    mem = _Family("calmon_state_bytes", "Bytes held by the windowed statistics")
+    for model, n in sorted(st.get("state_bytes", {}).items()):
+        mem.add(_labels(("model",), (model,)), n)
+    alert = _Family("calmon_alert_active", "1 while the alert is firing")
+    for a in st.get("alerts", []):
+        alert.add(_labels(("alert", "model", "segment", "window", "severity"),
+                          [a.get(k, "") for k in ("alert", "model", "segment", "window", "severity")]),
+                  1.0 if a.get("state") == "firing" else 0.0)
+    cal_v = _Family("calmon_calibrator_version", "Version of the published calibrator")
+    cal_e = _Family("calmon_calibrator_error", "Calibration error before/after the calibrator")
+    for c in st.get("calibrators", []):
+        cal_v.add(_labels(("model", "method"), (c["model"], c["method"])), c.get("version"))
+        for stage in ("before", "after"):
+            for metric, v in sorted((c.get(stage) or {}).items()):
+                cal_e.add(_labels(("model", "method", "stage", "metric"), (c["model"], c["method"], stage, metric)), v)
+    return (total, over, last, mem, alert, cal_v, cal_e)

@@ -1,0 +1,81 @@
+"""A reduced run of scripts/bench_models.py (M = 2, few events): it runs and prints every column (no timing asserts)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench_models.py"
+
+
+def _module() -> ModuleType:
+    if "bench_models" in sys.modules:
+        return sys.modules["bench_models"]
+    spec = importlib.util.spec_from_file_location("bench_models", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["bench_models"] = mod  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def test_traffic_is_deterministic_and_live_outcomes_follow_predictions() -> None:
+    bench = _module()
+    a = list(bench.Traffic("live", 3, 200, seed=5).records())
+    assert a == list(bench.Traffic("live", 3, 200, seed=5).records())
+    assert a != list(bench.Traffic("live", 3, 200, seed=6).records())
+    assert len(a) == 400 and sum(b'"type":"outcome"' in r for r in a) == 200
+    seen: set[bytes] = set()
+    for r in a:  # every outcome comes after its prediction (arrival order)
+        rid = r.split(b'"id":"')[1].split(b'"')[0]
+        if b'"type":"prediction"' in r:
+            seen.add(rid)
+        else:
+            assert rid in seen
+    replay = list(bench.Traffic("replay", 4, 300, seed=5).records())
+    assert len(replay) == 300 and {r.split(b'"model":"')[1][:10] for r in replay} == {
+        f"model-000{i}".encode() for i in range(4)}
+
+
+def test_timed_lock_measures_the_outermost_hold_per_phase() -> None:
+    import threading
+
+    bench = _module()
+    lock = bench.TimedLock(threading.RLock())
+    lock.phase = "round"
+    with lock:
+        with lock:  # re-entrant: one hold
+            pass
+    lock.phase = "checkpoint"
+    assert lock.acquire()
+    lock.release()
+    assert set(lock.longest) == {"round", "checkpoint"} and all(v >= 0 for v in lock.longest.values())
+
+
+def test_reduced_run_prints_every_column() -> None:
+    bench = _module()
+    out = subprocess.run([sys.executable, str(SCRIPT), "--models", "2", "--events", "2000", "--rounds", "1",
+                          "--budget", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
+    header = _cells(lines[0])
+    assert header == list(bench.COLUMNS)
+    rows = [_cells(ln) for ln in lines[2:] if ln.startswith("| ") and _cells(ln)[0].isdigit()]
+    assert [r[0] for r in rows] == ["1", "2"]
+    for r in rows:
+        assert len(r) == len(header) and all(r)
+    m1, m2 = rows
+    assert m1[1] == "3" and m2[1] == "6"  # three rings per model
+    assert "/" in m1[2]  # M = 1 ran twice (interleaved): min/median
+    assert all(name in m2[header.index("windows with a result per round")] for name in ("tcal", "smce", "ldtc"))
+    goal_rows = [_cells(ln)[0] for ln in lines if ln.startswith("| ") and not _cells(ln)[0].isdigit()]
+    assert len([g for g in goal_rows if g in {w for w, _, _ in bench.GOALS}]) == len(bench.GOALS)
+    assert "load average" in out.stdout and "memory ceiling" in out.stdout
