@@ -20,7 +20,6 @@ allow-list, windows and testers by the configuration, reliability bins by
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -31,20 +30,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import generate_latest
 
 from calmon import __version__
-from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget
+from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget, as_number
 
 __all__ = ["WINDOW_GAUGES", "AgentCollector", "AgentMetrics", "SeriesBudget"]
 
 EVALUATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
-
-
-def _num(v: Any) -> float:
-    if v is None:
-        return math.nan
-    try:
-        return float(v)
-    except (TypeError, ValueError):
-        return math.nan
 
 
 class AgentCollector:
@@ -164,7 +154,7 @@ def _changes(st: State) -> Iterator[Metric]:
             total.add_metric([model, signal], sig.get("detections", 0))
             last = sig.get("last")
             if last is not None:
-                point.add_metric([model, signal], _num(last.get("change_point")))
+                point.add_metric([model, signal], as_number(last.get("change_point")))
     yield from (total, point)
 
 

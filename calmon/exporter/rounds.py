@@ -41,7 +41,7 @@ from typing import Any
 
 from prometheus_client.utils import floatToGoString
 
-__all__ = ["TIERS", "WINDOW_GAUGES", "RoundPart", "SeriesBudget"]
+__all__ = ["TIERS", "WINDOW_GAUGES", "RoundPart", "SeriesBudget", "as_number"]
 
 #: Evaluation metrics exported per (model, segment, window): metric name -> key in ``evaluation["metrics"]``.
 WINDOW_GAUGES: dict[str, tuple[str, str]] = {
@@ -93,10 +93,11 @@ def _fmt(v: Any) -> str:
     """The sample value as prometheus_client writes it (``1.0``, ``NaN``, ``1e-05``)."""
     if type(v) is float and -1e6 < v < 1e6:  # repr, as floatToGoString gives below 1e6 (NaN fails the test)
         return repr(v)
-    return str(floatToGoString(_num(v)))
+    return str(floatToGoString(as_number(v)))
 
 
-def _num(v: Any) -> float:
+def as_number(v: Any) -> float:
+    """A sample value: the number, or NaN for None and what does not convert (the live and the round part)."""
     if v is None:
         return math.nan
     try:
@@ -114,8 +115,8 @@ class _Family:
         self.lines: list[str] = []
 
     def add(self, labels: str, value: Any) -> None:
-        self.lines.append(f"{self.name}{{{labels}}} {floatToGoString(_num(value))}\n" if labels
-                          else f"{self.name} {floatToGoString(_num(value))}\n")
+        self.lines.append(f"{self.name}{{{labels}}} {floatToGoString(as_number(value))}\n" if labels
+                          else f"{self.name} {floatToGoString(as_number(value))}\n")
 
     def text(self) -> str:
         return self.head + "".join(self.lines)
