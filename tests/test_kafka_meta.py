@@ -317,25 +317,10 @@ ingest: {{batch_size: 4096, exit_when_done: false}}
 
 
 def agent_state(directory: Path) -> dict[str, Any]:
-    """The agent's last checkpointed state, blob references inlined, without what legitimately differs between
-    runs (creation time, batch counts, reservoir rows: their merges draw random subsamples)."""
-    from calmon.checkpoint import CheckpointStore
+    """The agent's last checkpointed state, as the exactly-once test compares it (``final_state`` there)."""
+    from test_kafka_agent import final_state
 
-    ck = sorted((directory / "state" / "checkpoints").glob("checkpoint-*.json"))[-1]
-    state = CheckpointStore(ck.parent).inline(json.loads(ck.read_text())["state"])
-    state.pop("created", None)
-    state["counters"].pop("batches", None)
-
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            if node.get("format") == "calmon.reservoir":
-                return {"seen": node["seen"]}
-            return {k: strip(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    return dict(strip(state))
+    return final_state(directory)
 
 
 def test_agent_on_metadata_only_records_equals_canonical_file(broker: KafkaBroker, tmp_path: Path) -> None:
