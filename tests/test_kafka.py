@@ -406,25 +406,14 @@ def test_broker_killed_and_restarted_source_survives():
 
 
 # ---------------------------------------------------------------------------------------------- dead letters
-def _read_all(bootstrap: str, topic: str, timeout: float = 10.0):
-    from kafka import KafkaConsumer, TopicPartition
+def _read_all(bootstrap: str, topic: str, timeout: float = 30.0):
+    """Every record of ``topic`` up to the high watermark (an idle-poll cut-off ends early on a loaded machine)."""
+    from connectors.kafka.admin import scan_topic
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        out = []
-        deadline = time.monotonic() + timeout
-        idle = 0
-        while time.monotonic() < deadline and idle < 3:
-            got = c.poll(timeout_ms=300)
-            idle = 0 if got else idle + 1
-            for rs in got.values():
-                out += rs
-        return out
-    finally:
-        c.close()
+    out: list = []
+    scan = scan_topic(bootstrap, topic, {}, out.append, timeout=timeout, connect_timeout=10.0)
+    assert scan.complete, f"{topic} not read to its end within {timeout} s"
+    return out
 
 
 @pytest.mark.integration
@@ -457,6 +446,40 @@ def test_dead_letters_with_headers_exactly_once_after_replay(broker):
     assert [h["calmon-reason"].decode() for h in heads] == reasons + ["not_json"]
     assert [h["calmon-origin"].decode() for h in heads] == origins + ["ev/0@21"]
     assert all(h["calmon-source"] == b"kafka" for h in heads)
+
+
+class _LostAck:
+    """A producer future whose send reached the topic but whose acknowledgement was lost."""
+
+    is_done = True
+    exception = TimeoutError("acknowledgement lost")
+
+    def succeeded(self) -> bool:
+        return False
+
+
+@pytest.mark.integration
+def test_dead_letter_with_lost_acknowledgement_is_not_written_twice(broker):
+    topic = _name("dlq-ack")
+    sink = KafkaDeadLetterSink(broker.bootstrap, topic)
+    sink.write([b"a"], ["not_json"], "kafka", ["ev/0@1"])
+    assert sink.position() == {f"{topic}/0": 1}
+    real_send = sink._producer.send
+
+    def send_losing_ack(*args, **kwargs):
+        real_send(*args, **kwargs).get(timeout=10)  # the broker has it ...
+        return _LostAck()  # ... the sink is told it failed
+
+    sink._producer.send = send_losing_ack
+    sink.write([b"b", b"c"], ["not_json", "not_object"], "kafka", ["ev/0@2", "ev/0@3"])
+    sink.flush()
+    assert sink.stats.failures == 2 and sink.stats.written == 1
+    sink._producer.send = real_send
+    sink.write([b"d"], ["not_json"], "kafka", ["ev/0@4"])
+    pos = sink.position()  # resends b and c only if the topic does not hold them
+    sink.close()
+    assert sink.stats.skipped_replayed == 2 and pos == {f"{topic}/0": 4}
+    assert [r.value for r in _read_all(broker.bootstrap, topic)] == [b"a", b"b", b"c", b"d"]
 
 
 @pytest.mark.integration

@@ -190,25 +190,22 @@ def committed(bootstrap: str, group: str) -> int | None:
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes, str, str]]:
-    from kafka import KafkaConsumer, TopicPartition
+    """Every dead letter of ``topic`` in offset order, read up to the high watermark of the latest fetch.
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
-    try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        out: list[tuple[bytes, str, str]] = []
-        idle = 0
-        while idle < 4:
-            got = c.poll(timeout_ms=300)
-            idle = 0 if got else idle + 1
-            for rs in got.values():
-                for r in rs:
-                    h = {k: v.decode() for k, v in r.headers}
-                    out.append((r.value, h["calmon-reason"], h.get("calmon-origin", "")))
-        return out
-    finally:
-        c.close()
+    An idle-poll cut-off is not enough on a loaded machine: a fresh consumer's first polls can come back
+    empty while it connects, and the read would end early with some or all letters missing.
+    """
+    from connectors.kafka.admin import scan_topic
+
+    out: list[tuple[bytes, str, str]] = []
+
+    def visit(r: Any) -> None:
+        h = {k: v.decode() for k, v in r.headers}
+        out.append((r.value, h["calmon-reason"], h.get("calmon-origin", "")))
+
+    scan = scan_topic(bootstrap, topic, {}, visit, timeout=120.0, connect_timeout=10.0)
+    assert scan.complete, f"dead-letter topic {topic} not read to its end within 120 s"
+    return out
 
 
 class AgentProc:

@@ -56,7 +56,9 @@ class KafkaDeadLetterSink:
     The position (end offset of the dead-letter topic per partition after a flush) is checkpointed
     with the agent's state; after :meth:`seek` the sink reads the dead letters written after that
     position and skips re-writing records with the same origin, so a restart that replays source
-    records does not duplicate dead letters (exactly once, given unique origins).
+    records does not duplicate dead letters (exactly once, given unique origins).  A send that fails
+    (its acknowledgement may be all that was lost) is resent only after the same read from the last
+    acknowledged offsets.
 
     Parameters
     ----------
@@ -188,6 +190,11 @@ class KafkaDeadLetterSink:
                 retry.append(letter)
             else:
                 self._inflight.append((fut, letter))
+        if retry:
+            # a failed send may still have reached the topic (only its acknowledgement lost): learn the
+            # origins written past the last acknowledged offsets before sending these again
+            self._pending_seek = dict(self._end)
+            self._scan_failures = 0
         self._buffer = retry + self._buffer
         if self._inflight:
             self._flush_blocked_until = time.monotonic() + 5.0
