@@ -2,8 +2,9 @@
 
 Formats
 -------
-* **JSON Lines** events as in :mod:`calmon.events`, plain or compressed with gzip (``.gz``) or zstd
-  (``.zst``; recognised by their magic bytes), read and decoded in chunks by :mod:`calmon.io_events`;
+* **JSON Lines** events as in :mod:`calmon.events`, plain or compressed with gzip (``.gz``), zstd
+  (``.zst``), bzip2 (``.bz2``) or xz (``.xz``; all recognised by their magic bytes), read and decoded in
+  chunks by :mod:`calmon.io_events`;
   predictions and outcomes are joined by id with the agent's :class:`calmon.agent.join.Joiner` (without
   a time limit: the whole file is one batch).
 * **Parquet** and **Arrow IPC** (``.arrow``/``.feather``) files, or a directory of them (``*.parquet``,
@@ -26,7 +27,7 @@ which never raises for a record (invalid UTF-8, deep nesting, huge numbers all g
 but without the agent's wall-clock limits: offline files are historical and event times do not
 change the result of ``check``, so ``future_timestamp``/``past_timestamp`` are never raised here
 (epoch numbers above 1e11, probable milliseconds, are still ``bad_timestamp`` without a mapping's
-``ts_unit``). A truncated or corrupt gzip/zstd stream is an :class:`InputError` too.
+``ts_unit``). A truncated or corrupt compressed stream is an :class:`InputError` too.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def read_input(path: str, model: str | None = None, skip_invalid: bool = False,
                mapping: Mapping | None = None) -> Dataset:
     """Read ``path`` (a file, a directory of Parquet/Arrow files, or ``-`` for standard input).
 
-    The format follows the content (gzip/zstd, Parquet and Arrow magic bytes, ``{`` for JSON Lines)
+    The format follows the content (gzip/zstd/bzip2/xz, Parquet and Arrow magic bytes, ``{`` for JSON Lines)
     and the extension; ``mapping`` (:func:`calmon.schema.load_mapping`) is applied to every event
     record (JSON Lines, table rows, CSV rows).
     """
@@ -128,7 +129,7 @@ def _read_data(name: str, data: bytes, suffix: str, model: str | None, skip_inva
 
 def _read_compressed(path: str, codec: str, model: str | None, skip_invalid: bool,
                      mapping: Mapping | None) -> Dataset:
-    """A gzip or zstd file: JSON Lines are decoded as they are decompressed; CSV and NPZ decompressed whole."""
+    """A compressed file: JSON Lines are decoded as they are decompressed; CSV and NPZ decompressed whole."""
     inner = Path(Path(path).stem).suffix.lower()  # events.jsonl.gz -> .jsonl
     with open(path, "rb") as fh:
         return _read_pieces(path, iter_decompressed(fh.read, codec), inner, model, skip_invalid, mapping)

@@ -18,7 +18,7 @@ Rows in JSON
   a ``model`` column gets the constant model given by the caller (``calmon check``) or none (the agent
   then rejects its rows as ``missing_field``, as it does CSV rows without a model).
 
-A Parquet file whose footer is missing (still being written, or cut short) raises
+A Parquet or Arrow IPC file whose footer is missing (still being written, or cut short) raises
 :class:`IncompleteTable` at open, which the file source takes as "not complete yet".
 
 Examples
@@ -59,7 +59,7 @@ class TableError(ValueError):
 
 
 class IncompleteTable(TableError):
-    """A Parquet file without its footer: still being written (or cut short)."""
+    """A Parquet or Arrow IPC file without its footer: still being written (or cut short)."""
 
 
 def table_kind(head: bytes, path: str = "") -> str | None:
@@ -218,7 +218,7 @@ class TableFile:
     Raises
     ------
     IncompleteTable
-        A Parquet file without footer.
+        A Parquet or Arrow IPC file without footer.
     TableError
         Any other unreadable file.
     """
@@ -283,8 +283,24 @@ def _open_ipc(source: str | bytes | BinaryIO) -> Any:
         head = source.read(6)
         source.seek(0)
     if head == ARROW_MAGIC:
+        if _tail(source) != ARROW_MAGIC:  # the IPC file format ends with its footer and the magic again
+            raise IncompleteTable("no Arrow IPC footer: still being written, cut short, or not Arrow")
         return pa.ipc.open_file(buf)
     return pa.ipc.open_stream(buf)
+
+
+def _tail(source: str | bytes | BinaryIO) -> bytes:
+    """The last six bytes of a file."""
+    if isinstance(source, bytes):
+        return source[-6:]
+    if isinstance(source, str):
+        with open(source, "rb") as fh:
+            return _tail(fh)
+    end = source.seek(0, 2)
+    source.seek(max(0, end - 6))
+    tail = source.read(6)
+    source.seek(0)
+    return tail
 
 
 def _parquet_batches(pf: Any, columns: list[str], start: int, rows: int) -> Iterator[Any]:

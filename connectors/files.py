@@ -1,4 +1,4 @@
-"""File source: JSONL, CSV, gzip/zstd and Parquet files or directories, read once or followed like ``tail -F``.
+"""File source: JSONL, CSV, compressed, Parquet and Arrow files or directories, read once or followed (``tail -F``).
 
 The source implements :class:`connectors.base.Source`. Records are whole lines: JSONL lines are
 passed through as they are, CSV rows are converted to JSON objects (see
@@ -8,10 +8,10 @@ whatever the file format.
 
 Whole files
 -----------
-gzip/zstd files (JSON Lines or CSV inside) and Parquet/Arrow files are read whole, once complete
+gzip/zstd/bzip2/xz files (JSON Lines or CSV inside) and Parquet/Arrow IPC files are read whole, once complete
 (:mod:`connectors.filewhole`): at once by a read-once source; by a following source once their size and
 modification time have not changed for ``settle`` seconds (write such files elsewhere and rename them
-in, or let only log rotation compress), a Parquet file only once it has its footer (until then it
+in, or let only log rotation compress), a Parquet or Arrow IPC file only once it has its footer (until then it
 waits: not an error). A truncated or corrupt stream is logged and listed in :attr:`FileSource.errors`
 (lines before the damage are delivered) and retried only if the file changes, never in a loop. A
 finished whole file stays in the position (``done``) while it is matched: it is never read twice.
@@ -27,8 +27,8 @@ Positions
      "files": [{"path": P, "dev": D, "ino": I, "offset": BYTES, "line": NEXT_LINE_NUMBER,
                 "fp": SHA1_HEX, "fp_len": N, "done": BOOL}, ...]}
 
-A whole file's entry adds ``"whole"`` (``gzip``, ``zstd`` or ``table``) and ``"unit"``: for a compressed
-file ``offset`` is the **decompressed** byte offset (``unit: decompressed``; a restart decompresses the
+A whole file's entry adds ``"whole"`` (``gzip``, ``zstd``, ``bzip2``, ``xz`` or ``table``) and ``"unit"``: for a
+compressed file ``offset`` is the **decompressed** byte offset (``unit: decompressed``; a restart decompresses the
 file again and skips that many bytes), for a table the index of the next row (``unit: row``); ``fp``
 fingerprints the file's first bytes.
 
@@ -49,7 +49,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from calmon.csvobjects import CsvObjects
@@ -129,7 +129,7 @@ class FileSource:
 
     def __init__(
         self,
-        paths: str | os.PathLike[str] | list[str | os.PathLike[str]],
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         format: str = "auto",  # noqa: A002 - the documented keyword
         follow: bool = False,
         name: str = "files",

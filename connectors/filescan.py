@@ -13,7 +13,11 @@ Examples
 >>> FileSpecs([str(d / "*.jsonl.gz")]).kind_of(str(d / "c.jsonl.gz"), None), len(FileSpecs([str(d / "*.gz")]).scan())
 (('jsonl', 'gzip'), 1)
 
-Compressed files (``.gz``, ``.zst``) are matched only by a path, glob or ``pattern`` that names their
+Parquet and Arrow IPC files (``.parquet``, ``.pq``, ``.arrow``, ``.feather``, ``.ipc``) are matched by the
+default patterns; a file matched by a path, glob or ``pattern`` is recognised by its first bytes whatever its
+name (``PAR1``, ``ARROW1``, gzip/zstd/bzip2/xz magic).
+
+Compressed files (``.gz``, ``.zst``, ``.bz2``, ``.xz``) are matched only by a path, glob or ``pattern`` that names their
 suffix (``*.jsonl.gz``), never by the default patterns or by a glob such as ``app.jsonl*``: log rotation
 often compresses lines that were already read from the live file into the same directory.
 """
@@ -26,7 +30,7 @@ import os
 import stat as stat_mod
 
 from calmon.compressed import codec_of, codec_of_name
-from calmon.parquetio import table_kind
+from calmon.parquetio import TABLE_SUFFIXES, table_kind
 from connectors.filetrack import BOM
 
 __all__ = ["FileSpecs", "JSONL_SUFFIXES", "CSV_SUFFIXES", "TABLE_SUFFIXES", "COMPRESSED", "FORMATS"]
@@ -34,8 +38,7 @@ __all__ = ["FileSpecs", "JSONL_SUFFIXES", "CSV_SUFFIXES", "TABLE_SUFFIXES", "COM
 FORMATS = ("auto", "jsonl", "csv", "parquet")
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".json")
 CSV_SUFFIXES = (".csv",)
-TABLE_SUFFIXES = (".parquet", ".pq")
-READABLE = (".gz", ".zst")  # compressed suffixes read when a spec names them
+READABLE = (".gz", ".zst", ".bz2", ".xz")  # compressed suffixes read when a spec names them
 COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".lz4", ".zip")  # never matched by globs that do not name them
 
 
@@ -108,7 +111,7 @@ class FileSpecs:
         return sorted(found.values(), key=lambda t: t[0])
 
     def kind_of(self, path: str, fd: int | None) -> tuple[str, str | None]:
-        """``(format, whole)``: a Parquet or Arrow file is ``("table", "table")``; a gzip or zstd file
+        """``(format, whole)``: a Parquet or Arrow file is ``("table", "table")``; a compressed file
         ``(inner format, codec)`` (by the suffix before ``.gz``, default JSON Lines); else ``(format, None)``."""
         head = os.pread(fd, 8, 0) if fd is not None else b""
         if self.format == "parquet" or table_kind(head, path) is not None or path.lower().endswith(TABLE_SUFFIXES):

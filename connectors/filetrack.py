@@ -93,7 +93,8 @@ class TrackedFile:
     matched: bool = True  # still matched by a path/glob/dir spec
     detached_at: float | None = None  # when the name stopped pointing at this inode
     conv: CsvConverter | CsvObjects | None = None
-    #: whole-file reading (:mod:`connectors.filewhole`): ``"gzip"``, ``"zstd"`` or ``"table"``; None: plain lines
+    #: whole-file reading (:mod:`connectors.filewhole`): ``"gzip"``, ``"zstd"``, ``"bzip2"``, ``"xz"`` or
+    #: ``"table"``; None: plain lines
     whole: str | None = None
     reader: CompressedLines | TableRows | None = None
     head: bytes = b""  # a whole file's first (at most FP_MAX) raw bytes: its fingerprint

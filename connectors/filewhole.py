@@ -1,11 +1,11 @@
-"""Whole-file readers of :class:`connectors.files.FileSource`: gzip/zstd JSON Lines or CSV, Parquet and Arrow.
+"""Whole-file readers of :class:`connectors.files.FileSource`: compressed JSON Lines or CSV, Parquet and Arrow.
 
 These files are read once they are complete, never followed while written: a compressed stream cannot be
 told apart from a cut-short one until it ends, and a Parquet file has no footer (no schema, no row groups)
 until its writer closes it. The source decides when a file is complete (see
 :class:`connectors.files.FileSource`); a reader here then delivers its records in order:
 
-* :class:`CompressedLines`: the lines of a gzip or zstd file, decompressed from its start. Its position
+* :class:`CompressedLines`: the lines of a gzip, zstd, bzip2 or xz file, decompressed from its start. Its position
   is the **decompressed** byte offset just after the last returned line (and that line's number); after a
   restart the file is decompressed again from its start and the bytes before the offset are skipped,
   which costs a decompression pass but no state. A stream that ends inside a member or frame (a truncated
@@ -38,12 +38,13 @@ from typing import Any
 
 from calmon.compressed import CorruptStream, Decompressor
 from calmon.eventparse import OversizedRecord
-from calmon.parquetio import RowPlan, TableError, TableFile, batch_records, canonical_plan, mapped_plan
+from calmon.parquetio import RowPlan, TableError, TableFile, batch_records, canonical_plan, mapped_plan, table_kind
 from connectors.filetrack import LineSkip, TrackedFile
 
 __all__ = ["Segment", "CompressedLines", "TableRows", "ALL_COLUMNS", "open_reader"]
 
 ALL_COLUMNS = "all"  # schema_columns value: a mapping that reads every column
+_ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
 
 
 @dataclass
@@ -57,14 +58,14 @@ class Segment:
 
 
 class CompressedLines:
-    """The lines of a gzip or zstd file from a decompressed ``offset`` (see the module docstring).
+    """The lines of a compressed file from a decompressed ``offset`` (see the module docstring).
 
     Parameters
     ----------
     fd
         An open descriptor of the file (read with ``pread``; not closed here).
     codec
-        ``"gzip"`` or ``"zstd"``.
+        One of :data:`calmon.compressed.CODECS`.
     offset, line
         Decompressed offset and line number to start at (a checkpointed position).
     max_line_bytes
@@ -266,5 +267,6 @@ def open_reader(f: TrackedFile, schema_columns: Collection[str] | str | None, ma
     """The reader of an open whole file at its position (raises as :class:`TableRows` does)."""
     assert f.fd is not None and f.whole is not None
     if f.whole == "table":
-        return TableRows(f.fd, "arrow" if f.head.startswith(b"ARROW1") else "parquet", f.offset, schema_columns)
+        kind = table_kind(f.head, f.path) or ("arrow" if f.path.lower().endswith(_ARROW_SUFFIXES) else "parquet")
+        return TableRows(f.fd, kind, f.offset, schema_columns)
     return CompressedLines(f.fd, f.whole, f.offset, f.line, max_line_bytes, raw_chunk)

@@ -1,10 +1,12 @@
-"""gzip and zstd JSON Lines (and CSV) in ``calmon check`` and in the file source; whole Parquet files in a
-followed directory; restarts from a checkpoint deliver every record exactly once."""
+"""gzip, zstd, bzip2 and xz JSON Lines (and CSV) in ``calmon check`` and in the file source; whole Parquet and
+Arrow IPC files in a followed directory; restarts from a checkpoint deliver every record exactly once."""
 
 from __future__ import annotations
 
+import bz2
 import gzip
 import json
+import lzma
 import os
 import random
 from pathlib import Path
@@ -28,6 +30,10 @@ def lines_of(n: int, tag: str = "e") -> list[bytes]:
 
 
 def compress(data: bytes, codec: str) -> bytes:
+    if codec == "bzip2":
+        return bz2.compress(data)
+    if codec == "xz":
+        return lzma.compress(data)
     return gzip.compress(data) if codec == "gzip" else zstandard.ZstdCompressor().compress(data)
 
 
@@ -41,7 +47,8 @@ def drain(src: FileSource, n: int = 65536) -> list[Batch]:
 # ------------------------------------------------------------------------------ calmon check
 
 
-@pytest.mark.parametrize("codec,suffix", [("gzip", ".jsonl.gz"), ("zstd", ".jsonl.zst"), ("gzip", ".log")])
+@pytest.mark.parametrize("codec,suffix", [("gzip", ".jsonl.gz"), ("zstd", ".jsonl.zst"), ("gzip", ".log"),
+                                         ("bzip2", ".jsonl.bz2"), ("xz", ".jsonl.xz"), ("xz", ".log")])
 def test_check_reads_compressed_json_lines(tmp_path: Path, codec: str, suffix: str) -> None:
     data = b"\n".join(lines_of(2000)) + b"\n"
     (tmp_path / "plain.jsonl").write_bytes(data)
@@ -87,7 +94,7 @@ def test_check_reads_compressed_csv_and_names_the_line_of_a_bad_record(tmp_path:
         read_input(str(tmp_path / "b.jsonl.zst"))
 
 
-@pytest.mark.parametrize("codec", ["gzip", "zstd"])
+@pytest.mark.parametrize("codec", ["gzip", "zstd", "bzip2", "xz"])
 def test_truncated_or_corrupt_stream_is_one_line_error(tmp_path: Path, codec: str) -> None:
     packed = compress(b"\n".join(lines_of(3000)), codec)
     (tmp_path / "cut.gz").write_bytes(packed[:-40])
@@ -133,7 +140,7 @@ def test_source_reads_compressed_and_parquet_files(tmp_path: Path, follow: bool)
     recs = [r for b in batches for r in b.records]
     assert _ids(recs) == ids
     assert recs[:2400] == jl  # JSON Lines pass through as they are
-    origins = [o for b in batches for o in b.origins]
+    origins = [o for b in batches for o in b.origins or []]
     assert origins[0].endswith("a.jsonl.gz:1") and origins[1500].endswith("b.jsonl.zst:1")
     assert origins[1501].endswith("b.jsonl.zst:3") and origins[-1].endswith("d.parquet:1100")
     assert src.errors == []
@@ -255,3 +262,78 @@ def test_schema_columns_keep_the_users_names(tmp_path: Path) -> None:
     recs = [json.loads(r) for b in drain(src) for r in b.records]
     assert recs == [{"prediction_id": "a1", "p": 0.25, "y": "yes"}, {"prediction_id": "a2", "meta": {"model": "fraud"},
                                                                      "p": 0.5}]
+
+
+def _arrow_file(path: Path, table: pa.Table) -> bytes:
+    with pa.OSFile(str(path), "wb") as fh, pa.ipc.new_file(fh, table.schema) as w:
+        w.write_table(table, max_chunksize=100)
+    return path.read_bytes()
+
+
+def test_arrow_feather_bzip2_and_xz_files_dropped_in_a_watched_directory(tmp_path: Path) -> None:
+    """Arrow IPC files (``.arrow``, Feather v2) are matched like Parquet; a file named by a pattern is
+    recognised by its first bytes (``ARROW1``); bzip2 and xz JSON Lines are read when a glob names them."""
+    d = tmp_path / "drop"
+    d.mkdir()
+    table = pa.table({"id": [f"r{i}" for i in range(300)], "model": ["m"] * 300, "score": [0.25] * 300,
+                      "label": [1] * 300})
+    src = FileSource([str(d), str(d / "*.bz2"), str(d / "*.xz")], follow=True, settle=0.0, poll_interval=0.01)
+    assert src.read(timeout=0.02) is None
+    _arrow_file(d / "a.arrow", table.slice(0, 100))
+    import pyarrow.feather as feather
+    feather.write_feather(table.slice(100, 100), str(d / "b.feather"))
+    (d / "c.jsonl.bz2").write_bytes(compress(b"\n".join(lines_of(50, "c")) + b"\n", "bzip2"))
+    (d / "d.jsonl.xz").write_bytes(compress(b"\n".join(lines_of(60, "d")), "xz"))
+    got = [r for b in drain_until(src, 310) for r in b.records]
+    assert _ids(got) == [f"r{i}" for i in range(200)] + [f"c{i}" for i in range(50)] + [f"d{i}" for i in range(60)]
+    assert src.errors == [] and all(e["done"] for e in src.position()["files"])
+    src.close()
+    _arrow_file(d / "e.bin", table.slice(200, 100))  # no table suffix: by content, when a pattern names it
+    src = FileSource(d, pattern="*.bin")
+    assert _ids([r for b in drain(src) for r in b.records]) == [f"r{i}" for i in range(200, 300)]
+    src.close()
+
+
+def test_footerless_arrow_file_waits_until_complete(tmp_path: Path) -> None:
+    d = tmp_path / "drop"
+    d.mkdir()
+    data = _arrow_file(tmp_path / "f.arrow", pa.table({"model": ["m"] * 400, "score": [0.5] * 400,
+                                                       "label": [0] * 400}))
+    path = d / "part-1.arrow"
+    path.write_bytes(data[:-40])  # being written: batches but no footer yet
+    src = FileSource(d, follow=True, settle=0.0, poll_interval=0.01)
+    for _ in range(5):
+        assert src.read(timeout=0.02) is None
+    assert src.errors == []  # incomplete, not an error
+    with open(path, "ab") as fh:
+        fh.write(data[-40:])
+    os.utime(path, ns=(0, 10**9))
+    got = [r for b in drain_until(src, 400) for r in b.records]
+    assert len(got) == 400 and json.loads(got[0]) == {"model": "m", "score": 0.5, "label": 0}
+    assert src.errors == []
+    src.close()
+    (tmp_path / "cut.arrow").write_bytes(data[:-40])
+    with pytest.raises(InputError, match="cut.arrow: .*no Arrow IPC footer"):
+        read_input(str(tmp_path / "cut.arrow"))
+
+
+@pytest.mark.parametrize("codec", ["bzip2", "xz"])
+def test_bzip2_and_xz_restart_from_the_decompressed_offset(tmp_path: Path, codec: str) -> None:
+    """Two streams in one file; a checkpoint mid-file resumes exactly after its last line."""
+    lines = lines_of(3000)
+    data = b"\n".join(lines) + b"\n"
+    cut = data.index(b"\n", len(data) // 3) + 1
+    path = tmp_path / f"e.jsonl.{'bz2' if codec == 'bzip2' else 'xz'}"
+    path.write_bytes(compress(data[:cut], codec) + compress(data[cut:], codec))
+    src = FileSource(str(path), follow=True, settle=0.0, poll_interval=0.01)
+    first = None
+    for _ in range(200):
+        if (first := src.read(700, timeout=0.02)) is not None:
+            break
+    assert first is not None and len(first.records) == 700 and first.position["files"][0]["whole"] == codec
+    src.close()
+    src = FileSource(str(path), follow=True, settle=0.0, poll_interval=0.01)
+    src.seek(json.loads(json.dumps(first.position)))
+    rest = [r for b in drain_until(src, 3000 - len(first.records)) for r in b.records]
+    assert first.records + rest == lines and src.errors == []
+    src.close()

@@ -90,7 +90,9 @@ def test_timestamp_column_is_utc(tmp_path: Path) -> None:
     ts = pa.array([1763719200123, 1763719260000], pa.timestamp("ms"))  # naive: taken as UTC
     pq.write_table(pa.table({"model": ["m", "m"], "ts": ts, "score": [0.2, 0.7], "label": [0, 1]}),
                    tmp_path / "t.parquet")
-    np.testing.assert_allclose(read_input(str(tmp_path / "t.parquet")).ts, [1763719200.123, 1763719260.0])
+    ts_read = read_input(str(tmp_path / "t.parquet")).ts
+    assert ts_read is not None
+    np.testing.assert_allclose(ts_read, np.array([1763719200.123, 1763719260.0]))
 
 
 @pytest.fixture(scope="module")
