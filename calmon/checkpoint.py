@@ -4,7 +4,7 @@ File format
 -----------
 Each generation has one JSON *manifest* ``checkpoint-<generation, 12 digits>.json``::
 
-    {"format": "calmon-checkpoint", "version": 2, "generation": 7,
+    {"format": "calmon-checkpoint", "version": 3, "generation": 7,
      "created": "2026-11-21T23:59:59.123456Z", "packs": [5, 7], "sha256": "<hex of the state bytes>",
      "state": {...}}
 
@@ -19,7 +19,11 @@ Inside ``state`` a value may be a *blob reference* ``{"pack": 5, "at": 61, "len"
 manifest refers to (it is absent when it refers to none).  The agent stores each bucket of its
 rings as a blob and writes, per generation, only the buckets that changed since the previous one
 (:mod:`calmon.checkpoint_incremental`); a bucket that did not change keeps its reference into an
-older pack.  Version-1 manifests (no ``packs``, every bucket inline) are still read.
+older pack.  Version 3 (written now) is version 2 whose bucket blobs may be *packed* documents
+(``calmon.bucket`` version 2: every array of a bucket in one compressed payload, see
+:mod:`calmon.stats.packed`), which a version-2 reader would not understand -- so it refuses them by
+the version number instead.  Version-2 manifests (buckets as unpacked documents) and version-1
+manifests (no ``packs``, every bucket inline) are still read.
 
 Writing order and atomicity
 ---------------------------
@@ -59,7 +63,7 @@ __all__ = ["CheckpointStore", "CheckpointError", "FORMAT", "VERSION", "encode", 
 log = logging.getLogger(__name__)
 
 FORMAT = "calmon-checkpoint"
-VERSION = 2
+VERSION = 3
 _NAME = re.compile(r"^checkpoint-([0-9]{12})\.json$")
 _STATE_KEY = b'"state":'
 
@@ -300,15 +304,16 @@ class CheckpointStore:
             return inline_refs(state, reader)
 
 
-def inline_refs(node: Any, reader: PackReader, field: str = "") -> Any:
-    """A copy of ``node`` with every blob reference replaced by its document (errors name ``field`` and below)."""
+def inline_refs(node: Any, reader: PackReader, field: str = "", raw: bool = False) -> Any:
+    """A copy of ``node`` with every blob reference replaced by its document (errors name ``field`` and below);
+    with ``raw``, by the blob's bytes as stored (CRC checked, not parsed: the caller decodes them)."""
     if is_ref(node):
-        return reader.load(node, field)
+        return reader.read(node, field) if raw else reader.load(node, field)
     sep = "." if field else ""
     if isinstance(node, dict):
-        return {k: inline_refs(v, reader, f"{field}{sep}{k}") for k, v in node.items()}
+        return {k: inline_refs(v, reader, f"{field}{sep}{k}", raw) for k, v in node.items()}
     if isinstance(node, list):
-        return [inline_refs(v, reader, f"{field}{sep}{i}") for i, v in enumerate(node)]
+        return [inline_refs(v, reader, f"{field}{sep}{i}", raw) for i, v in enumerate(node)]
     return node
 
 

@@ -12,16 +12,22 @@ reference.  A ring whose :attr:`~calmon.agent.windows.TieredRing.version` did no
 whole document.
 
 :meth:`Checkpointer.capture` runs on the ingestion thread, between two batches (so the state holds
-exactly the records up to the positions taken with it).  It only *copies*: the dirty buckets
-(``BucketStats.copy``), the join buffers (dict copies: the entries are immutable tuples) and the
-small documents; its cost is proportional to what changed plus a version comparison per ring.
-It holds ``AgentState.lock`` in slices of at most :data:`SLICE_SECONDS`, releasing it in between
-so that scrapes and evaluation rounds never wait long: the ingestion thread is the only writer of
-the state and it is busy capturing, so the slices still see the state between the same two
-batches (the other threads only read).  Ingestion itself waits for the whole capture (the join
-buffers are copied in one hold: a C-level dict copy, ~20 ms per million entries).
-:meth:`Checkpointer.submit` then serialises the copies, writes the pack, then the manifest (the
-commit point), and prunes, on a writer thread; at most one checkpoint is in flight.  The caller
+exactly the records up to the positions taken with it).  It copies the join buffers (dict copies:
+the entries are immutable tuples) and the small documents, and *freezes* the dirty buckets
+instead of copying them (copy-on-write, :meth:`calmon.agent.buckets.BucketStats.freeze`): a
+frozen bucket keeps its content until the writer has serialised it, and if ingestion is about to
+change it first, it copies the claimed content into the slot just before (:meth:`Slot.thaw`) --
+so a capture costs a pointer and a version comparison per dirty bucket, and a copy is made only
+for a bucket that changes while its checkpoint is being written.  The capture holds
+``AgentState.lock`` in slices of at most :data:`SLICE_SECONDS`, releasing it in between so that
+scrapes and evaluation rounds never wait long: the ingestion thread is the only writer of the
+state and it is busy capturing, so the slices still see the state between the same two batches
+(the other threads only read).  Ingestion itself waits for the whole capture (the join buffers are
+copied in one hold: a C-level dict copy, ~20 ms per million entries).
+:meth:`Checkpointer.submit` then serialises the frozen buckets (or their copies) as packed
+documents (:meth:`~calmon.agent.buckets.BucketStats.to_packed`), writes the pack, then the
+manifest (the commit point), and prunes, on a writer thread; at most one checkpoint is in flight.
+If the write fails every claim is released (the previous generation stays on disk).  The caller
 commits source offsets (Kafka ``Committable``) only after the manifest is durable
 (:meth:`Checkpointer.poll` / :meth:`Checkpointer.wait` return the result on the ingestion thread).
 The committed ring documents are remembered (:attr:`Checkpointer.known`), so the next capture
@@ -72,20 +78,48 @@ BucketKey = tuple[int, float]  #: (tier, start) as in TieredRing.entries
 
 
 class Slot(dict[str, Any]):
-    """A bucket's blob reference in a ring document (a JSON object, filled by the writer); until written it
-    holds the ring's bucket (``source``), then the bucket's copy (``state``)."""
+    """A bucket's blob reference in a ring document (a JSON object, filled by the writer).
 
-    __slots__ = ("source", "state")
+    Until the writer has serialised it, the slot holds the ring's own bucket (``source``, frozen:
+    see :meth:`calmon.agent.buckets.BucketStats.freeze`) -- or, when ingestion changed that bucket
+    first, the copy of the captured content it took just before (``state``).  ``guard`` (one lock
+    per capture) orders the two: the writer serialises under it, :meth:`thaw` copies under it.
+    """
 
-    def __init__(self, source: BucketStats) -> None:
+    __slots__ = ("source", "state", "guard")
+
+    def __init__(self, source: BucketStats, guard: threading.Lock) -> None:
         super().__init__()
         self.source: BucketStats | None = source
         self.state: BucketStats | None = None
+        self.guard = guard
 
-    def take_copy(self) -> None:
-        """Copy the bucket (under the lock; the writer serialises the copy)."""
+    def freeze(self) -> None:
+        """Claim the bucket's current content (under the state lock)."""
         assert self.source is not None
-        self.state, self.source = self.source.copy(), None
+        self.source.freeze(self)
+
+    def thaw(self, bucket: BucketStats) -> None:
+        """The bucket is about to change (ingestion, under the state lock): copy it unless already written."""
+        with self.guard:
+            if self.source is bucket:
+                self.state, self.source = bucket.copy(), None
+
+    def serialise(self) -> bytes:
+        """The claimed content as a packed bucket document (on the writer thread, without the state lock)."""
+        with self.guard:
+            bucket = self.state if self.state is not None else self.source
+            assert bucket is not None
+            raw = bucket.packed_json()  # restored and untouched: its bytes as read
+            data = raw if raw is not None else encode(bucket.to_packed())
+            self.abandon()
+        return data
+
+    def abandon(self) -> None:
+        """Drop the claim (written, or the write failed) and the copy."""
+        if self.source is not None:
+            self.source.release(self)
+        self.source = self.state = None
 
 
 class _Slices:
@@ -135,7 +169,7 @@ class Capture:
     """What :meth:`Checkpointer.capture` took under the lock; serialised and written by the writer."""
 
     doc: dict[str, Any]
-    dirty: list[Slot]
+    dirty: list[Slot]  #: the buckets to write, frozen (copy-on-write)
     records: dict[RingKey, RingRecord]
     positions: dict[str, Any]
     lock_seconds: float = 0.0  #: the longest single hold of the lock
@@ -216,14 +250,16 @@ class Checkpointer:
             doc = state.to_doc(models=list, join=copy_joiner)  # the small documents; model names only
         budget = [COMPACT_PER_GENERATION]
         models: dict[str, Any] = {}
-        slices.run(doc["models"], lambda name: self._model(name, state.models[name], dirty, records, budget, models))
-        slices.run(dirty, Slot.take_copy)
+        guard = threading.Lock()
+        slices.run(doc["models"], lambda name: self._model(name, state.models[name], dirty, records, budget, models,
+                                                           guard))
+        slices.run(dirty, Slot.freeze)
         doc["models"] = models
         return Capture({**extra, **doc}, dirty, records, dict(extra.get("sources") or {}), slices.longest,
                        time.perf_counter() - t0)
 
     def _model(self, name: str, mw: ModelWindows, dirty: list[Slot], records: dict[RingKey, RingRecord],
-               budget: list[int], out: dict[str, Any]) -> None:
+               budget: list[int], out: dict[str, Any], guard: threading.Lock) -> None:
         """Capture one model's rings: unchanged rings reuse their document, changed ones mark dirty buckets."""
         rings: dict[str, Any] = {}
         for seg, ring in mw.rings.items():
@@ -233,7 +269,7 @@ class Checkpointer:
                 rec = None
             redo = self._take_rewrite(key, budget)
             if rec is None or rec.version != ring.version or redo:
-                rec = _capture_ring(ring, rec, redo, dirty)
+                rec = _capture_ring(ring, rec, redo, dirty, guard)
             records[key] = rec
             rings[seg] = rec.doc
         out[name] = {"name": mw.name, "params": dict(mw.params), "tiers": [list(t) for t in mw.tiers],
@@ -273,14 +309,13 @@ class Checkpointer:
         pack = store.open_pack(gen)
         try:
             for slot in cap.dirty:
-                assert slot.state is not None
-                slot.update(pack.append(encode(slot.state.to_dict())))
+                slot.update(pack.append(slot.serialise()))
             has_pack = pack.commit()
         except BaseException:
             pack.abort()
+            for slot in cap.dirty:  # nothing of this generation will be committed: release every claim
+                slot.abandon()
             raise
-        for slot in cap.dirty:
-            slot.state = None  # the copy is on disk: free it
         join = cap.doc.get("join")
         if join is not None and not isinstance(join, dict):  # the joiner's copy (see copy_joiner)
             cap.doc["join"] = join.to_dict()
@@ -345,12 +380,16 @@ def copy_joiner(joiner: Joiner) -> Joiner:
 
 
 def resolver(reader: PackReader) -> Callable[[str, Any], Any]:
-    """``resolve(field, node)``: ``node`` with its blob references read through ``reader`` (for ``load_doc``)."""
-    return lambda fld, node: inline_refs(node, reader, fld)
+    """``resolve(field, node)``: ``node`` with its blob references read through ``reader`` (for ``load_doc``).
+
+    The blobs come back as their bytes (CRC checked): :meth:`calmon.agent.buckets.BucketStats.load`
+    keeps a packed bucket as it is until first use and parses any other.
+    """
+    return lambda fld, node: inline_refs(node, reader, fld, raw=True)
 
 
 def _capture_ring(ring: TieredRing[Any], rec: RingRecord | None, redo: set[BucketKey],
-                  dirty: list[Slot]) -> RingRecord:
+                  dirty: list[Slot], guard: threading.Lock) -> RingRecord:
     old = rec.refs if rec is not None else {}
     by_id: dict[int, dict[str, Any]] = {}
     refs: dict[BucketKey, tuple[int, dict[str, Any]]] = {}
@@ -360,7 +399,7 @@ def _capture_ring(ring: TieredRing[Any], rec: RingRecord | None, redo: set[Bucke
         if prev is not None and prev[0] == version and (tier, start) not in redo:
             slot = prev[1]
         else:
-            new = Slot(st)
+            new = Slot(st, guard)
             dirty.append(new)
             slot = new
         by_id[id(st)] = slot
@@ -369,7 +408,7 @@ def _capture_ring(ring: TieredRing[Any], rec: RingRecord | None, redo: set[Bucke
     def dump(s: Any) -> dict[str, Any]:
         got = by_id.get(id(s))
         if got is None:  # a state the ring serialises but does not list in entries(): written every time
-            got = Slot(s)
+            got = Slot(s, guard)
             dirty.append(got)
         return got
 

@@ -160,15 +160,17 @@ class PackReader:
         if crc is not None and not isinstance(crc, int):
             raise CheckpointError(f"field {field}: crc must be an integer or null, got {crc!r:.40}")
         pack, at, n = ref["pack"], ref["at"], ref["len"]
-        path = pack_path(self.directory, pack)
         if at < 0 or n < 0:
-            raise CheckpointError(f"field {field}: blob in {path}: negative offset or length")
+            raise CheckpointError(f"field {field}: blob in {pack_path(self.directory, pack)}: negative offset or "
+                                  "length")
         data = os.pread(self._fd(pack, field), n, at)
         if len(data) != n:
-            raise CheckpointError(f"field {field}: blob in {path} at bytes {at}-{at + n}: file too short")
+            raise CheckpointError(f"field {field}: blob in {pack_path(self.directory, pack)} at bytes {at}-{at + n}: "
+                                  "file too short")
         if crc is not None and zlib.crc32(data) != crc:
-            raise CheckpointError(f"field {field}: blob in {path} at bytes {at}-{at + n}: checksum mismatch "
-                                  f"(file damaged or edited; set its \"crc\" to null to accept an edited blob)")
+            raise CheckpointError(f"field {field}: blob in {pack_path(self.directory, pack)} at bytes {at}-{at + n}: "
+                                  "checksum mismatch (file damaged or edited; set its \"crc\" to null to accept an "
+                                  "edited blob)")
         return data
 
     def load(self, ref: Any, field: str) -> Any:

@@ -6,7 +6,7 @@ then measures, interleaved over ``--rounds`` rounds (``min/median`` printed):
 
 * **full**: the previous format's cost -- ``AgentState.to_doc()`` + JSON encoding, all under the lock;
 * per generation: the longest single hold of the lock (the capture releases it every 20 ms), the ingestion
-  thread's stall (the whole capture: copies of the changed buckets), and capture to commit;
+  thread's stall (the whole capture: copy-on-write claims on the changed buckets), and capture to commit;
 * **first**: the first incremental generation (every bucket is new): lock hold, capture-to-commit, bytes;
 * **one model**: a generation after 20 events of one model (the rest unchanged);
 * **30 s live**: a generation after 30 s of event time of every model (each ring's current bucket changes);

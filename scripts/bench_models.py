@@ -11,10 +11,16 @@ default tiers and testers (tcal, smce, ldtc), budget 30 s, segments ``web,app`` 
 
 Each child ingests the live-like stream into one agent (rate and state size), then the replay stream into a fresh
 agent on which it measures K evaluation rounds, a /metrics render, a checkpoint, a second checkpoint after a small
-change, and a restore into a third agent.  ``AgentState.lock`` is wrapped in a timing proxy so the longest hold of
-the lock inside a round and inside a checkpoint is measured, whichever code takes it.  M = 1 runs again at the end
-(interleaved), so the ratios use the median of the M = 1 runs; repeated cells print ``min/median``.  A restore
-time marked ``(!)`` means the restored state's ``AgentState.nbytes()`` differs from the checkpointed one.
+change, and a restore into a third agent in a fresh process, as after a restart (restore seconds: reading the
+manifest and ``Agent.restore``; the peak RSS of that process when the agent is open).
+``AgentState.lock`` is wrapped in a timing proxy so the longest hold of the lock inside a round and inside a
+checkpoint is measured, whichever code takes it -- in wall time, and in brackets in the holding thread's CPU time
+(on a loaded machine the wall time includes the time the holder waited preempted).  A window counts as
+evaluated by a tester in a round when its result's ``evaluated_at`` is from that round (a window below
+``min_events`` is evaluated too, without a p-value).
+M = 1 runs again at the end (interleaved), so the ratios use the median of the M = 1 runs; repeated cells print
+``min/median``.  A restore time marked ``(!)`` means the restored buckets' event counts differ from the
+checkpointed ones.
 
     python scripts/bench_models.py                                 # M = 1, 10, 100, 1000 (1000 takes minutes)
     python scripts/bench_models.py --models 1,10,100 --events 3e5 --rounds 3
@@ -51,8 +57,9 @@ LIVE_SPAN, REPLAY_SPAN, LIVE_DELAY = 3600.0, 8 * 86400.0, 60.0
 SEGMENTS = ("web", "app")
 TESTERS = ("tcal", "smce", "ldtc")
 COLUMNS = ("models", "rings", "live ev/s", "live ratio", "replay ev/s", "replay ratio", "state/ring live",
-           "state/ring replay", "round s", "round lock max s", "/metrics size / render s", "checkpoint s / bytes",
-           "2nd checkpoint s / bytes", "checkpoint lock max s", "restore s", "windows with a result per round",
+           "state/ring replay", "round s", "round lock max s (cpu)", "/metrics size / render s", "checkpoint s / bytes",
+           "2nd checkpoint s / bytes", "checkpoint lock max s (cpu)", "restore s / peak RSS",
+           "windows evaluated per round",
            "overruns", "peak RSS")
 
 
@@ -174,6 +181,8 @@ class TimedLock:
         self._local = threading.local()
         self.phase = "other"
         self.longest: dict[str, float] = {}
+        #: per phase, the longest hold in CPU time of the holding thread (without the time it waited preempted)
+        self.longest_cpu: dict[str, float] = {}
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         got = bool(self._inner.acquire(blocking, timeout))
@@ -181,15 +190,17 @@ class TimedLock:
             depth = getattr(self._local, "depth", 0)
             if depth == 0:
                 self._local.since, self._local.phase = time.perf_counter(), self.phase
+                self._local.cpu = time.thread_time()
             self._local.depth = depth + 1
         return got
 
     def release(self) -> None:
         self._local.depth -= 1
         if self._local.depth == 0:
-            held = time.perf_counter() - self._local.since
+            held, cpu = time.perf_counter() - self._local.since, time.thread_time() - self._local.cpu
             phase = self._local.phase
             self.longest[phase] = max(self.longest.get(phase, 0.0), held)
+            self.longest_cpu[phase] = max(self.longest_cpu.get(phase, 0.0), cpu)
         self._inner.release()
 
     def __enter__(self) -> bool:
@@ -274,6 +285,7 @@ def _rounds(agent: Any, lock: TimedLock, k: int, traffic: Traffic) -> dict[str, 
         _ingest_all(agent, _more(traffic.models, max(1000, traffic.events // 100), traffic.seed + 1 + minute,
                                  minute), lock)
         lock.phase = "round"
+        since = agent.clock()
         t = time.perf_counter()
         agent.evaluate_round()
         times.append(time.perf_counter() - t)
@@ -282,10 +294,17 @@ def _rounds(agent: Any, lock: TimedLock, k: int, traffic: Traffic) -> dict[str, 
         lock.phase = "round"
         windows = len(evs)
         for name in TESTERS:
-            counts[name].append(sum(1 for e in evs if (e.get("tests") or {}).get(name, {}).get("p_value")
-                                    is not None))
-    return {"round_s": times, "round_lock": lock.longest.get("round", 0.0), "windows": windows,
+            counts[name].append(sum(1 for e in evs if _fresh((e.get("tests") or {}).get(name), since)))
+    return {"round_s": times, "round_lock": lock.longest.get("round", 0.0),
+            "round_lock_cpu": lock.longest_cpu.get("round", 0.0), "windows": windows,
             "results": counts, "overruns": agent.sched_info.get("overruns", 0) - before}
+
+
+def _fresh(result: Any, since: float) -> bool:
+    """A tester result computed in this round (``evaluated_at`` at or after its start): an evaluation, whatever
+    its decision -- a window below ``min_events`` is evaluated ("insufficient data") without a p-value."""
+    at = result.get("evaluated_at") if isinstance(result, Mapping) else None
+    return isinstance(at, int | float) and at >= since
 
 
 def _checkpoint(agent: Any, lock: TimedLock) -> tuple[float, int]:
@@ -321,15 +340,59 @@ def child(models: int, events: int, seed: int, rounds: int, budget: float = 30.0
         _ingest_all(agent, _more(min(models, 5), 1000, seed + 1000, rounds), lock)  # a small change
         out["ck2_s"], out["ck2_bytes"] = _checkpoint(agent, lock)
         out["ck_lock"] = lock.longest.get("checkpoint", 0.0)
-        events_before = _state_bytes(agent)
+        out["ck_lock_cpu"] = lock.longest_cpu.get("checkpoint", 0.0)
+        before = _content(agent)
         agent.close()
         del agent
-        t = time.perf_counter()
-        again, _ = _open_agent(cfg, MemorySource("replay"), timed=False)
-        out["restore_s"] = time.perf_counter() - t
-        out["restore_same_bytes"] = _state_bytes(again) == events_before
-        again.close()
+        out.update(restore(models, f"{tmp}/replay", budget, before))
     out["peak_rss"] = _peak_rss()
+    return out
+
+
+def _content(agent: Any) -> list[int]:
+    """Events per bucket of every ring, in order: equal before a checkpoint and after its restore."""
+    with agent.state.lock:
+        return [b.count for _, mw in sorted(agent.state.models.items()) for _, ring in sorted(mw.rings.items())
+                for _, _, _, b in ring.entries()]
+
+
+def restore(models: int, state_dir: str, budget: float, before: list[int]) -> dict[str, Any]:
+    """Restore the checkpoint in ``state_dir`` in a fresh process: its seconds, peak RSS and whether it is whole."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--restore", state_dir, "--child", str(models),
+           "--budget", str(budget)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode:
+        raise RuntimeError(f"restore failed (exit {res.returncode}): {res.stderr[-2000:]}")
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    return {"restore_s": got["restore_s"], "restore_open_s": got["open_s"], "restore_rss": got["peak_rss"],
+            "restore_same": got["content"] == before}
+
+
+def restore_child(models: int, state_dir: str, budget: float) -> dict[str, Any]:
+    """``--restore``: open an agent on ``state_dir`` in this fresh process; the restore is the time spent reading
+    the manifest (``CheckpointStore.load``) and restoring it (``Agent.restore``: the state, positions, alerts) --
+    not the imports and the tester pool's start that ``Agent.open`` also does."""
+    from calmon.agent.runtime import Agent
+    from calmon.checkpoint import CheckpointStore
+
+    spent = [0.0]
+
+    def timed(fn: Any) -> Any:
+        def run(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[0] += time.perf_counter() - t
+        return run
+
+    CheckpointStore.load = timed(CheckpointStore.load)  # type: ignore[method-assign]
+    Agent.restore = timed(Agent.restore)  # type: ignore[method-assign]
+    t = time.perf_counter()
+    again, _ = _open_agent(bench_config(state_dir, models, budget), MemorySource("replay"), timed=False)
+    out: dict[str, Any] = {"restore_s": spent[0], "open_s": time.perf_counter() - t, "peak_rss": _peak_rss()}
+    out["content"] = _content(again)  # reads (decodes) every bucket: after the peak RSS of the restore itself
+    again.close()
     return out
 
 
@@ -372,11 +435,14 @@ def format_row(runs: list[dict[str, Any]], base: dict[str, float]) -> list[str]:
             _cell([v / base["replay_rate"] for v in col("replay_rate")], ".2f"),
             _mb(statistics.median(col("live_state")) / r0["rings"]),
             _mb(statistics.median(col("replay_state")) / r0["rings"]),
-            _cell([max(r["round_s"]) for r in runs], ".2f"), _cell(col("round_lock"), ".3f"),
+            _cell([max(r["round_s"]) for r in runs], ".2f"),
+            f"{_cell(col('round_lock'), '.3f')} ({_cell(col('round_lock_cpu'), '.3f')})",
             f"{_mb(r0['metrics_bytes'])} / {_cell(col('metrics_s'), '.3f')}",
             f"{_cell(col('ck1_s'), '.2f')} / {_mb(r0['ck1_bytes'])}",
             f"{_cell(col('ck2_s'), '.2f')} / {_mb(r0['ck2_bytes'])}",
-            _cell(col("ck_lock"), ".3f"), _cell(col("restore_s"), ".2f") + ("" if r0["restore_same_bytes"] else " (!)"),
+            f"{_cell(col('ck_lock'), '.3f')} ({_cell(col('ck_lock_cpu'), '.3f')})",
+            _cell(col("restore_s"), ".2f") + ("" if all(r["restore_same"] for r in runs) else " (!)")
+            + f" / {max(col('restore_rss')) / 2**30:.2f} GB",
             results, str(max(r["overruns"] for r in runs)) + f" of {len(r0['round_s'])}",
             f"{max(col('peak_rss')) / 2**30:.2f} GB"]
 
@@ -400,6 +466,7 @@ GOALS: tuple[tuple[str, str, Any], ...] = (
     ("round lock hold", "<= 0.05 s", lambda r, b: r["round_lock"] <= 0.05),
     ("checkpoint lock hold", "<= 0.1 s", lambda r, b: r["ck_lock"] <= 0.1),
     ("restore", "<= 10 s", lambda r, b: r["restore_s"] <= 10.0),
+    ("peak RSS of the restore", "<= 3 GB", lambda r, b: r["restore_rss"] <= 3e9),
     ("/metrics render", "<= 2 s, <= 20 MB", lambda r, b: r["metrics_s"] <= 2.0 and r["metrics_bytes"] <= 20e6),
     ("T-Cal on every window every round", "all", lambda r, b: min(r["results"]["tcal"]) == r["windows"]),
     ("rounds without overrun", "all", lambda r, b: r["overruns"] == 0),
@@ -436,6 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", type=float, default=30.0, help="evaluation.budget in seconds (default 30)")
     ap.add_argument("--quick", action="store_true", help="M = 1, 2 with 2e4 events and 1 round (a smoke run)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--restore", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.models, args.events, args.rounds, args.budget = "1,2", 20_000, 1, 2.0
@@ -444,6 +512,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.child is not None and args.restore is not None:
+        print(json.dumps(restore_child(args.child, args.restore, args.budget)))
+        return 0
     if args.child is not None:
         print(json.dumps(child(args.child, args.events, args.seed, args.rounds, args.budget)))
         return 0

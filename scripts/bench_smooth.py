@@ -4,6 +4,7 @@ Usage::
 
     python scripts/bench_smooth.py                 # HiGHS at 1e4 and 1e5 (the latter takes ~1 min)
     python scripts/bench_smooth.py --no-highs-1e5  # skip the slow HiGHS run
+    python scripts/bench_smooth.py --curtail       # only: the smce tester's null simulation, curtailed vs all draws
 
 Prints one table (CPU seconds of this process -- the machine is shared, so wall time is shown too --
 best of ``--repeat`` for the fast rows) and the budgets of
@@ -58,12 +59,42 @@ def _naive_chain_lp(z: np.ndarray, y: np.ndarray) -> float:
     return float(-res.fun)
 
 
+def bench_curtail(repeat: int) -> None:
+    """CPU seconds of the smce tester on a 1024-cell window, curtailed vs all 999 draws, interleaved rounds."""
+    from calmon.stats.data import CalibrationData
+    from calmon.testers.smce import smce_tester
+
+    print(f"{'window':28s} {'all draws min/med s':>20s} {'curtailed min/med s':>20s} {'draws':>6s} {'p':>6s}")
+    rng = np.random.default_rng(0)
+    for shift in (0.0, 0.03):
+        for n in (5000, 100_000):
+            z = rng.random(n)
+            y = (rng.random(n) < np.clip(z + shift, 0, 1)).astype(float)
+            g = ScoreGrid(1024)
+            g.update(z, y)
+            data = CalibrationData(n=n, grid=g)
+            spent: dict[bool, list[float]] = {False: [], True: []}
+            for r in range(repeat):
+                for curtail in (False, True):
+                    t0 = time.process_time()
+                    res = smce_tester(data, alpha=0.05, mc=999, rng=np.random.default_rng(r), curtail=curtail)
+                    spent[curtail].append(time.process_time() - t0)
+            cells = [f"{min(spent[c]):.3f}/{float(np.median(spent[c])):.3f}" for c in (False, True)]
+            print(f"{'shift ' + str(shift) + ', n = ' + str(n):28s} {cells[0]:>20s} {cells[1]:>20s} "
+                  f"{res['mc']:6d} {res['p_value']:6.3f}")
+    print(f"load average: {os.getloadavg()[0]:.1f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-highs-1e5", action="store_true", help="skip HiGHS at n = 1e5 (~1 min)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--naive", action="store_true", help="also time the unscaled chain LP at n = 1e4 and 1e5")
+    ap.add_argument("--curtail", action="store_true", help="only the smce null simulation: curtailed vs all draws")
     args = ap.parse_args()
+    if args.curtail:
+        bench_curtail(args.repeat)
+        return
 
     rows: list[tuple[str, str, float, float, float, str]] = []
     ratios: dict[int, float] = {}

@@ -75,7 +75,7 @@ def test_reduced_run_prints_every_column() -> None:
     m1, m2 = rows
     assert m1[1] == "3" and m2[1] == "6"  # three rings per model
     assert "/" in m1[2]  # M = 1 ran twice (interleaved): min/median
-    assert all(name in m2[header.index("windows with a result per round")] for name in ("tcal", "smce", "ldtc"))
+    assert all(name in m2[header.index("windows evaluated per round")] for name in ("tcal", "smce", "ldtc"))
     goal_rows = [_cells(ln)[0] for ln in lines if ln.startswith("| ") and not _cells(ln)[0].isdigit()]
     assert len([g for g in goal_rows if g in {w for w, _, _ in bench.GOALS}]) == len(bench.GOALS)
     assert "load average" in out.stdout and "memory ceiling" in out.stdout

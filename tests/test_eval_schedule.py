@@ -6,6 +6,7 @@ call, so "a budget that fits only k calls per round" is exact and independent of
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
 import time
@@ -142,25 +143,32 @@ def test_cadence_is_validated():
 
 # -- the snapshot: per-ring lock, skip unchanged rings ---------------------------------------------------------
 class TimedLock:
-    """Wraps the state's RLock and records how long each outermost hold lasted."""
+    """Wraps the state's RLock and records the CPU time of each outermost hold (the holder's thread time:
+    on a loaded machine a preempted holder's wall time says nothing about the work done under the lock);
+    automatic garbage collection waits for the release, as with the agent's ``StateLock``."""
 
     def __init__(self) -> None:
         self.lock = threading.RLock()
         self.depth = 0
         self.holds: list[float] = []
         self.t0 = 0.0
+        self.gc = True
 
     def __enter__(self):
         self.lock.acquire()
         self.depth += 1
         if self.depth == 1:
-            self.t0 = time.perf_counter()
+            self.gc = gc.isenabled()
+            gc.disable()
+            self.t0 = time.thread_time()
         return self
 
     def __exit__(self, *exc):
         self.depth -= 1
         if self.depth == 0:
-            self.holds.append(time.perf_counter() - self.t0)
+            self.holds.append(time.thread_time() - self.t0)
+            if self.gc:
+                gc.enable()
         self.lock.release()
 
     acquire = lambda self, *a, **k: self.lock.acquire(*a, **k)  # noqa: E731
@@ -242,11 +250,24 @@ def test_a_call_running_past_the_budget_is_collected_between_rounds():
         pool.close()
 
 
+def test_one_slow_window_does_not_demote_a_cheap_tester():
+    # the cheap cost is the round's mean call in CPU time: 1 slow call among 20 keeps the tester cheap
+    CLOCK[0] = 0.0
+    cfg = EvaluationConfig(tests=[TesterConfig("sched_fast")], cheap=["sched_fast"], budget=100.0, min_events=5,
+                           cheap_cost=0.1)
+    cpu = iter([0.0, 1.0] + [1.0 + i * 0.001 for i in range(2, 41)])
+    ev = Evaluator(cfg, monotonic=lambda: CLOCK[0], clock=lambda: 1000.0 + CLOCK[0], cpu_clock=lambda: next(cpu))
+    CALLS.clear()
+    ev.run(snaps(20, 1), {})  # the first call takes 1 s of CPU, the other 19 a millisecond each
+    assert CALLS.count("sched_fast") == 20
+    assert 0.05 < ev.costs.seconds["sched_fast"] < 0.06 and ev._cheap("sched_fast")
+
+
 def test_a_cheap_tester_measured_slow_becomes_a_work_item():
     CLOCK[0] = 0.0
     cfg = EvaluationConfig(tests=[TesterConfig("sched_slow")], cheap=["sched_slow"], budget=5.0, min_events=5)
-    ev = Evaluator(cfg, monotonic=lambda: CLOCK[0], clock=lambda: 1000.0 + CLOCK[0])
-    ev.run(snaps(1, 1), {})  # run inline as cheap: measured at one (fake) second
+    ev = Evaluator(cfg, monotonic=lambda: CLOCK[0], clock=lambda: 1000.0 + CLOCK[0], cpu_clock=lambda: CLOCK[0])
+    ev.run(snaps(1, 1), {})  # run inline as cheap: measured at one (fake) CPU second
     assert ev.costs.seconds["sched_slow"] == 1.0 and not ev._cheap("sched_slow")
     CALLS.clear()
     res = ev.run(snaps(8, 2), {})  # now scheduled: only what fits 80 % of the budget runs

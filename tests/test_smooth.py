@@ -248,6 +248,49 @@ def test_level_grid_binomial_reduced() -> None:
     assert 0.005 <= rate <= 0.12, rate
 
 
+@pytest.mark.parametrize("shift", [0.0, 0.02, 0.05])
+def test_curtailed_null_same_decision_as_all_draws(shift: float) -> None:
+    # Besag-Clifford curtailing: the curtailed run's draws are a prefix of the full run's (same seed), so the
+    # decision at alpha must be the same; a curtailed p-value exceeds alpha, an uncurtailed one is the full one
+    rng = np.random.default_rng(int(shift * 1000) + 5)
+    for rep in range(12):
+        z = rng.random(2500)
+        y = (rng.random(2500) < np.clip(z + shift, 0, 1)).astype(float)
+        g = ScoreGrid(4096)
+        g.update(z, y)
+        full = smce_null_pvalue_grid(g, mc=199, rng=np.random.default_rng(rep), bins=128, curtail=False)
+        cut = smce_null_pvalue_grid(g, mc=199, rng=np.random.default_rng(rep), bins=128)
+        assert (cut["p_value"] < 0.05) == (full["p_value"] < 0.05)
+        assert not full["curtailed"] and full["mc"] == 199
+        if cut["curtailed"]:
+            assert cut["p_value"] > 0.05 and cut["mc"] < 199
+        else:
+            assert cut["p_value"] == full["p_value"] and cut["mc"] == 199
+        raw = smce_null_pvalue(z[:300], y[:300], mc=99, rng=np.random.default_rng(rep))
+        raw_full = smce_null_pvalue(z[:300], y[:300], mc=99, rng=np.random.default_rng(rep), curtail=False)
+        assert (raw["p_value"] < 0.05) == (raw_full["p_value"] < 0.05)
+
+
+def test_curtailed_null_is_cheap_and_valid_on_calibrated_data() -> None:
+    # under the null the curtailed p-value is a valid p-value, P(p <= u) <= u (Besag and Clifford 1991, and
+    # the simulation stops after few draws: h = ceil(0.05 * 1000) = 50 exceedances take ~100 draws on average
+    rng = np.random.default_rng(11)
+    reps, draws, pvals = 120, [], []
+    for _ in range(reps):
+        z = rng.random(2000)
+        y = (rng.random(2000) < z).astype(float)
+        g = ScoreGrid(4096)
+        g.update(z, y)
+        res = smce_null_pvalue_grid(g, mc=999, rng=rng, bins=64)
+        draws.append(res["mc"])
+        pvals.append(res["p_value"])
+    assert np.median(draws) < 250, np.median(draws)
+    p = np.asarray(pvals)
+    for u in (0.1, 0.3, 0.5):  # binomial sd at u = 0.5 over 120 reps: 0.046
+        assert np.mean(p <= u) <= u + 0.13, (u, np.mean(p <= u))
+    assert np.mean(p <= 0.5) >= 0.25  # and not degenerate: p spreads over (0, 1]
+
+
 def test_power_against_miscalibration() -> None:
     rng = np.random.default_rng(8)
     z = rng.random(3000)

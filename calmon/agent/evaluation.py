@@ -223,6 +223,9 @@ class Evaluator:
         Scheduled refresh (``None``: off).
     clock, monotonic
         Wall clock (alert times, ``evaluated_at``) and a monotonic clock (budget).
+    cpu_clock
+        CPU time of the calling thread: what an inline cheap tester costs, so that a loaded machine (a
+        preempted scheduler) does not make it look slower than ``evaluation.cheap_cost`` and demote it.
     pool
         Where the scheduled testers run (``None``: inline, in the round's thread).
     """
@@ -230,7 +233,8 @@ class Evaluator:
     def __init__(self, cfg: EvaluationConfig, alert_engine: AlertEngine | None = None,
                  recalibrator: Recalibrator | None = None, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, estimation: EstimationConfig | None = None,
-                 history_window: str | None = None, pool: TesterPool | None = None) -> None:
+                 history_window: str | None = None, pool: TesterPool | None = None,
+                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
         self.cfg = cfg
         self.estimation = estimation
         #: The window holding everything (``all``): minus a window, the reference of its score drift.
@@ -239,6 +243,9 @@ class Evaluator:
         self.recalibrator = recalibrator
         self.clock = clock
         self.monotonic = monotonic
+        self.cpu_clock = cpu_clock
+        #: this round's inline cheap calls: tester -> (CPU seconds, calls)
+        self._inline: dict[str, tuple[float, int]] = {}
         self.pool = pool if pool is not None else TesterPool("inline")
         self.costs = CostModel()
         self.entries: dict[WindowKey, WindowEntry] = {}
@@ -318,6 +325,7 @@ class Evaluator:
         live = []
         overrun = False
         entries: dict[WindowKey, WindowEntry] = {}
+        self._inline = {}
         for w in snap:
             key = (w.model, w.segment, w.window)
             e = entries[key] = self.entries.get(key) or WindowEntry()
@@ -335,6 +343,10 @@ class Evaluator:
             overrun |= self._cheap_testers(w, e, deadline)
             live.append((w, e))
         self.entries = entries  # windows that are gone (an evicted model) are forgotten
+        for name, (spent, calls) in self._inline.items():
+            # one observation per round, the mean call: a rare slow window (T-Cal when no screen decides) does
+            # not demote a tester that is cheap on average
+            self.costs.observe(name, spent / calls)
         return live, overrun
 
     def _cheap(self, name: str) -> bool:
@@ -361,9 +373,10 @@ class Evaluator:
                 skipped = True
                 continue
             data = data or w.bucket.stats.calibration_data()
-            t1 = self.monotonic()
+            t1 = self.cpu_clock()
             result = _run(t.name, data, self.cfg, t.params, f"{w.model}/{w.segment}/{w.window}").to_dict()
-            self.costs.observe(t.name, self.monotonic() - t1)
+            spent, calls = self._inline.get(t.name, (0.0, 0))
+            self._inline[t.name] = (spent + self.cpu_clock() - t1, calls + 1)
             e.record(t.name, TestRecord(result, self.clock(), w.stamp, self.round))
         return skipped
 

@@ -13,9 +13,11 @@ Evaluation results never live here: the scheduler publishes them as one immutabl
 
 from __future__ import annotations
 
+import gc
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -28,7 +30,62 @@ from calmon.agent.join import Joiner
 from calmon.config import Config
 from calmon.events import Decoder
 
-__all__ = ["AgentState", "WindowSnapshot", "StateError"]
+__all__ = ["AgentState", "WindowSnapshot", "StateError", "StateLock"]
+
+
+class StateLock:
+    """The state's re-entrant lock, holding off the cyclic garbage collector while it is held.
+
+    A full collection traverses every tracked object of the process -- about eight per bucket, a
+    million at a thousand models -- and takes a second or more on two busy cores; triggered by an
+    allocation made under the lock (a checkpoint's bucket copies, a snapshot's ring copies, a batch)
+    it made every other thread wait that long.  So automatic collection is disabled while the lock is
+    held and re-enabled by the outermost release: a collection that fell due runs at the next
+    allocation, outside the lock.  Holds are milliseconds, so the garbage deferred is small; if
+    collection was already disabled (by the application) it is left alone.
+
+    Examples
+    --------
+    >>> import gc
+    >>> lock = StateLock()
+    >>> with lock:
+    ...     with lock:
+    ...         inside = gc.isenabled()
+    >>> inside, gc.isenabled()
+    (False, True)
+    """
+
+    __slots__ = ("_lock", "_depth", "_restore")
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # re-entrant holds of the owner (only the owner changes it)
+        self._restore = False
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if not self._lock.acquire(blocking, timeout):
+            return False
+        self._depth += 1
+        if self._depth == 1:
+            self._restore = gc.isenabled()
+            if self._restore:
+                gc.disable()
+        return True
+
+    def release(self) -> None:
+        if self._depth <= 0:
+            raise RuntimeError("cannot release un-acquired lock")
+        self._depth -= 1
+        if self._depth == 0 and self._restore:
+            self._restore = False
+            gc.enable()
+        self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class StateError(ValueError):
@@ -72,7 +129,7 @@ class AgentState:
 
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.lock = threading.RLock()
+        self.lock = StateLock()
         self.windows = cfg.windows.window_seconds()
         self.tiers = [(float(t.width), int(t.count)) for t in cfg.windows.tiers]
         declared = {n: m.classes for n, m in cfg.models.items() if n != "default" and m.classes}
@@ -121,8 +178,9 @@ class AgentState:
     def snapshot(self) -> list[WindowSnapshot]:
         """Window sums of every (model, segment, window), in model order, taking the lock one ring at a time.
 
-        Each ring's sums are taken under the lock on their own (one ring's ``window_sums``, then the
-        lock is released so a batch can go in), so a snapshot is consistent *per ring*: every window
+        Each ring is copied under the lock on its own (:meth:`TieredRing.copy`: its buckets' arrays, then
+        the lock is released so a batch can go in) and its window sums are computed from the copy
+        outside the lock, so a snapshot is consistent *per ring*: every window
         of one (model, segment) reflects the same batches, two rings may differ by the batches
         ingested in between.  A ring whose ``version`` and window bounds did not change since the
         previous snapshot is not summed again: its previous sums are reused (they are never
@@ -143,10 +201,15 @@ class AgentState:
                 version = getattr(ring, "version", None)  # TieredRing.version: +1 on every mutation
                 stamp = None if version is None else (int(version), cur)
                 hit = cache.get((name, seg))
-                if stamp is not None and hit is not None and hit[0] is ring and hit[1] == stamp:
-                    sums = hit[2]
-                else:
-                    sums = ring.window_sums(self.windows, watermark=wm)
+                reuse = stamp is not None and hit is not None and hit[0] is ring and hit[1] == stamp
+                # copying a bucket is a few array copies, merging it (reservoir sampling) far more: copy the
+                # ring under the lock, sum the copy after releasing it
+                frozen = None if reuse else ring.copy()
+            if frozen is None:
+                assert hit is not None
+                sums = hit[2]
+            else:
+                sums = frozen.window_sums(self.windows, watermark=wm)
             fresh[(name, seg)] = (ring, stamp, sums)
             out.extend(WindowSnapshot(name, seg, w, sums[w], stamp) for w in self.windows)
         self._snap_cache = fresh
@@ -202,17 +265,8 @@ class AgentState:
             validate_checkpoint(doc)
         except SchemaError as exc:
             raise StateError(str(exc)) from None
-        models = {}
-        for name, md in doc["models"].items():
-            if [(float(w), int(c)) for w, c in md["tiers"]] != self.tiers:
-                raise StateError(f"windows.tiers: the checkpoint in {self.cfg.state_dir} was written with tiers "
-                                 f"{md['tiers']}; restore them or start with an empty state directory")
-            if resolve is not None:
-                try:
-                    md = {**md, "rings": resolve(f"models.{name}.rings", md["rings"])}
-                except ValueError as exc:  # a damaged or edited blob: the message names the pack and the field
-                    raise StateError(str(exc)) from None
-            models[name] = _read(f"models.{name}", ModelWindows.from_dict, md)
+        with _collection_paused():
+            models = self._load_models(doc["models"], resolve)
         joiner = _read("join", lambda d: Joiner.from_dict(d, self.cfg.limits.max_join_bytes), doc["join"])
         joiner.ttl = self.cfg.join.ttl
         joiner.max_pending = self.cfg.join.max_pending
@@ -226,8 +280,38 @@ class AgentState:
             self.joiner = joiner
             self.counters = counters
 
+    def _load_models(self, docs: Mapping[str, Any],
+                     resolve: Callable[[str, Any], Any] | None) -> dict[str, ModelWindows]:
+        """Every model's rings from the checkpoint (blob references resolved one model at a time)."""
+        models = {}
+        for name, md in docs.items():
+            if [(float(w), int(c)) for w, c in md["tiers"]] != self.tiers:
+                raise StateError(f"windows.tiers: the checkpoint in {self.cfg.state_dir} was written with tiers "
+                                 f"{md['tiers']}; restore them or start with an empty state directory")
+            if resolve is not None:
+                try:
+                    md = {**md, "rings": resolve(f"models.{name}.rings", md["rings"])}
+                except ValueError as exc:  # a damaged or edited blob: the message names the pack and the field
+                    raise StateError(str(exc)) from None
+            models[name] = _read(f"models.{name}", ModelWindows.from_dict, md)
+        return models
+
 
 T = TypeVar("T")
+
+
+@contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Automatic garbage collection off while a restore builds the state: it creates about eight
+    long-lived tracked objects per bucket, and every full collection on the way would traverse all
+    of them (a fifth of a thousand-model restore's time).  Restored as it was afterwards."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _read(field: str, read: Callable[[Any], T], part: Any) -> T:

@@ -283,6 +283,23 @@ class TieredRing(Generic[S]):
     def bucket_count(self) -> int:
         return sum(len(t) for t in self.buckets) + (self.archive is not None)
 
+    def copy(self, copy_state: Callable[[S], S] | None = None) -> TieredRing[S]:
+        """A copy of the ring with a copy of every bucket (``copy_state``, default the state's ``copy()``).
+
+        The copy has the same geometry, watermark and versions, so its :meth:`window_sums` equal the
+        ring's, bit for bit; the snapshot takes it under the state lock (copying a bucket costs a few
+        array copies, far less than merging it) and sums it after releasing the lock.
+        """
+        cp: Callable[[S], S] = _copy if copy_state is None else copy_state
+        out: TieredRing[S] = TieredRing.__new__(TieredRing)
+        out.tiers, out.factory, out.keep_archive = self.tiers, self.factory, self.keep_archive
+        out.buckets = [{k: cp(s) for k, s in tier.items()} for tier in self.buckets]
+        out.archive = None if self.archive is None else cp(self.archive)
+        out.watermark, out.version, out.archive_version = self.watermark, self.version, self.archive_version
+        out.bucket_versions = [dict(v) for v in self.bucket_versions]
+        out._bounds_at, out._bounds = self._bounds_at, list(self._bounds)
+        return out
+
     def entries(self) -> list[tuple[int, float, int, S]]:
         """Every bucket as ``(tier, start, version, state)``, finest tier first, then by start.
 

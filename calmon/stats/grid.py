@@ -39,6 +39,7 @@ import numpy as np
 
 from calmon.jsonio import pack_array, unpack_array
 from calmon.stats import sparse
+from calmon.stats.packed import Packer, Unpacker
 
 FIELDS: tuple[str, ...] = ("n", "sum_z", "sum_y", "sum_zz", "sum_zy", "sum_vv")
 QUANTUM_BITS = 28
@@ -401,6 +402,45 @@ class ScoreGrid:
             else:
                 out._dense = dense.astype(np.int64)
                 out._cells, out._vals = _NO_CELLS, _NO_VALUES
+        return out
+
+    def to_parts(self, packer: Packer) -> dict[str, Any]:
+        """The grid for a packed document (:mod:`calmon.stats.packed`): the same content and the same
+        storage rule as :meth:`to_dict`, its arrays put into ``packer``."""
+        if self._dense is None:
+            cells, vals = sparse.prune(self._cells, self._vals)
+        else:
+            cells, vals = sparse.from_dense(self._dense)
+        out: dict[str, Any] = {"bins": self.bins, "channels": self.channels, "quantum_bits": QUANTUM_BITS}
+        if self.size >= SPARSE_MIN_CELLS and cells.size <= self.size // 4:
+            out.update(cells=packer.put(cells, "<i8"), values=packer.put(vals, "<i8"))
+        else:
+            out["dense"] = packer.put(self._all(), "<i8")
+        return out
+
+    @classmethod
+    def from_parts(cls, d: dict[str, Any], unpacker: Unpacker) -> ScoreGrid:
+        """Rebuild from :meth:`to_parts` output; storage chosen by content as in :meth:`from_dict`."""
+        if d.get("quantum_bits") != QUANTUM_BITS:
+            raise ValueError(f"grid uses quantum 2^-{d.get('quantum_bits')}, this build uses 2^-{QUANTUM_BITS}")
+        bins, channels = d["bins"], d["channels"]
+        if type(bins) is not int or bins < 1 or not (channels is None or (type(channels) is int and channels >= 1)):
+            raise ValueError(f"grid needs a positive integer bins and channels null or positive, got {bins!r}, "
+                             f"{channels!r}")
+        out = cls.__new__(cls)  # no empty dense array to allocate and drop
+        out.bins, out.channels = bins, channels
+        out._dense, out._cells, out._vals = None, _NO_CELLS, _NO_VALUES
+        size = out.size
+        if "dense" in d:  # to_parts chose it by content: the grid is small or more than a quarter occupied
+            out._dense = unpacker.get(d["dense"], "<i8", (_F, size), writable=True)
+            return out
+        # copies, so that the decoded payload is freed (a view would keep all of it alive)
+        cells = unpacker.get(d["cells"], "<i8", writable=True)
+        vals = unpacker.get(d["values"], "<i8", (_F, cells.size), writable=True)
+        if cells.ndim != 1 or (cells.size and (cells[0] < 0 or cells[-1] >= size
+                                               or not (cells[1:] > cells[:-1]).all())):
+            raise ValueError("sparse grid cells must be sorted, unique and inside the grid")
+        out._set_sparse(cells, vals)
         return out
 
     def __repr__(self) -> str:

@@ -9,6 +9,7 @@ import numpy as np
 from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.levelset import LevelSetStats
+from calmon.stats.packed import Packer, Unpacker
 from calmon.stats.reservoir import Reservoir
 
 FORMAT = "calmon.model_stats"
@@ -160,6 +161,27 @@ class ModelStats:
         out.levelset = None
         if d.get("levelset") is not None:
             out.levelset = LevelSetStats.from_dict(d["levelset"])
+        return out
+
+    def to_parts(self, packer: Packer) -> dict[str, Any]:
+        """The statistics for a packed document (:mod:`calmon.stats.packed`; level sets stay a JSON document)."""
+        return {"classes": self.classes, "fine": self.fine.to_parts(packer), "ece": self.ece.to_parts(packer),
+                "classwise": None if self.classwise is None else self.classwise.to_parts(packer),
+                "reservoir": None if self.reservoir is None else self.reservoir.to_parts(packer),
+                "levelset": None if self.levelset is None else self.levelset.to_dict()}
+
+    @classmethod
+    def from_parts(cls, d: dict[str, Any], unpacker: Unpacker) -> ModelStats:
+        """Rebuild from :meth:`to_parts` output."""
+        out = cls.__new__(cls)
+        out.classes = int(d["classes"])
+        if out.classes < 2:
+            raise ValueError(f"classes must be >= 2, got {out.classes}")
+        out.fine = ScoreGrid.from_parts(d["fine"], unpacker)
+        out.ece = ScoreGrid.from_parts(d["ece"], unpacker)
+        out.classwise = None if d["classwise"] is None else ScoreGrid.from_parts(d["classwise"], unpacker)
+        out.reservoir = None if d["reservoir"] is None else Reservoir.from_parts(d["reservoir"], unpacker)
+        out.levelset = None if d.get("levelset") is None else LevelSetStats.from_dict(d["levelset"])
         return out
 
     def __eq__(self, other: object) -> bool:

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from calmon.jsonio import clean, pack_array, unpack_array
+from calmon.stats.packed import Packer, Unpacker
 
 FORMAT = "calmon.reservoir"
 #: 2: rows as a :func:`calmon.jsonio.pack_array` document; 1 (still read): a bare base64 string.
@@ -61,6 +62,8 @@ class Reservoir:
         self._data = np.zeros((0, self.width))
         self._seed = seed
         self._gen: np.random.Generator | None = None
+        #: a restored generator state, applied when the generator is first used (restoring costs no generator)
+        self._state: dict[str, Any] | None = None
         #: uniform draws consumed by rows that filled an empty slot (their draw is not needed), not yet taken
         self._owed = 0
 
@@ -72,7 +75,11 @@ class Reservoir:
         double), so the state is the same as if every draw had been taken.
         """
         if self._gen is None:
-            self._gen = np.random.default_rng(self._seed)
+            if self._state is not None:
+                self._gen = np.random.Generator(np.random.PCG64(0))
+                self._gen.bit_generator.state, self._state = self._state, None
+            else:
+                self._gen = np.random.default_rng(self._seed)
         if self._owed:
             bits = self._gen.bit_generator
             if not isinstance(bits, np.random.PCG64):
@@ -83,7 +90,7 @@ class Reservoir:
 
     @_rng.setter
     def _rng(self, gen: np.random.Generator) -> None:
-        self._gen, self._owed = gen, 0
+        self._gen, self._owed, self._state = gen, 0, None
 
     @property
     def rows(self) -> np.ndarray:
@@ -134,7 +141,7 @@ class Reservoir:
         out.capacity, out.width, out.seen, out._seed, out._owed = (self.capacity, self.width, self.seen,
                                                                    self._seed, self._owed)
         out._data = self._data.copy()
-        out._gen = None
+        out._gen, out._state = None, self._state  # a pending state is never mutated: share it
         if self._gen is not None:
             out._gen = np.random.Generator(np.random.PCG64(0))
             out._gen.bit_generator.state = self._gen.bit_generator.state
@@ -175,7 +182,43 @@ class Reservoir:
             raise ValueError(f"reservoir rows have shape {rows.shape}, expected (<= {out.capacity}, {out.width})")
         out._reserve(len(rows))
         out._data[: len(rows)] = rows
-        out._rng.bit_generator.state = d["rng"]
+        out._state = _checked_state(d["rng"])
+        return out
+
+    def to_parts(self, packer: Packer) -> dict[str, Any]:
+        """The reservoir for a packed document (:mod:`calmon.stats.packed`): rows put into ``packer``.
+
+        A generator not created yet is stored as its seed and the draws owed (``PCG64.advance`` brings
+        it to the same state when first used), so reading it back costs no generator; nothing of the
+        reservoir changes (it may be serialised while another thread reads it).
+        """
+        out: dict[str, Any] = {"capacity": self.capacity, "width": self.width, "seen": self.seen,
+                               "rows": packer.put(self.rows, "<f8")}
+        if self._gen is None and self._state is None:
+            out.update(seed=int(self._seed), owed=self._owed)
+        elif self._gen is None:
+            out.update(rng=self._state, owed=self._owed)
+        else:  # read, not advanced: a checkpoint serialises a bucket while other threads may read it too
+            out.update(rng=clean(self._gen.bit_generator.state), owed=self._owed)
+        return out
+
+    @classmethod
+    def from_parts(cls, d: dict[str, Any], unpacker: Unpacker) -> Reservoir:
+        """Rebuild from :meth:`to_parts` output (same rows, count and generator state)."""
+        capacity, width, seen = d["capacity"], d["width"], d["seen"]
+        if not all(type(v) is int for v in (capacity, width, seen)) or capacity < 1 or width < 1 or seen < 0:
+            raise ValueError(f"reservoir needs positive capacity and width and seen >= 0, got {capacity!r}, "
+                             f"{width!r}, {seen!r}")
+        out = cls.__new__(cls)  # no empty row array to allocate and drop
+        out.capacity, out.width, out.seen, out._seed, out._gen, out._state = capacity, width, seen, 0, None, None
+        out._data = unpacker.get(d["rows"], "<f8", (min(seen, capacity), width), writable=True)
+        if "rng" in d:  # a generator state, then the draws owed after it (none when absent)
+            out._state = _checked_state(d["rng"])
+            out._owed = int(d.get("owed", 0))
+        else:
+            out._seed, out._owed = int(d["seed"]), int(d["owed"])
+        if out._owed < 0:
+            raise ValueError(f"reservoir draws owed must be >= 0, got {out._owed}")
         return out
 
     def __eq__(self, other: object) -> bool:
@@ -183,6 +226,16 @@ class Reservoir:
                 and np.array_equal(self.rows, other.rows))
 
     __hash__ = None  # type: ignore[assignment]
+
+
+def _checked_state(state: Any) -> dict[str, Any]:
+    """A PCG64 state document as :meth:`numpy.random.PCG64.state` gives it (checked now, applied on first use)."""
+    inner = state.get("state") if isinstance(state, dict) else None
+    if (not isinstance(inner, dict) or state.get("bit_generator") != "PCG64"
+            or not all(type(inner.get(k)) is int for k in ("state", "inc"))
+            or not all(type(state.get(k)) is int for k in ("has_uint32", "uinteger"))):
+        raise ValueError(f"reservoir generator state must be a PCG64 state, got {state!r:.80}")
+    return state
 
 
 def _rows_v1(packed: str, width: int) -> np.ndarray:

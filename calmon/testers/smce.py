@@ -48,13 +48,15 @@ class _Estimate:
 def smce_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
                 eps1: float | None = None, eps2: float = 0.0, C: float = 64.0, null_bins: int = 1024,
                 raw_null_max: int = 2000, min_n: int = 20, point: str = "center",
-                witness: bool = False) -> dict[str, Any]:
+                witness: bool = False, curtail: bool = True) -> dict[str, Any]:
     """Tester ``smce``: exact smCE, null-simulation p-value, and the Theorem 3 tolerant rule.
 
     Value: exact empirical smCE of the raw data when complete raw data is given, else of the fine
     grid (with its binning-error bound).  p-value (H0: perfectly calibrated): from raw data with
     ``n <= raw_null_max`` the exact resampling ``y* ~ Bern(z)``; otherwise the per-cell binomial
-    null on the grid coarsened to ``null_bins``.  Decision: without ``eps1`` "miscalibrated" iff
+    null on the grid coarsened to ``null_bins``; either curtailed (Besag-Clifford: it stops once it can
+    no longer reject, the same decision as all ``mc`` draws; ``mc`` reports the draws made).
+    Decision: without ``eps1`` "miscalibrated" iff
     ``p < alpha``; with ``eps1`` the tolerant rule of Theorem 3 (:func:`smce_tolerant`); with
     ``mc = 0`` and no ``eps1``, Theorem 3 with ``eps2 = 0`` and ``eps1 = sqrt(C/n)`` (threshold
     ``eps1/4 = 2/sqrt(n)`` for C = 64, above the null's 99.9th percentile).
@@ -81,6 +83,8 @@ def smce_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
         Cell representative for grids.
     witness
         Also return the witness function (LP solve on the grid cells or raw points).
+    curtail
+        Stop the null simulation early when it cannot reject any more (``False``: all ``mc`` draws).
 
     Returns
     -------
@@ -106,7 +110,7 @@ def smce_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
         out["decision"] = "insufficient data"
         return out
     if mc > 0:
-        out.update(_null(est, alpha, mc, rng, null_bins, raw_null_max, point))
+        out.update(_null(est, alpha, mc, rng, null_bins, raw_null_max, point, curtail))
     if eps1 is not None:
         tol = smce_tolerant(value, n, eps1, eps2, C, error_bound=err)
         out.update({"threshold": tol["threshold"], "decision": tol["decision"], "eps1": eps1, "eps2": eps2,
@@ -139,19 +143,21 @@ def _estimate(data: CalibrationData, point: str) -> _Estimate:
 
 
 def _null(est: _Estimate, alpha: float, mc: int, rng: np.random.Generator, null_bins: int, raw_null_max: int,
-          point: str) -> dict[str, Any]:
+          point: str, curtail: bool) -> dict[str, Any]:
     """p-value fields: exact Bernoulli resampling of a small raw sample, else the binomial grid null."""
     out: dict[str, Any] = {}
     if est.raw is not None and est.raw[0].size <= raw_null_max:
-        nul = smce_null_pvalue(est.raw[0], est.raw[1], mc=mc, rng=rng, observed=est.value, alpha=alpha)
+        nul = smce_null_pvalue(est.raw[0], est.raw[1], mc=mc, rng=rng, observed=est.value, alpha=alpha,
+                               curtail=curtail)
         out["null_method"] = "bernoulli"
     else:
         g = est.grid_or_binned()
         nb = null_bins if g.bins % null_bins == 0 else None
-        nul = smce_null_pvalue_grid(g, mc=mc, rng=rng, bins=nb, point=point, alpha=alpha)
+        nul = smce_null_pvalue_grid(g, mc=mc, rng=rng, bins=nb, point=point, alpha=alpha, curtail=curtail)
         out["null_method"] = f"binomial/grid{nul['bins']}"
         out["null_statistic"] = nul["statistic"]
-    out.update({"p_value": nul["p_value"], "mc": nul["mc"], "null_quantiles": nul["null_quantiles"],
+    out.update({"p_value": nul["p_value"], "mc": nul["mc"], "mc_requested": nul["mc_requested"],
+                "curtailed": nul["curtailed"], "null_quantiles": nul["null_quantiles"],
                 "critical_value": nul["critical_value"]})
     return out
 
