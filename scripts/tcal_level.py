@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -66,13 +67,14 @@ def main() -> None:
                     rej, t0 = 0, time.perf_counter()
                     for _ in range(args.reps):
                         z, y = sample(dist, n, rng)
+                        src: dict[str, Any]
                         if method == "mc-grid":
                             g = ScoreGrid()
                             g.update(z, y)
                             src = {"grid": g}
                         else:
                             src = {"z": z, "y": y}
-                        kw = dict(alpha=args.alpha, rng=rng, screen=False)
+                        kw: dict[str, Any] = dict(alpha=args.alpha, rng=rng, screen=False)
                         if test == "single":
                             r = tcal_test(**src, method=method, bins=[m_single], mc=args.mc, min_resolution=False,
                                           **kw)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -88,12 +89,12 @@ def test_multiclass_one_hot_matches_brute_force_and_is_twice_scalar_for_k2():
 def test_null_mean_and_variance_by_exhaustive_enumeration():
     rng = np.random.default_rng(2)
     z = rng.uniform(size=10)
-    ts, ws = [], []
+    t_list, w_list = [], []
     for ys in itertools.product([0.0, 1.0], repeat=z.size):
         y = np.array(ys)
-        ts.append(tcal.ece2_raw(z, y, 3))
-        ws.append(np.prod(np.where(y == 1, z, 1 - z)))
-    ts, ws = np.array(ts), np.array(ws)
+        t_list.append(tcal.ece2_raw(z, y, 3))
+        w_list.append(np.prod(np.where(y == 1, z, 1 - z)))
+    ts, ws = np.array(t_list), np.array(w_list)
     assert ws @ ts == pytest.approx(0.0, abs=1e-14)
     assert ws @ ts**2 == pytest.approx(tcal.null_variance_raw(z, 3), rel=1e-10)
     # exact third cumulant used by the three-moment approximation (raw atoms: exact power sums)
@@ -161,7 +162,7 @@ def test_grid_and_raw_monte_carlo_agree():
     y = (rng.uniform(size=n) < np.clip(z + 0.02 * np.sin(12 * z), 0, 1)).astype(float)
     g = ScoreGrid()
     g.update(z, y)
-    kw = dict(alpha=0.05, mc=999, min_resolution=False, screen=False, curtail=False, max_level=12)
+    kw: dict[str, Any] = dict(alpha=0.05, mc=999, min_resolution=False, screen=False, curtail=False, max_level=12)
     a = tcal.tcal_test(z, y, rng=1, method="mc-raw", **kw)
     b = tcal.tcal_test(grid=g, rng=2, method="mc-grid", **kw)
     assert a["levels"] == b["levels"] == list(range(1, 13))
@@ -293,7 +294,9 @@ def test_binomial_test_chosen_for_discrete_predictors_and_holds_level():
     for _ in range(reps):
         z = rng.choice(vals, size=3000)
         y = (rng.uniform(size=z.size) < z).astype(float)
-        rej += binomial_test(*discrete_support(z, y), alpha=0.1)["decision"] == "miscalibrated"
+        support = discrete_support(z, y)
+        assert support is not None
+        rej += binomial_test(*support, alpha=0.1)["decision"] == "miscalibrated"
     assert rej / reps < 0.1 + 3.5 * np.sqrt(0.09 / reps)
     y = (rng.uniform(size=z.size) < np.clip(z + 0.08, 0, 1)).astype(float)
     g = ScoreGrid()

@@ -7,6 +7,7 @@ simulation that fails when the level is off; the full tables are ``scripts/tcal_
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections import defaultdict
@@ -131,6 +132,57 @@ def test_level_of_the_exact_monte_carlo_test_reduced() -> None:
         res = canonical_tcal_test(p, y, rng=rng, screen=False, mc=99, min_resolution=False, bins=[2, 4, 8])
         rejections += res["decision"] == "miscalibrated"
     assert rejections / reps <= 0.09
+
+
+@pytest.mark.parametrize(("screen", "n", "seed"), [(False, 200, 8), (True, 300, 8)])
+def test_level_of_the_minp_combination_reduced(screen: bool, n: int, seed: int) -> None:
+    # the default combination (min-p over levels) must hold its level without Bonferroni's conservatism:
+    # 400 replications, binomial sd 0.011 at 0.05 -> [0.025, 0.085] is -2.3 / +3.2 sd.  Unscreened: the exact
+    # test on 3 levels; screened: every level of eq. (7) (7 at n = 300), both screens on.
+    rng = np.random.default_rng(seed)
+    rejections = 0
+    reps = 400
+    for _ in range(reps):
+        p, y = _calibrated(rng, n, 3)
+        res = canonical_tcal_test(p, y, rng=rng, screen=screen, mc=199 if screen else 99, min_resolution=False,
+                                  pilot=50, bins=None if screen else [2, 4, 8])
+        assert res["combine"] == "minp"
+        rejections += res["decision"] == "miscalibrated"
+    assert 0.025 <= rejections / reps <= 0.085
+
+
+def test_minp_with_one_level_is_that_levels_rank_test() -> None:
+    # one level, normal transform (pilot=0), no curtailing: M = q(T) is monotone in T, so the min-p p-value
+    # equals the level's rank p-value; the generator's stream is the same (batch sizes do not matter)
+    rng = np.random.default_rng(9)
+    p, y = _calibrated(rng, 800, 3)
+    y[:200] = p[:200].argmax(axis=1)  # some miscalibration, so the p-value is not trivially 1
+    run = functools.partial(canonical_tcal_test, p, y, rng=3, bins=[4], screen=False, curtail=False, mc=300,
+                            min_resolution=False)
+    a, b = run(combine="minp", pilot=0), run(combine="bonferroni")
+    assert a["mc_draws"] == b["mc_draws"] == 300
+    assert a["p_value"] == pytest.approx(b["p_value"]) and a["p_values"] == pytest.approx(b["p_values"])
+
+
+def test_cantelli_screen_spends_its_share_of_alpha() -> None:
+    rng = np.random.default_rng(10)
+    p, y = _calibrated(rng, 3000, 3)
+    sharp = p**4 / (p**4).sum(axis=1, keepdims=True)
+    res = canonical_tcal_test(sharp, y, rng=0)
+    L = len(res["bins"])
+    assert res["screen"] == "cantelli-reject" and res["cantelli_share"] == 0.05 and res["mc_draws"] == 0
+    assert res["p_value"] == pytest.approx(min(1.0, L * min(res["cantelli_p_values"]) / 0.05))
+    ran = canonical_tcal_test(sharp, y, rng=0, cantelli_share=0.0, mc=50, min_resolution=False)
+    assert ran["screen"] is None and ran["mc_draws"] > 0 and ran["decision"] == "miscalibrated"
+    mid = canonical_tcal_test(p, y, rng=0, accept_margin=None)  # calibrated: the simulation decides
+    assert mid["screen"] is None and mid["p_value"] == pytest.approx(min(
+        mid["mc_p_value"] / 0.95, L * min(mid["cantelli_p_values"]) / 0.05))
+    with pytest.raises(ValueError, match="combine"):
+        canonical_tcal_test(p, y, combine="fisher")
+    with pytest.raises(ValueError, match="cantelli_share"):
+        canonical_tcal_test(p, y, cantelli_share=1.0)
+    with pytest.raises(ValueError, match="pilot"):
+        canonical_tcal_test(p, y, pilot=-1)
 
 
 def test_power_against_temperature_and_single_class_bias() -> None:

@@ -33,9 +33,10 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
     On multiclass data (``data.probs`` with K > 2 columns and ``data.labels``) and with ``views``, the
     result is the *canonical* test of the whole probability vector
     (:func:`~calmon.algorithms.tcal.multiclass.canonical_tcal_test`, exact Y-only Monte Carlo on the full
-    data or the reservoir sample) and ``views`` holds the three notions side by side: ``canonical``,
-    ``top_label`` (the binary test below on the top-label confidence) and ``classwise``
-    (:func:`~calmon.algorithms.tcal.views.classwise_tcal_test`).  Binary results are unchanged.
+    data or the reservoir sample, levels combined by its default single-step min-p) and ``views`` holds the
+    three notions side by side: ``canonical``, ``top_label`` (the binary test below on the top-label
+    confidence) and ``classwise`` (:func:`~calmon.algorithms.tcal.views.classwise_tcal_test`).  Binary results
+    are unchanged.
 
     Parameters
     ----------
@@ -50,7 +51,7 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
         on the fine grid (``"mc-grid"``), else on the reservoir sample.  Or one of ``"mc-raw"``,
         ``"mc-grid"``, ``"cantelli"``, ``"theorem3"``, ``"moment3"``, ``"binomial"``.
     combine
-        ``"bonferroni"`` or ``"minp"``.
+        ``"bonferroni"`` or ``"minp"`` (the binary / top-label test; the canonical test always uses min-p).
     levels, bins
         Dyadic exponents ``b`` (bins ``2**b``) or explicit numbers of bins; default eq. (7).
     screen

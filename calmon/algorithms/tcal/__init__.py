@@ -47,6 +47,9 @@ Combining levels
 ``combine="bonferroni"`` is Algorithm 2 (level ``alpha / L`` per scale).  ``combine="minp"`` is a max-type
 combination over the joint null: ``M = min_b q_b(T_b)`` with ``q_b`` the three-moment tail of level ``b``
 (a fixed continuous transform given the scores), and the exact Monte Carlo rank p-value of ``M``.
+The canonical multiclass test (:func:`canonical_tcal_test`) uses min-p by default, with the third cumulant
+of each level estimated on an independent pilot batch of null draws (the transform is fixed before the
+counted draws, so the rank p-value stays exact).
 
 Speed
 -----

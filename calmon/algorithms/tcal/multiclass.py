@@ -10,18 +10,26 @@ with ``N_c`` events, class counts ``C_c``, score sums ``Z_c`` (vectors) and ``Q_
   ``e_y - z_j`` under calibration), ``Var T^d = (2/n**2) sum_c (||M_c||_F**2 - sum_j ||Sigma_j||_F**2) / N_c**2``,
   ``M_c = sum_{j in c} Sigma_j`` (because ``E (r_j . r_j')**2 = tr(Sigma_j Sigma_j')`` for independent residuals).
 
-The adaptive test (Algorithm 2) tests every ``m = 2**b``, ``b = 1..B`` with ``B`` of eq. (7) for K classes,
-each at level ``alpha / B`` (Bonferroni).  Critical values: Y-only Monte Carlo, keeping the scores and drawing
-``y* ~ Categorical(z)`` (Appendix C.3): observed and simulated statistics are exchangeable under the null, so
-the rank p-value is exact on the full data and, conditionally on the sample, on a uniform reservoir sample.
-The simulation is curtailed like the binary test's (Besag-Clifford p-values once no level can reject) and
-an exact Cantelli bound may reject first (and a normal approximation far from rejection may accept first).
+The adaptive test (Algorithm 2) tests every ``m = 2**b``, ``b = 1..B`` with ``B`` of eq. (7) for K classes.
+Critical values: Y-only Monte Carlo, keeping the scores and drawing ``y* ~ Categorical(z)`` (Appendix C.3):
+observed and simulated statistics are exchangeable under the null, so the rank p-value is exact on the full
+data and, conditionally on the sample, on a uniform reservoir sample.  The levels are combined either
+
+* ``"minp"`` (default): single-step min-p over the joint null (Westfall & Young 1993): ``M = min_b q_b(T_b)``
+  with ``q_b`` a per-level tail fitted on an independent pilot batch of null draws (three-moment chi-square
+  with the exact variance and the pilot's third moment), and the Monte Carlo rank p-value of ``M`` among
+  fresh null draws -- exact, and adapted to the levels' correlation (no Bonferroni factor); or
+* ``"bonferroni"``: Algorithm 2 as printed, level ``alpha / B`` per scale (conservative for correlated levels).
+
+Both are curtailed (Besag-Clifford p-values once the answer is settled).  Screens: an exact Cantelli bound may
+reject first, and a normal approximation far from rejection may accept first (see :func:`canonical_tcal_test`).
 
 References
 ----------
 Lee, Huang, Hassani, Dobriban. T-Cal: An optimal test for the calibration of predictive models.
 JMLR 24 (2023): Sections 2-3, eqs. (5)-(7), Theorem 3, Algorithm 2, Appendix C.3.
 Besag, Clifford. Sequential Monte Carlo p-values. Biometrika 78 (1991).
+Westfall, Young. Resampling-Based Multiple Testing (Wiley, 1993): single-step min-p adjustment.
 """
 
 from __future__ import annotations
@@ -34,10 +42,10 @@ from typing import Any
 import numpy as np
 
 from calmon.algorithms.tcal.estimators import check_bins, n_levels
-from calmon.algorithms.tcal.tails import cantelli_pvalue
+from calmon.algorithms.tcal.tails import cantelli_pvalue, q_params, q_transform
 from calmon.stats.grid import cell_index
 
-__all__ = ["check_probs", "cube_cells", "CubeLevel", "canonical_tcal_test"]
+__all__ = ["COMBINES", "check_probs", "cube_cells", "CubeLevel", "canonical_tcal_test"]
 
 #: Largest ``draws x events x classes`` array one Monte Carlo batch may allocate.
 _BATCH_ELEMENTS = 4_000_000
@@ -277,10 +285,14 @@ def _refines(fine: np.ndarray, cells: int, coarse: np.ndarray) -> bool:
     return bool(np.array_equal(par[fine], coarse))
 
 
+COMBINES = ("minp", "bonferroni")
+
+
 def canonical_tcal_test(probs: np.ndarray, labels: np.ndarray, *, alpha: float = 0.05, mc: int = 2000,
                         rng: np.random.Generator | int | None = None, bins: Sequence[int] | None = None,
-                        max_level: int | None = None, screen: bool = True, min_resolution: bool = True,
-                        curtail: bool = True, accept_margin: float | None = 4.0) -> dict[str, Any]:
+                        max_level: int | None = None, combine: str = "minp", screen: bool = True,
+                        min_resolution: bool = True, curtail: bool = True, accept_margin: float | None = 4.0,
+                        cantelli_share: float = 0.05, pilot: int = 200) -> dict[str, Any]:
     """Adaptive canonical T-Cal for K classes (Algorithm 2 with the cube partition of the simplex).
 
     Parameters
@@ -288,25 +300,39 @@ def canonical_tcal_test(probs: np.ndarray, labels: np.ndarray, *, alpha: float =
     probs, labels
         Probability vectors ``(n, K)`` and class indices ``(n,)``: full data or a uniform sample.
     alpha, mc, rng
-        Level, Monte Carlo draws ``R`` (raised to ``ceil(20 L / alpha)`` for ``L`` levels when
-        ``min_resolution``), generator or seed.
+        Level, Monte Carlo draws ``R`` (with ``min_resolution`` raised to ``ceil(20 / alpha)`` for min-p,
+        ``ceil(20 L / alpha)`` for Bonferroni over ``L`` levels), generator or seed.
     bins
         Cells per axis of each level; default ``2, 4, ..., 2**B`` with ``B`` of eq. (7) for K classes
         (capped at ``max_level``).
+    combine
+        ``"minp"`` (default): the single-step min-p combination of Westfall & Young over the joint Y-only null
+        of all levels -- ``M = min_b q_b(T_b)`` with ``q_b`` the three-moment chi-square tail of level ``b``
+        (exact variance, third moment of ``pilot`` independent null draws: a transform fixed before the
+        observed and the ``R`` counted draws meet, so they stay exchangeable), p-value the rank of ``M`` among
+        the draws' own ``M``; exact, no Bonferroni factor.  ``"bonferroni"``: Algorithm 2 as printed
+        (``alpha / L`` per level, p-value ``min(1, L min_b p_b)``), conservative for correlated levels.
     screen
-        Reject without simulating when the exact Cantelli bound already rejects; accept without simulating
-        when the normal approximation puts every level's p-value above ``accept_margin`` times ``alpha / L``.
-        An accept screen can only lower the rejection rate (the level holds); the statistic's right skew
-        makes the normal tail too small, but at margin 4 even a chi-square(1) shape keeps the true
-        p-value ~10x above ``alpha / L``.  Rejections come from the Cantelli bound or the exact Monte Carlo.
+        Decide without simulating in clear cases.  *Reject* when the exact Cantelli bound already rejects:
+        with min-p the bound spends the share ``cantelli_share`` of ``alpha`` (reject when
+        ``L min_b cantelli_b <= cantelli_share alpha``) and the Monte Carlo runs at the rest, so the union of the
+        two rejection regions has probability at most ``alpha`` (p-value ``min(1, L min_b cantelli_b / share,
+        p_mc / (1 - share))``).  *Accept* when the normal approximation puts every level's p-value above
+        ``accept_margin`` times ``alpha`` (min-p: its p-value is at least the smallest per-level one) or
+        ``alpha / L`` (Bonferroni): an accept screen can only lower the rejection rate, and the statistic's
+        right skew keeps the true p-value above ``alpha`` at margin 4 even for a chi-square(1) shape.
     curtail
-        Stop simulating once no level can reject (Besag-Clifford p-values; same decision as the full test).
+        Stop simulating once the test can no longer reject (Besag-Clifford p-values; same decision as the full
+        ``R``-draw test on the same stream).
+    pilot
+        Null draws fitting the min-p transform (0: normal tails, i.e. the maximum standardised statistic).
 
     Returns
     -------
     dict like :func:`~calmon.algorithms.tcal.tcal_test`'s: ``statistic`` (DPE at the most significant level,
-    one-hot convention), ``p_value`` (Bonferroni-adjusted), ``decision``, ``method`` (``"mc-raw"`` or
-    ``"cantelli"``), ``bins``, ``statistics``, ``p_values``, ``null_sd``, ``B_eq7``, ``classes``, ``mc_draws``.
+    one-hot convention), ``p_value`` (combined over levels), ``decision``, ``method`` (``"mc-raw"`` or
+    ``"cantelli"``), ``combine``, ``bins``, ``statistics``, ``p_values`` (per level), ``null_sd``, ``B_eq7``,
+    ``classes``, ``mc_draws``.
 
     Examples
     --------
@@ -316,17 +342,16 @@ def canonical_tcal_test(probs: np.ndarray, labels: np.ndarray, *, alpha: float =
     >>> canonical_tcal_test(p, y, rng=1)["decision"]
     'calibrated'
     >>> q = p ** 3 / (p ** 3).sum(axis=1, keepdims=True)  # over-confident
-    >>> canonical_tcal_test(q, y, rng=1)["decision"]
-    'miscalibrated'
+    >>> r = canonical_tcal_test(q, y, rng=1)
+    >>> r["decision"], r["combine"]
+    ('miscalibrated', 'minp')
 
     References
     ----------
-    T-Cal paper, eqs. (6)-(7), Algorithm 2, Theorem 3 (K > 2), Appendix C.3 (Y-only resampling).
+    T-Cal paper (seed 003): eqs. (6)-(7), Algorithm 2, Theorem 3 (K > 2), Appendix C.3 (Y-only resampling).
+    Westfall, Young (1993), Section 2.6 / Algorithm 2.8: single-step min-p over the joint resampling null.
     """
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    if int(mc) != mc or mc < 1:
-        raise ValueError(f"mc must be a positive integer, got {mc!r}")
+    _check_options(alpha, mc, combine, cantelli_share, pilot)
     p, lab = check_probs(probs, labels)
     n, k = p.shape
     gen = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
@@ -337,7 +362,8 @@ def canonical_tcal_test(probs: np.ndarray, labels: np.ndarray, *, alpha: float =
     else:
         bins_list = [check_bins(m) for m in bins]
     base: dict[str, Any] = {"method": "mc-raw", "alpha": alpha, "n": int(n), "classes": int(k), "B_eq7": b_eq7,
-                            "convention": "one-hot", "partition": "cube cells floor(m z_k) of the simplex"}
+                            "combine": combine, "convention": "one-hot",
+                            "partition": "cube cells floor(m z_k) of the simplex"}
     if n < 2 or not bins_list:
         return {**base, "statistic": None, "p_value": None, "decision": "insufficient data", "bins": [],
                 "statistics": [], "p_values": [], "reason": "fewer than two events"}
@@ -349,23 +375,70 @@ def canonical_tcal_test(probs: np.ndarray, labels: np.ndarray, *, alpha: float =
         return {**base, "statistic": None, "p_value": None, "decision": "insufficient data", "bins": bins_list,
                 "statistics": obs.tolist(), "p_values": [], "reason": "no cell holds two non-degenerate events"}
     cant = np.array([cantelli_pvalue(t, v) for t, v in zip(obs, var)])
-    L = len(levels)
     base.update(bins=bins_list, statistics=[float(t) for t in obs], null_sd=[float(s) for s in np.sqrt(var)],
                 plugin=[lv.plugin(obs_l, r2) for lv, obs_l in zip(levels, obs)],
                 cantelli_p_values=[float(c) for c in cant])
-    gauss = np.array([0.5 * math.erfc(t / math.sqrt(2.0 * v)) if v > 0 else 1.0 for t, v in zip(obs, var)])
-    if screen and L * cant.min() <= alpha:
-        pv, fields = cant, {"method": "cantelli", "screen": "cantelli-reject", "mc_draws": 0}
-    elif screen and accept_margin and gauss.min() >= accept_margin * alpha / L:
-        pv, fields = gauss, {"screen": "approx-accept", "mc_draws": 0, "exact": False}
-    else:
-        R = max(int(mc), math.ceil(20 * L / alpha)) if min_resolution else int(mc)
-        pv, fields = _monte_carlo(levels, obs, var, p, R, alpha / L, gen, curtail)
-    adjusted = float(min(1.0, L * pv.min()))
-    best = int(np.argmin(pv))
+    opts = _McOptions(alpha=alpha, mc=int(mc), rng=gen, min_resolution=min_resolution, curtail=curtail,
+                      pilot=int(pilot), share=cantelli_share if screen else 0.0)
+    pv, adjusted, best, fields = _decide(levels, obs, var, cant, p, opts, screen, accept_margin, combine)
     return {**base, **fields, "p_values": [float(x) for x in pv], "p_value": adjusted,
             "adjusted_p_value": adjusted, "statistic": float(obs[best]), "statistic_bins": bins_list[best],
             "decision": "miscalibrated" if adjusted <= alpha else "calibrated"}
+
+
+def _check_options(alpha: float, mc: int, combine: str, share: float, pilot: int) -> None:
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if int(mc) != mc or mc < 1:
+        raise ValueError(f"mc must be a positive integer, got {mc!r}")
+    if combine not in COMBINES:
+        raise ValueError(f"combine must be one of {COMBINES}, got {combine!r}")
+    if not 0.0 <= share < 1.0:
+        raise ValueError(f"cantelli_share must lie in [0, 1), got {share!r}")
+    if int(pilot) != pilot or pilot < 0:
+        raise ValueError(f"pilot must be a non-negative integer, got {pilot!r}")
+
+
+@dataclass(frozen=True)
+class _McOptions:
+    """Monte Carlo settings of :func:`canonical_tcal_test`; ``share``: alpha spent by the Cantelli screen."""
+
+    alpha: float
+    mc: int
+    rng: np.random.Generator
+    min_resolution: bool
+    curtail: bool
+    pilot: int
+    share: float
+
+
+def _decide(levels: list[CubeLevel], obs: np.ndarray, var: np.ndarray, cant: np.ndarray, probs: np.ndarray,
+            opts: _McOptions, screen: bool, accept_margin: float | None,
+            combine: str) -> tuple[np.ndarray, float, int, dict[str, Any]]:
+    """Screens, then the Monte Carlo: ``(per-level p-values, combined p-value, best level, fields)``."""
+    L, alpha = len(levels), opts.alpha
+    gauss = np.array([0.5 * math.erfc(t / math.sqrt(2.0 * v)) if v > 0 else 1.0 for t, v in zip(obs, var)])
+    minp = combine == "minp"
+    # Bonferroni: the screen at alpha (Algorithm 2's per-level bound); min-p: at its own share of alpha
+    reject_at = opts.share * alpha if minp else alpha
+    if screen and reject_at > 0 and L * cant.min() <= reject_at:
+        adj = min(1.0, L * float(cant.min()) / (opts.share if minp else 1.0))
+        fields = {"method": "cantelli", "screen": "cantelli-reject", "mc_draws": 0}
+        return cant, adj, int(np.argmin(cant)), {**fields, "cantelli_share": opts.share} if minp else fields
+    if screen and accept_margin and gauss.min() >= accept_margin * (alpha if minp else alpha / L):
+        adj = float(gauss.min()) if minp else min(1.0, L * float(gauss.min()))
+        return gauss, adj, int(np.argmin(gauss)), {"screen": "approx-accept", "mc_draws": 0, "exact": False}
+    if not minp:
+        R = max(opts.mc, math.ceil(20 * L / alpha)) if opts.min_resolution else opts.mc
+        pv, fields = _monte_carlo(levels, obs, var, probs, R, alpha / L, opts.rng, opts.curtail)
+        return pv, min(1.0, L * float(pv.min())), int(np.argmin(pv)), fields
+    R = max(opts.mc, math.ceil(20 / alpha)) if opts.min_resolution else opts.mc
+    mc_alpha = (1.0 - opts.share) * alpha
+    pv, p_mc, best, fields = _minp_monte_carlo(levels, obs, var, probs, R, mc_alpha, opts)
+    adj = min(1.0, p_mc / (1.0 - opts.share))
+    if opts.share > 0:
+        adj = min(adj, L * float(cant.min()) / opts.share)
+    return pv, adj, best, {**fields, "cantelli_share": opts.share, "mc_p_value": p_mc}
 
 
 def _next_batch(pending: np.ndarray, h: int, done: int) -> int:
@@ -404,3 +477,54 @@ def _monte_carlo(levels: list[CubeLevel], obs: np.ndarray, var: np.ndarray, prob
     full = (1.0 + exceed) / (R + 1.0)
     pv = np.where(stop_at > 0, h / np.maximum(stop_at, 1), full) if done < R else full
     return pv, {"mc_requested": R, "mc_draws": done, "curtailed": bool(done < R), "screen": None}
+
+
+def _minp_monte_carlo(levels: list[CubeLevel], obs: np.ndarray, var: np.ndarray, probs: np.ndarray, R: int,
+                      mc_alpha: float, opts: _McOptions) -> tuple[np.ndarray, float, int, dict[str, Any]]:
+    """Single-step min-p rank p-value of ``M = min_b q_b(T_b)`` (Westfall & Young), curtailed (Besag-Clifford).
+
+    ``q_b`` is fixed by the pilot draws before the counted ones, so given the scores the observed labels and
+    the ``R`` counted draws are exchangeable under the null and ``(1 + #{M* <= M}) / (R + 1)`` is exact; ties
+    (and near-ties within a relative 1e-9) count against the observation.  Returns ``(per-level p-values
+    (informative), combined p-value, most significant level, fields)``.
+    """
+    n, k = probs.shape
+    cum = np.cumsum(probs, axis=1)
+    cum /= cum[:, -1:]
+    stack = _NullStack(probs, levels)
+    cap = max(1, _BATCH_ELEMENTS // (n * k))
+    qpar = q_params(var, _pilot_third_moment(stack, cum, opts.pilot, cap, opts.rng))
+    q_obs = q_transform(obs[None, :], qpar)[0]
+    m_obs = float(q_obs.min()) * (1.0 + 1e-9)
+    h = math.floor(mc_alpha * (R + 1)) + 1  # exceedances of M after which the test cannot reject
+    threshold = obs - _TIE_TOL * np.sqrt(var)
+    exceed = np.zeros(len(levels), dtype=np.int64)
+    hits = stop = done = 0
+    batch = 32
+    while done < R:
+        size = min(batch, cap, R - done)
+        T = stack.statistics(_draw_labels(cum, size, opts.rng))
+        exceed += (T >= threshold).sum(axis=0)
+        running = np.cumsum(q_transform(T, qpar).min(axis=1) <= m_obs) + hits
+        if stop == 0 and running[-1] >= h:
+            stop = done + 1 + int(np.argmax(running >= h))
+        hits, done = int(running[-1]), done + size
+        if opts.curtail and stop:
+            break
+        batch = int(min(max(32, 1.2 * (h - hits) * done / max(hits, 1)), 4 * done))
+    p_mc = h / stop if (done < R and stop) else (1.0 + hits) / (R + 1.0)
+    fields = {"mc_requested": R, "mc_draws": done, "curtailed": bool(done < R), "screen": None,
+              "pilot_draws": opts.pilot, "minp_statistic": float(q_obs.min())}
+    return (1.0 + exceed) / (done + 1.0), float(p_mc), int(np.argmin(q_obs)), fields
+
+
+def _pilot_third_moment(stack: _NullStack, cum: np.ndarray, draws: int, cap: int,
+                        rng: np.random.Generator) -> np.ndarray:
+    """Per level the mean of ``T**3`` over ``draws`` null draws (``E T = 0``): the third cumulant's estimate."""
+    total = np.zeros(len(stack.levels))
+    done = 0
+    while done < draws:
+        size = min(cap, draws - done)
+        total += (stack.statistics(_draw_labels(cum, size, rng)) ** 3).sum(axis=0)
+        done += size
+    return total / max(draws, 1)

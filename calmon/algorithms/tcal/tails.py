@@ -110,4 +110,5 @@ def q_transform(T: np.ndarray, par: tuple[np.ndarray, np.ndarray, np.ndarray, np
         q_chi = special.chdtrc(nu, np.maximum(nu + T / a, 0.0))
         q_norm = special.ndtr(-T / np.where(sd > 0, sd, 1.0))
     q = np.where(chi, q_chi, q_norm)
-    return np.where(sd > 0, q, 1.0)
+    # a level without variance, or a tail the special functions cannot evaluate, is never significant
+    return np.where((sd > 0) & ~np.isnan(q), q, 1.0)
