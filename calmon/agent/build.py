@@ -10,17 +10,29 @@ from pathlib import Path
 
 from calmon.alerts import AlertEngine, AlertmanagerClient, validate_rules
 from calmon.calibration.refresh import DirectoryStore, Publisher
-from calmon.config import AlertsConfig, Config, ConfigError, SourceConfig
+from calmon.config import AlertsConfig, Config, ConfigError, ExporterConfig, SourceConfig
 from calmon.events import Decoder
+from calmon.exporter.http import Endpoints, HTTPExporter, HTTPLimits, tls_context
 from calmon.schema import FIELDS, Mapping
 from connectors.base import DeadLetterSink, Source
 
 __all__ = ["StartupError", "build_alert_engine", "build_alertmanager", "build_dead_letter", "build_decoders",
-           "build_publishers", "build_source"]
+           "build_publishers", "build_source", "start_exporter"]
 
 
 class StartupError(RuntimeError):
     """The agent cannot start (bad checkpoint, unusable source...): one line, exit code 2."""
+
+
+def start_exporter(ex: ExporterConfig, endpoints: Endpoints) -> HTTPExporter:
+    """Serve ``endpoints`` where ``exporter`` says (address, port, TLS, basic auth, connection limits)."""
+    tls = tls_context(ex.tls.cert_file, ex.tls.key_file, ex.tls.client_ca_file) if ex.tls.cert_file else None
+    auth = (ex.basic_auth.username, ex.basic_auth.resolved_password()) if ex.basic_auth.username else None
+    try:
+        limits = HTTPLimits(ex.header_timeout, ex.idle_timeout, ex.max_connections)
+        return HTTPExporter(endpoints, ex.address, ex.port, tls=tls, basic_auth=auth, limits=limits).start()
+    except OSError as exc:
+        raise StartupError(f"exporter: cannot listen on {ex.address}:{ex.port}: {exc.strerror or exc}") from None
 
 
 def build_source(scfg: SourceConfig, index: int | None = None, max_record_bytes: int | None = None) -> Source:

@@ -49,6 +49,7 @@ from calmon.agent.build import (
     build_dead_letter,
     build_publishers,
     build_source,
+    start_exporter,
 )
 from calmon.agent.evaluation import Evaluator, RoundResult, check_testers
 from calmon.agent.ingest import Ingestor
@@ -62,7 +63,7 @@ from calmon.calibration import check_methods
 from calmon.checkpoint import CheckpointStore
 from calmon.checkpoint_incremental import Checkpointer, resolver
 from calmon.config import Config, ConfigError
-from calmon.exporter.http import Endpoints, HTTPExporter, HTTPLimits, tls_context
+from calmon.exporter.http import Endpoints, HTTPExporter
 from calmon.exporter.metrics import AgentMetrics, SeriesBudget
 from calmon.statuspage import render as render_status
 from connectors.base import Batch, Committable, Connectable, DeadLetterSink, Source
@@ -184,15 +185,12 @@ class Agent:
         self.ready = True
 
     def _start_http(self) -> HTTPExporter:
-        ex = self.cfg.exporter
-        tls = tls_context(ex.tls.cert_file, ex.tls.key_file, ex.tls.client_ca_file) if ex.tls.cert_file else None
-        auth = (ex.basic_auth.username, ex.basic_auth.resolved_password()) if ex.basic_auth.username else None
-        endpoints = Endpoints(self.metrics.render, self.healthy, self.is_ready, self.status, render_status)
-        try:
-            limits = HTTPLimits(ex.header_timeout, ex.idle_timeout, ex.max_connections)
-            return HTTPExporter(endpoints, ex.address, ex.port, tls=tls, basic_auth=auth, limits=limits).start()
-        except OSError as exc:
-            raise StartupError(f"exporter: cannot listen on {ex.address}:{ex.port}: {exc.strerror or exc}") from None
+        endpoints = Endpoints(self.render_metrics, self.healthy, self.is_ready, self.status, render_status)
+        return start_exporter(self.cfg.exporter, endpoints)
+
+    def render_metrics(self) -> bytes:
+        """The ``/metrics`` body (a subclass may add families)."""
+        return self.metrics.render()
 
     def is_ready(self) -> bool:
         """State loaded and every source connected (sources without a connection always are)."""

@@ -1,4 +1,8 @@
-"""``calmon run -c FILE``: the long-running agent.
+"""``calmon run -c FILE [--role all|ingest|evaluate]``: the long-running agent.
+
+``--role all`` (the default) is the single-process agent.  ``ingest`` and ``evaluate`` are the two
+stages of the partitioned agent on Kafka (:mod:`calmon.cluster`, ``docs/cluster.md``): ingest workers
+turn event partitions into statistic deltas, evaluators own the models' windows and ``/metrics``.
 
 Exit codes: 0 after a clean stop (SIGTERM/SIGINT, or every source exhausted with
 ``--exit-when-done``), 2 with one line on stderr for a bad configuration (naming the key
@@ -15,6 +19,8 @@ from typing import Any
 
 from calmon.config import ConfigError, load_config
 
+ROLES = ("all", "ingest", "evaluate")
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="run the monitoring agent with a YAML configuration",
@@ -27,6 +33,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="stop after a final evaluation and checkpoint when every source is exhausted")
     p.add_argument("--port", type=int, default=None, help="override exporter.port")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    p.add_argument("--role", default="all", choices=list(ROLES),
+                   help="all: the single-process agent (default); ingest / evaluate: one stage of the partitioned "
+                        "agent on Kafka (configuration section cluster; see docs/cluster.md)")
     p.set_defaults(func=run)
 
 
@@ -54,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.exit_when_done:
         cfg.ingest.exit_when_done = True
-    from calmon.agent.runtime import Agent, StartupError
+    if args.role != "all":
+        return run_stage(args, cfg)
+    from calmon.agent.runtime import Agent
 
     try:
         agent = Agent(cfg)  # validates testers, their parameters, alert rules and recalibration methods
@@ -62,10 +73,21 @@ def run(args: argparse.Namespace) -> int:
         print(f"calmon run: configuration error: {exc}", file=sys.stderr)
         return 2
     if args.check_config:
-        import json
+        return print_config(cfg)
+    return serve(agent)
 
-        print(json.dumps(cfg.to_dict(), indent=2, default=str))
-        return 0
+
+def print_config(cfg: Any) -> int:
+    import json
+
+    print(json.dumps(cfg.to_dict(), indent=2, default=str))
+    return 0
+
+
+def serve(agent: Any) -> int:
+    """Open the agent (single-process or evaluator), serve, run until stopped."""
+    from calmon.agent.runtime import StartupError
+
     try:
         agent.open()
     except (StartupError, ValueError, OSError) as exc:
@@ -78,10 +100,43 @@ def run(args: argparse.Namespace) -> int:
     from calmon.schema import MappingError
 
     try:
-        return agent.run()
+        return int(agent.run())
     except MappingError as exc:  # a mapped path that matched none of the first records: the batch was not applied
         print(f"calmon run: schema error: {exc}", file=sys.stderr)
         return 2
+
+
+def run_stage(args: argparse.Namespace, cfg: Any) -> int:
+    """``--role ingest`` or ``--role evaluate``."""
+    from calmon.agent.runtime import StartupError
+    from calmon.cluster.evaluate import EvaluateAgent
+    from calmon.cluster.ingest import IngestWorker
+    from calmon.cluster.intents import ClusterError
+
+    if not cfg.cluster.bootstrap_servers:
+        print(f"calmon run: configuration error: cluster.bootstrap_servers: required by --role {args.role}",
+              file=sys.stderr)
+        return 2
+    if args.check_config:
+        return print_config(cfg)
+    if args.role == "evaluate":
+        try:
+            return serve(EvaluateAgent(cfg))
+        except ConfigError as exc:
+            print(f"calmon run: configuration error: {exc}", file=sys.stderr)
+            return 2
+    worker = IngestWorker(cfg)
+    try:
+        worker.open()
+        if cfg.exporter.enabled:
+            http = worker.start_http()
+            print(f"calmon run: serving {http.url}/metrics", file=sys.stderr, flush=True)
+    except (StartupError, ClusterError, ValueError, OSError) as exc:
+        print(f"calmon run: cannot start: {exc}", file=sys.stderr)
+        worker.close()
+        return 2
+    install_signal_handlers(worker)
+    return worker.run()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -524,6 +524,42 @@ class ChangesConfig:
 
 
 @dataclass
+class ClusterConfig:
+    """The partitioned agent: ``calmon run --role ingest|evaluate`` (see ``docs/cluster.md``)."""
+
+    #: Kafka bootstrap servers of the internal topics (required by ``--role ingest`` and ``--role evaluate``).
+    bootstrap_servers: str = ""
+    #: Statistic deltas, keyed by model (the evaluators' input).
+    deltas_topic: str = "calmon-deltas"
+    #: The ingest stage's per-partition state (offset, join buffers), keyed by input partition; compact it.
+    state_topic: str = "calmon-ingest-state"
+    #: Write-ahead intents of the ingest stage (first writer wins); delete retention, not compaction.
+    intents_topic: str = "calmon-ingest-intents"
+    ingest_group: str = "calmon-ingest"
+    evaluate_group: str = "calmon-evaluate"
+    #: Partitions of the deltas topic when calmon creates it (the most evaluators that can share the models).
+    partitions: int = 12
+    #: Longest wait (seconds) before a partition's buffered records are processed as one range.
+    linger: Duration = Duration(0.5)
+    #: kafka-python client options for the internal topics (security_protocol, sasl_*, ssl_*, ...).
+    client: dict[str, Any] = field(default_factory=dict)
+
+    def validate(self, path: str) -> None:
+        topics = {"deltas_topic": self.deltas_topic, "state_topic": self.state_topic,
+                  "intents_topic": self.intents_topic}
+        for key, name in topics.items():
+            _check(bool(re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name)), f"{path}.{key}",
+                   f"must be a Kafka topic name ([A-Za-z0-9._-], 1-249 characters), got {name!r}")
+        _check(len(set(topics.values())) == 3, path, f"deltas_topic, state_topic and intents_topic must differ, "
+               f"got {sorted(topics.values())}")
+        for key in ("ingest_group", "evaluate_group"):
+            _check(bool(str(getattr(self, key)).strip()), f"{path}.{key}", "must not be empty")
+        _check(self.ingest_group != self.evaluate_group, f"{path}.evaluate_group", "must differ from ingest_group")
+        _check(1 <= self.partitions <= 10000, f"{path}.partitions", f"must be in [1, 10000], got {self.partitions}")
+        _check(0.001 <= self.linger <= 60, f"{path}.linger", f"must be in [1ms, 60s], got {self.linger}")
+
+
+@dataclass
 class Config:
     """The whole agent configuration (see ``config/calmon.example.yaml``)."""
 
@@ -545,6 +581,7 @@ class Config:
     recalibration: RecalibrationConfig = field(default_factory=RecalibrationConfig)
     changes: ChangesConfig = field(default_factory=ChangesConfig)
     estimation: EstimationConfig = field(default_factory=EstimationConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def validate(self, path: str) -> None:
         _check(len(self.sources) >= 1, "sources", "needs at least one source")

@@ -1,0 +1,176 @@
+"""Statistic deltas: what the ingest stage publishes per (input range, model), and how an evaluator merges them.
+
+A delta is the binned statistics that one range ``[start, end)`` of one input partition added to one
+model: for each (segment, tier, bucket start) of the model's event-time rings, the
+:class:`~calmon.agent.buckets.BucketStats` of exactly those events (as its own JSON document, no
+pickle), plus the partition's watermark after the range and the event counts.  The ingest stage
+builds it by applying the range to *fresh* rings at the partition's watermark, so a bucket of tier
+``t`` holds events that were too old for every finer tier at that watermark.
+
+Merging is exact and order-free: the statistics are integer sums (fixed-point grids) merged by
+addition, and :func:`merge_delta` places each delta bucket with the ring's own ``add`` at the
+bucket's start time, which lands it in the finest tier whose bounds still accept it.  Bounds only
+move forward with the watermark, so a bucket placed at a lower watermark lies where rolling would
+have put its events anyway: after every ring is advanced to the same watermark, rings built from
+deltas in any order equal the single-process agent's (reservoir *samples* aside: those depend on
+arrival order, their counts do not).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from calmon.agent.buckets import BucketStats, ModelWindows
+from calmon.agent.counters import Counters
+from calmon.agent.windows import ARCHIVE_TIER
+
+__all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "FORMAT", "VERSION"]
+
+FORMAT = "calmon.delta"
+VERSION = 1
+#: A time older than every tier's bounds: :meth:`TieredRing.add` puts a bucket given this time in the archive.
+_ARCHIVE_TIME = -1e300
+
+
+class DeltaError(ValueError):
+    """A deltas-topic record that is not a valid delta (one line naming the field)."""
+
+
+@dataclass(frozen=True)
+class DeltaBucket:
+    """The statistics one range added to one bucket of one segment's ring (``tier`` -1: the archive)."""
+
+    segment: str
+    tier: int
+    start: float
+    bucket: BucketStats
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"segment": self.segment, "tier": self.tier,
+                "start": None if self.tier == ARCHIVE_TIER else self.start, "bucket": self.bucket.to_dict()}
+
+
+@dataclass
+class Delta:
+    """What the records ``[start, end)`` of input partition ``source`` added to model ``model``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> mw = ModelWindows("m", 2, [(60, 5), (600, 3)], bins=64, reservoir=8)
+    >>> mw.add(np.array([5.0, 70.0]), np.array(["a", "a"], dtype=object), np.array([1, 0]),
+    ...        np.array([0.9, 0.3]), None, 70.0)
+    >>> d = extract_deltas("events/0", 0, 2, 70.0, {"m": mw}, Counters())[0]
+    >>> e = Delta.from_bytes(d.to_bytes())
+    >>> (e.source, e.start, e.end, e.model, [(b.tier, b.start, b.bucket.count) for b in e.buckets])
+    ('events/0', 0, 2, 'm', [(0, 0.0, 1), (0, 60.0, 1)])
+    >>> target = ModelWindows("m", 2, [(60, 5), (600, 3)], bins=64, reservoir=8)
+    >>> merge_delta(target, e); target.rings["all"].window_sum(None).count
+    2
+    """
+
+    source: str
+    start: int
+    end: int
+    model: str
+    classes: int
+    watermark: float
+    buckets: list[DeltaBucket]
+    #: events accepted per kind (``prediction``, ``outcome``, ``labeled``) and labeled events dropped as late
+    events: dict[str, int] = field(default_factory=dict)
+    late: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "version": VERSION, "source": self.source, "start": self.start, "end": self.end,
+                "model": self.model, "classes": self.classes, "watermark": self.watermark,
+                "buckets": [b.to_dict() for b in self.buckets], "events": dict(self.events), "late": self.late}
+
+    def to_bytes(self) -> bytes:
+        """Compact JSON (the record value on the deltas topic)."""
+        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Delta:
+        """Parse and check a record value; :class:`DeltaError` names what is wrong."""
+        try:
+            doc = json.loads(data)
+        except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError; None (a tombstone) a TypeError
+            raise DeltaError(f"not JSON: {exc}") from None
+        return cls.from_dict(doc)
+
+    @classmethod
+    def from_dict(cls, doc: Any) -> Delta:
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise DeltaError(f"not a {FORMAT} document")
+        if doc.get("version") != VERSION:
+            raise DeltaError(f"version {doc.get('version')!r} is not supported (this calmon reads {VERSION})")
+        try:
+            buckets = [_bucket(b) for b in doc["buckets"]]
+            out = cls(str(doc["source"]), int(doc["start"]), int(doc["end"]), str(doc["model"]),
+                      int(doc["classes"]), float(doc["watermark"]), buckets,
+                      {str(k): int(v) for k, v in doc["events"].items()}, int(doc["late"]))
+        except KeyError as exc:
+            raise DeltaError(f"missing field {exc}") from None
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise DeltaError(f"malformed field: {exc}") from None
+        if not 0 <= out.start < out.end:
+            raise DeltaError(f"range [{out.start}, {out.end}) is empty or negative")
+        if not math.isfinite(out.watermark):
+            raise DeltaError("watermark must be finite")
+        return out
+
+
+def _bucket(d: Mapping[str, Any]) -> DeltaBucket:
+    tier = int(d["tier"])
+    start = math.inf if tier == ARCHIVE_TIER else float(d["start"])
+    return DeltaBucket(str(d["segment"]), tier, start, BucketStats.from_dict(d["bucket"]))
+
+
+def extract_deltas(source: str, start: int, end: int, watermark: float, models: Mapping[str, ModelWindows],
+                   counters: Counters) -> list[Delta]:
+    """One :class:`Delta` per model of ``models`` (fresh rings holding one range) or of ``counters``.
+
+    Models with neither buckets nor counted events give no delta.
+    """
+    events: dict[str, dict[str, int]] = {}
+    for (model, kind), n in counters.events.items():
+        if model:
+            events.setdefault(model, {})[kind] = n
+    out = []
+    for name in sorted(set(models) | set(events) | set(counters.late)):
+        mw = models.get(name)
+        buckets = [] if mw is None else [DeltaBucket(seg, tier, key, state) for seg, ring in mw.rings.items()
+                                         for tier, key, _version, state in ring.entries()]
+        classes = mw.classes if mw is not None else 2
+        out.append(Delta(source, start, end, name, classes, watermark, buckets, events.get(name, {}),
+                         counters.late.get(name, 0)))
+    return out
+
+
+def merge_delta(windows: ModelWindows, delta: Delta) -> None:
+    """Add a delta's buckets to a model's rings (exact; see the module docstring for why order does not matter).
+
+    Raises
+    ------
+    DeltaError
+        The delta names a segment the model has no ring for (the stages run with different ``models``).
+    """
+    for b in delta.buckets:
+        ring = windows.rings.get(b.segment)
+        if ring is None:
+            raise DeltaError(f"segment {b.segment!r} of model {delta.model!r} is not configured here "
+                             f"(segments {sorted(windows.rings)}): run both stages with the same models section")
+        at = _ARCHIVE_TIME if b.tier == ARCHIVE_TIER else b.start
+        ring.add(np.array([at]), _merger(b.bucket), watermark=delta.watermark)
+
+
+def _merger(bucket: BucketStats) -> Callable[[BucketStats, np.ndarray], None]:
+    def merge(state: BucketStats, _idx: np.ndarray) -> None:
+        state.merge(bucket)
+    return merge

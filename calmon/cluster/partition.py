@@ -1,0 +1,160 @@
+"""One input partition in the ingest stage: its records in offset order, join and decoder state, range by range.
+
+Applying a range is deterministic in (the partition state at its start, its records, the intent's
+``now``): the joiner runs on event time only (watermarks and sweeps follow record order, see
+:mod:`calmon.agent.join`), and events without ``ts`` take the intent's ``now`` instead of the wall
+clock.  So a replay of an intent gives the same deltas, dead letters and next state as the first run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from calmon.agent.counters import Counters
+from calmon.agent.ingest import Ingestor
+from calmon.agent.join import Joiner
+from calmon.agent.state import AgentState
+from calmon.cluster.deltas import Delta, extract_deltas
+from calmon.cluster.intents import Intent, PartitionState
+from calmon.config import Config
+from connectors.base import Batch, RecordMeta
+
+__all__ = ["PartitionIngest", "Rejects", "Applied", "stage_config"]
+
+
+def stage_config(cfg: Config) -> Config:
+    """The configuration a partition's state runs with: change detectors off (they need one ordered stream
+    per model, which partitions do not give; see ``docs/cluster.md``)."""
+    return dataclasses.replace(cfg, changes=dataclasses.replace(cfg.changes, enabled=False))
+
+
+@dataclass
+class Rejects:
+    """The dead letters of one range, as :meth:`connectors.base.DeadLetterSink.write` takes them."""
+
+    records: list[bytes] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    origins: list[str] = field(default_factory=list)
+    meta: list[RecordMeta] = field(default_factory=list)
+    source: str = ""
+
+    def write(self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None,
+              meta: list[RecordMeta] | None = None) -> None:
+        self.records += records
+        self.reasons += reasons
+        self.origins += origins or [""] * len(records)
+        if meta:
+            self.meta += meta
+        self.source = source
+
+    def flush(self) -> None:
+        """Nothing to do: the rejects are written to the real sink only once the range is won."""
+
+    def position(self) -> dict[str, int]:
+        return {}
+
+    def seek(self, position: object) -> None:
+        """Never sought: a collector of one range."""
+
+    def close(self) -> None:
+        """Nothing held."""
+
+
+@dataclass
+class Applied:
+    """What one range produced: the deltas per model, the dead letters, the counters and the next state."""
+
+    deltas: list[Delta]
+    rejects: Rejects
+    counters: Counters
+    state: PartitionState
+
+
+class PartitionIngest:
+    """The ingest state of one input partition and its buffered records.
+
+    Parameters
+    ----------
+    cfg
+        The configuration (see :func:`stage_config`).
+    key
+        ``"topic/partition"``.
+    source_name
+        The Kafka source's name (selects a schema mapping's decoder; names dead letters).
+    state
+        The restored state (``None``: a partition never processed, starting at offset 0).
+    """
+
+    def __init__(self, cfg: Config, key: str, source_name: str, state: PartitionState | None) -> None:
+        self.key, self.source_name = key, source_name
+        self.st = AgentState(stage_config(cfg))
+        if state is not None:
+            joiner = Joiner.from_dict(state.join, cfg.limits.max_join_bytes)
+            joiner.ttl, joiner.max_pending = cfg.join.ttl, cfg.join.max_pending
+            self.st.joiner = joiner
+            self.st.decoder.load_state(state.decoder)
+        self.next = 0 if state is None else state.offset
+        self.offsets: list[int] = []
+        self.records: list[bytes] = []
+        self.origins: list[str] = []
+        self.meta: list[RecordMeta] | None = None
+        #: a winning intent (not ours, or ours from before a restart) whose records are still being read
+        self.replay: Intent | None = None
+        #: monotonic time the oldest buffered record arrived
+        self.since: float | None = None
+
+    # -- buffering -----------------------------------------------------------------------------
+    def add(self, offsets: list[int], records: list[bytes], origins: list[str], meta: list[RecordMeta] | None,
+            now: float) -> None:
+        """Buffer records of this partition (those already buffered or before :attr:`next` are ignored)."""
+        floor = self.offsets[-1] + 1 if self.offsets else self.next
+        keep = [i for i, off in enumerate(offsets) if off >= floor]
+        if not keep:
+            return
+        if self.since is None:
+            self.since = now
+        self.offsets += [offsets[i] for i in keep]
+        self.records += [records[i] for i in keep]
+        self.origins += [origins[i] for i in keep]
+        if meta is not None:
+            self.meta = (self.meta or []) + [meta[i] for i in keep]
+
+    @property
+    def buffered(self) -> int:
+        return len(self.offsets)
+
+    def covers(self, end: int) -> bool:
+        """Whether the records of ``[next, end)`` are all buffered (the last one, ``end - 1``, was read)."""
+        return bool(self.offsets) and self.offsets[-1] >= end - 1
+
+    def end(self) -> int:
+        """One past the last buffered offset."""
+        return self.offsets[-1] + 1
+
+    def take(self, end: int) -> Batch:
+        """The buffered records before ``end`` as one batch (the rest stays buffered)."""
+        n = sum(1 for off in self.offsets if off < end)
+        meta = None if self.meta is None else self.meta[:n]
+        batch = Batch(self.records[:n], {self.key: end}, self.source_name, self.origins[:n], meta)
+        del self.offsets[:n], self.records[:n], self.origins[:n]
+        if self.meta is not None:
+            del self.meta[:n]
+        if not self.offsets:
+            self.since = None
+        return batch
+
+    # -- applying a range ------------------------------------------------------------------------
+    def apply(self, batch: Batch, intent: Intent) -> Applied:
+        """Decode, join and bin the range of ``intent`` (``batch``: its records) into fresh rings; advance."""
+        st = self.st
+        st.models, st.counters = {}, Counters()
+        rejects = Rejects()
+        now = intent.now
+        Ingestor(st, rejects, lambda: now).ingest(batch, None)
+        deltas = extract_deltas(self.key, intent.start, intent.end, st.joiner.watermark, st.models, st.counters)
+        counters = st.counters
+        st.models, st.counters = {}, Counters()
+        self.next = intent.end
+        state = PartitionState(self.key, intent.end, st.joiner.to_dict(), st.decoder.state(), intent.writer)
+        return Applied(deltas, rejects, counters, state)

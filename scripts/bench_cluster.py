@@ -1,0 +1,163 @@
+"""On-demand benchmark of the partitioned agent (issue #17): per-stage CPU efficiency and delta traffic.
+
+Two measurements:
+
+1. **compute** (no broker, interleaved rounds, min and median): records per CPU-second of
+
+   * the single-process agent's ingestion (decode, join, bin: :class:`calmon.agent.ingest.Ingestor`),
+   * the ingest stage's work per range (the same, into fresh rings, plus building and encoding one delta
+     per model: :meth:`calmon.cluster.partition.PartitionIngest.apply`, :meth:`Delta.to_bytes`),
+   * the evaluate stage's work (decoding and merging those deltas, :func:`merge_delta`), per *input* record;
+
+   and the delta bytes (and delta records) per input record at the given range size.
+2. **cluster** (``--cluster``, needs the Tansu broker): the end-to-end scenario of
+   ``tests/test_cluster_kafka.py`` (3 ingest + 2 evaluators, one of each SIGKILLed) at ``--events``,
+   reporting identical-or-not and the CPU seconds of every worker (from ``/proc``) and of the single-process
+   reference run (a file source), so records per CPU-second per stage include the Kafka clients, process start-up
+   and idle polling (small runs are dominated by those).
+
+    python scripts/bench_cluster.py --events 200000 --range 5000 --rounds 3
+    python scripts/bench_cluster.py --events 200000 --cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+
+def config():
+    from calmon.config import build_config
+
+    return build_config({
+        "sources": [{"path": "x.jsonl"}], "models": {"default": {"bins": 1024, "reservoir": 64, "segments": ["web"]}},
+        "join": {"ttl": "2h", "max_pending": 1000000},
+        "windows": {"names": ["5m", "1h", "all"], "allowed_lateness": "6h",
+                    "tiers": [{"width": "1m", "count": 10}, {"width": "10m", "count": 6}, {"width": "1h", "count": 2}]},
+        "evaluation": {"tests": []}, "exporter": {"enabled": False}}, env={})
+
+
+def single(cfg, values, batch):
+    from calmon.agent.ingest import Ingestor
+    from calmon.agent.state import AgentState
+    from calmon.cluster.partition import stage_config
+    from connectors.base import Batch
+
+    st = AgentState(stage_config(cfg))
+    ing = Ingestor(st, None, lambda: 1767225600.0)
+    t0 = time.process_time()
+    for i in range(0, len(values), batch):
+        ing.ingest(Batch(values[i:i + batch], {}, "events"))
+    return time.process_time() - t0
+
+
+def ingest_stage(cfg, records, partitions, size):
+    from calmon.cluster.intents import Intent
+    from calmon.cluster.partition import PartitionIngest
+    from connectors.base import Batch
+
+    encoded: list[bytes] = []
+    t0 = time.process_time()
+    for p in range(partitions):
+        key = f"events/{p}"
+        part = PartitionIngest(cfg, key, "events", None)
+        mine = [v for q, _, v in records if q == p]
+        for start in range(0, len(mine), size):
+            chunk = mine[start:start + size]
+            intent = Intent(key, start, start + len(chunk), 1767225600.0, "w", start, {})
+            applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), intent)
+            encoded += [d.to_bytes() for d in applied.deltas]
+            applied.state.to_bytes()
+    return time.process_time() - t0, encoded
+
+
+def evaluate_stage(cfg, encoded):
+    from calmon.agent.state import AgentState
+    from calmon.cluster.deltas import Delta, merge_delta
+    from calmon.cluster.partition import stage_config
+
+    st = AgentState(stage_config(cfg))
+    t0 = time.process_time()
+    for value in encoded:
+        d = Delta.from_bytes(value)
+        merge_delta(st.windows_of(d.model, d.classes), d)
+    return time.process_time() - t0
+
+
+def compute(args) -> dict:
+    from test_cluster_kafka import make_traffic
+
+    cfg = config()
+    records, _ = make_traffic(args.events, seed=args.seed, partitions=args.partitions)
+    values = [v for _, _, v in records]
+    rows: dict[str, list[float]] = {"single": [], "ingest": [], "evaluate": []}
+    encoded: list[bytes] = []
+    for _ in range(args.rounds):  # interleaved: each round runs every stage once
+        rows["single"].append(single(cfg, values, args.range))
+        t, encoded = ingest_stage(cfg, records, args.partitions, args.range)
+        rows["ingest"].append(t)
+        rows["evaluate"].append(evaluate_stage(cfg, encoded))
+    n = len(records)
+    out = {"records": n, "partitions": args.partitions, "range": args.range, "rounds": args.rounds,
+           "delta_records": len(encoded), "delta_bytes_per_record": sum(map(len, encoded)) / n}
+    for k, ts in rows.items():
+        out[f"{k}_records_per_cpu_s_best"] = n / min(ts)
+        out[f"{k}_records_per_cpu_s_median"] = n / statistics.median(ts)
+    out["ingest_vs_single"] = min(rows["single"]) / min(rows["ingest"])
+    out["evaluate_vs_single"] = min(rows["single"]) / min(rows["evaluate"])
+    return out
+
+
+def cluster(args) -> dict:
+    import tempfile
+
+    import numpy as np
+    from kafka_broker import KafkaBroker
+    from test_cluster_kafka import PARTITIONS, TOPIC, check, cluster_run, file_reference, make_traffic
+
+    records, n_bad = make_traffic(args.events, seed=args.seed)
+    work = Path(tempfile.mkdtemp(prefix="calmon-bench-cluster-"))
+    import resource
+
+    t0 = time.monotonic()
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ref = file_reference(work, records)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    ref_seconds = time.monotonic() - t0
+    ref_cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    with KafkaBroker() as broker:
+        broker.create_topic(TOPIC, partitions=PARTITIONS)
+        run = cluster_run(work / "run", broker, records, np.random.default_rng(args.seed), timeout=3600)
+    res = check(ref, run, records, n_bad)
+    res.update(records=len(records), kills=run["kills"], seconds=round(run["seconds"], 1),
+               reference_seconds=round(ref_seconds, 1), reference_cpu_seconds=round(ref_cpu, 2),
+               single_records_per_cpu_s=len(records) / ref_cpu, cpu=run["cpu"], delta_records=run["delta_records"])
+    for stage in ("ingest", "evaluate"):
+        cpu = sum(v for k, v in run["cpu"].items() if k.startswith(stage[:4]))
+        res[f"{stage}_records_per_cpu_s"] = len(records) / cpu if cpu else None
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=100_000, help="predictions (plus outcomes, ~1%% malformed)")
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--range", type=int, default=5000, help="records per range (ingest.batch_size)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cluster", action="store_true", help="run the broker scenario instead")
+    args = ap.parse_args()
+    print(json.dumps(cluster(args) if args.cluster else compute(args), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

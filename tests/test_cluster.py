@@ -1,0 +1,233 @@
+"""The partitioned agent's pieces without a broker: the delta codec, order-free merging (partitioned deltas equal the
+single-process agent's windows), replay determinism of a range, the evaluator's de-duplication, configuration."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from calmon.agent.buckets import ModelWindows  # noqa: E402
+from calmon.agent.ingest import Ingestor  # noqa: E402
+from calmon.agent.state import AgentState  # noqa: E402
+from calmon.cluster.deltas import Delta, DeltaError, merge_delta  # noqa: E402
+from calmon.cluster.intents import Intent, PartitionState  # noqa: E402
+from calmon.cluster.partition import PartitionIngest, stage_config  # noqa: E402
+from calmon.config import ConfigError, build_config  # noqa: E402
+from connectors.base import Batch  # noqa: E402
+
+TIERS = [{"width": "1m", "count": 10}, {"width": "10m", "count": 6}, {"width": "1h", "count": 2}]
+
+
+def config(**over):
+    doc = {"sources": [{"path": "x.jsonl"}], "models": {"default": {"bins": 128, "reservoir": 16, "segments": ["web"]}},
+           "join": {"ttl": "2h"}, "windows": {"names": ["5m", "1h", "all"], "allowed_lateness": "6h", "tiers": TIERS},
+           "evaluation": {"tests": []}, "exporter": {"enabled": False}}
+    doc.update(over)
+    return build_config(doc, env={})
+
+
+def traffic(n=1500, models=5, seed=0):
+    from test_cluster_kafka import make_traffic
+
+    return make_traffic(n, seed=seed, models=models, partitions=3, rate=0.25)  # spans > tier 0 (10 min)
+
+
+def reference_models(cfg, records):
+    """The single-process agent's models: every record through one Ingestor, in batches of 500."""
+    st = AgentState(stage_config(cfg))
+    ing = Ingestor(st, None, lambda: 1767225600.0)
+    vals = [v for _, _, v in records]
+    for i in range(0, len(vals), 500):
+        ing.ingest(Batch(vals[i:i + 500], {}, "events"))
+    return st.models
+
+
+def partitioned_deltas(cfg, records, partitions=3, size=137):
+    """Deltas of every partition, ranges of ``size`` records."""
+    out = []
+    for p in range(partitions):
+        key = f"events/{p}"
+        part = PartitionIngest(cfg, key, "events", None)
+        mine = [v for q, _, v in records if q == p]
+        for start in range(0, len(mine), size):
+            chunk = mine[start:start + size]
+            end = start + len(chunk)
+            intent = Intent(key, start, end, 1767225600.0, "w", start, {})
+            batch = Batch(chunk, {key: end}, "events", [f"{key}@{start + i}" for i in range(len(chunk))])
+            out += part.apply(batch, intent).deltas
+    return out
+
+
+def normalized(models, watermark):
+    from test_cluster_kafka import normalized as norm
+
+    return norm({n: mw.to_dict() for n, mw in models.items()}, watermark)
+
+
+def test_delta_codec_round_trip_and_errors():
+    cfg = config()
+    records, _ = traffic(300, models=2)
+    deltas = partitioned_deltas(cfg, records)
+    assert deltas
+    for d in deltas:
+        back = Delta.from_bytes(d.to_bytes())
+        assert back.to_bytes() == d.to_bytes()
+        assert (back.source, back.start, back.end, back.model) == (d.source, d.start, d.end, d.model)
+    good = json.loads(deltas[0].to_bytes())
+    for bad, why in [(b"nope", "not JSON"), (b'{"format": "x"}', "not a calmon.delta"),
+                     (json.dumps({**good, "version": 99}).encode(), "version 99"),
+                     (json.dumps({k: v for k, v in good.items() if k != "end"}).encode(), "missing field 'end'"),
+                     (json.dumps({**good, "end": good["start"]}).encode(), "empty")]:
+        with pytest.raises(DeltaError, match=why):
+            Delta.from_bytes(bad)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_partitioned_deltas_merged_in_any_order_equal_the_single_process_windows(seed):
+    cfg = config()
+    records, _ = traffic(1500, models=5, seed=seed)
+    ref = reference_models(cfg, records)
+    deltas = partitioned_deltas(cfg, records)
+    np.random.default_rng(seed).shuffle(deltas)  # evaluators see partitions interleaved arbitrarily
+    st = AgentState(stage_config(cfg))
+    for d in deltas:
+        merge_delta(st.windows_of(d.model, d.classes), d)
+    wm = max(d.watermark for d in deltas) + 1
+    a, b = normalized(ref, wm), normalized(st.models, wm)
+    assert sorted(a) == sorted(b) and len(a) == 5
+    assert a == b
+    # the statistics are not trivially equal: rings rolled into coarser tiers and the windows hold data
+    ring = ModelWindows.from_dict(ref["m01"].to_dict()).rings["all"]
+    assert ring.window_sum(None).count > 0 and any(ring.buckets[1:])
+
+
+def test_replaying_an_intent_after_a_crash_gives_the_same_deltas_dead_letters_and_state():
+    cfg = config()
+    records, _ = traffic(800, models=3)
+    key = "events/0"
+    mine = [v for q, _, v in records if q == 0] + [b"garbage", b'{"model": "m00", "score": 0.5, "label": 1}']
+    cut = len(mine) // 2
+
+    def batch(lo, hi):
+        return Batch(mine[lo:hi], {key: hi}, "events", [f"{key}@{i}" for i in range(lo, hi)])
+
+    first = PartitionIngest(cfg, key, "events", None)
+    s1 = first.apply(batch(0, cut), Intent(key, 0, cut, 100.0, "a", 1, {})).state
+    i2 = Intent(key, cut, len(mine), 1767229999.0, "a", 2, {})  # written, then the worker died
+    run1 = first.apply(batch(cut, len(mine)), i2)
+    # a new owner restores the state at the start of the intent (through its JSON form) and replays it
+    restored = PartitionState.from_bytes(s1.to_bytes())
+    second = PartitionIngest(cfg, key, "events", restored)
+    assert second.next == cut
+    run2 = second.apply(batch(cut, len(mine)), i2)
+    assert [d.to_bytes() for d in run1.deltas] == [d.to_bytes() for d in run2.deltas]
+    assert run1.rejects.records == run2.rejects.records and run1.rejects.records[-1] == b"garbage"
+    assert run1.state.to_bytes() == run2.state.to_bytes()
+    # the event without ts took the intent's ``now`` (not the wall clock): same bucket in both runs
+    lab = [d for d in run1.deltas if d.model == "m00"][0]
+    assert any(b.start == 1767229980.0 and b.tier == 0 for b in lab.buckets)
+
+
+def evaluator(tmp_path):
+    from calmon.cluster.evaluate import EvaluateAgent
+
+    cfg = config(state_dir=str(tmp_path), cluster={"bootstrap_servers": "127.0.0.1:9"})
+    return EvaluateAgent(cfg)
+
+
+def test_evaluator_drops_replayed_ranges(tmp_path):
+    cfg = config()
+    records, _ = traffic(600, models=2)
+    deltas = partitioned_deltas(cfg, records)
+    ev = evaluator(tmp_path)
+    once = [d.to_bytes() for d in deltas]
+    origins = [f"calmon-deltas/0@{i}" for i in range(len(once))]
+    ev.ingest(Batch(once, {}, "deltas", origins))
+    doc_once = {n: mw.to_dict() for n, mw in ev.state.models.items()}
+    # every range again (a replayed intent, a zombie's copy), and an old range after newer ones
+    again = once + once[:3]
+    ev.ingest(Batch(again, {}, "deltas", [f"calmon-deltas/0@{i}" for i in range(len(again))]))
+    assert ev.dropped_repeats == len(again)
+    assert {n: mw.to_dict() for n, mw in ev.state.models.items()} == doc_once
+    applied = ev.owned_state()["applied"]
+    assert {(s, m) for s, m, _ in applied} == {(d.source, d.model) for d in deltas}
+    ev.ingest(Batch([b"garbage"], {}, "deltas", ["calmon-deltas/0@999"]))
+    assert ev.bad_deltas == 1
+    ev.deltas.close()
+
+
+def test_evaluator_drops_the_models_of_a_revoked_partition(tmp_path):
+    cfg = config()
+    records, _ = traffic(600, models=4)
+    deltas = partitioned_deltas(cfg, records)
+    ev = evaluator(tmp_path)
+    part = {d.model: zlib.crc32(d.model.encode()) % 2 for d in deltas}
+    ev.ingest(Batch([d.to_bytes() for d in deltas], {}, "deltas",
+                    [f"calmon-deltas/{part[d.model]}@{i}" for i, d in enumerate(deltas)]))
+    ev.owned = {"calmon-deltas/0", "calmon-deltas/1"}
+    ev._drop_partition("calmon-deltas/1")
+    kept = {m for m, p in part.items() if p == 0}
+    assert set(ev.state.models) == kept
+    assert {m for m, _ in ev.state.counters.events} == kept
+    assert ev.deltas.position()["calmon-deltas/1"] == 0  # read from the beginning if it comes back
+    ev.deltas.close()
+
+
+def test_cluster_config_is_validated_with_key_paths():
+    assert config(cluster={"bootstrap_servers": "k:9092"}).cluster.deltas_topic == "calmon-deltas"
+    for bad, key in [({"partitions": 0}, "cluster.partitions"), ({"deltas_topic": "a b"}, "cluster.deltas_topic"),
+                     ({"state_topic": "calmon-deltas"}, "cluster"), ({"evaluate_group": "calmon-ingest"},
+                                                                      "cluster.evaluate_group"),
+                     ({"linger": "2m"}, "cluster.linger"), ({"nope": 1}, "cluster.nope")]:
+        with pytest.raises(ConfigError) as exc:
+            config(cluster=bad)
+        assert str(exc.value).startswith(key), (bad, str(exc.value))
+
+
+def test_run_role_needs_bootstrap_servers(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}\nsources: [{{path: {tmp_path / 'x.jsonl'}}}]\n")
+    for role in ("ingest", "evaluate"):
+        p = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--role", role],
+                           capture_output=True, text=True, cwd=ROOT, timeout=60)
+        assert p.returncode == 2
+        assert f"cluster.bootstrap_servers: required by --role {role}" in p.stderr
+
+
+def test_kubernetes_manifests_of_the_stages_are_consistent(tmp_path):
+    """One Deployment per stage with --role, selectors matching their pods, probes, a PodMonitor finding every
+    worker, and a ConfigMap that validates for both roles."""
+    import yaml
+
+    from calmon.config import load_config
+
+    d = ROOT / "deploy" / "kubernetes" / "cluster"
+    docs = [x for x in yaml.safe_load_all((d / "calmon-cluster.yaml").read_text()) if x]
+    deps = {x["metadata"]["name"]: x for x in docs if x["kind"] == "Deployment"}
+    assert set(deps) == {"calmon-ingest", "calmon-evaluate"}
+    (mon,) = [x for x in docs if x["kind"] == "PodMonitor"]
+    for name, dep in deps.items():
+        pod = dep["spec"]["template"]
+        assert dep["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        assert mon["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        (c,) = pod["spec"]["containers"]
+        assert c["args"][-2:] == ["--role", name.split("-")[1]]
+        assert {c["readinessProbe"]["httpGet"]["path"], c["livenessProbe"]["httpGet"]["path"]} == {"/readyz",
+                                                                                                  "/healthz"}
+    (cm,) = [x for x in docs if x["kind"] == "ConfigMap"]
+    path = tmp_path / "calmon.yaml"
+    path.write_text(cm["data"]["calmon.yaml"])
+    cfg = load_config(path, env={})
+    assert cfg.cluster.bootstrap_servers and cfg.sources[0].type == "kafka" and cfg.dead_letter.type == "kafka"
+    assert cfg.exporter.port == 9464
+    scrape = yaml.safe_load((d / "prometheus-scrape.yaml").read_text())
+    assert scrape[0]["job_name"] == "calmon" and scrape[0]["kubernetes_sd_configs"] == [{"role": "pod"}]

@@ -1,0 +1,557 @@
+"""The partitioned agent end to end on a real broker (Tansu): 3 ingest workers + 2 evaluators as subprocesses
+(`calmon run --role ingest|evaluate`), one of each SIGKILLed mid-stream and replaced, another ingest worker removed
+(SIGTERM) later; at the end the union of the evaluators' per-model statistics must equal the single-process agent's
+on the same records, every malformed record must be dead-lettered exactly once, and no per-model series may appear
+on two evaluators' /metrics.
+
+Traffic: 24 models, delayed outcomes (exponential, mean 20 s) keyed by prediction id and labeled events, ~1 %
+malformed records, on a topic of 6 partitions.  The join TTL and the allowed lateness are longer than any delay or
+skew between partitions, so no decision depends on how partitions interleave (the condition under which a
+partitioned and a single-process run can be compared bit for bit; see docs/cluster.md).
+
+CI runs a reduced version (env CALMON_CLUSTER_EVENTS, default 12000 predictions); the on-demand one is
+`python tests/test_cluster_kafka.py --events 200000 --trials 3` (or scripts/bench_cluster.py for throughput).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from kafka_broker import KafkaBroker, require_broker  # noqa: E402
+from test_agent_crash import compare  # noqa: E402  -- first difference between two JSON trees
+
+TOPIC = "events"
+PARTITIONS = 6
+DELTA_PARTITIONS = 4
+MODELS = 24
+# Tansu completes group joins only after the rebalance timeout (= max_poll_interval_ms): short, but long enough
+# that a loaded 2-core machine does not evict workers (an eviction is harmless for the statistics, but slow).
+FAST = {"max_poll_interval_ms": 5000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}
+BAD_KINDS = [
+    b"garbage %d",
+    b'{"type": "prediction", "id": "bad-%d", "model": "m00", "score": 1.5}',
+    b'["not", "an", "object", %d]',
+    b'{"type": "outcome", "id": "bad-%d", "model": "m01"}',
+    b'{"type": "labeled", "model": "m02", "score": "high", "label": 1, "n": %d}',
+]
+
+
+# -- traffic -------------------------------------------------------------------------------------
+def make_traffic(predictions: int, seed: int = 0, models: int = MODELS, partitions: int = PARTITIONS,
+                 bad_rate: float = 0.01, rate: float = 1.0) -> tuple[list[tuple[int, bytes | None, bytes]], int]:
+    """``(partition, key, value)`` records in one global order, and the number of malformed ones.
+
+    Two thirds of the models emit predictions with outcomes delayed 20 s on average (keyed by the
+    prediction id, so a pair shares a partition), the others labeled events (no key, spread round robin).
+    """
+    from calmon.simulate import SimulationSpec, Simulator
+
+    per = max(1, predictions // models)
+    timed: list[tuple[float, int, bytes]] = []
+    for m in range(models):
+        delay = 20.0 if m % 3 else 0.0
+        sim = Simulator(SimulationSpec(model=f"m{m:02d}", seed=seed + m, rate=rate, delay=delay,
+                                       segments=["web", "app"]))
+        lines = sim.batch(per) + sim.flush()
+        for i, line in enumerate(lines):
+            timed.append((json.loads(line)["ts"], m * 10_000_000 + i, line))
+    timed.sort()
+    rng = np.random.default_rng(seed)
+    n_bad = int(round(bad_rate * len(timed)))
+    bad_at = set(rng.choice(len(timed) + n_bad, size=n_bad, replace=False).tolist())
+    out: list[tuple[int, bytes | None, bytes]] = []
+    good = iter(timed)
+    k = 0
+    for i in range(len(timed) + n_bad):
+        if i in bad_at:
+            out.append((i % partitions, None, BAD_KINDS[k % len(BAD_KINDS)] % k))
+            k += 1
+            continue
+        line = next(good)[2]
+        ident = json.loads(line).get("id")
+        if ident is None:
+            out.append((i % partitions, None, line))
+        else:
+            out.append((zlib.crc32(ident.encode()) % partitions, ident.encode(), line))
+    return out, n_bad
+
+
+def produce(bootstrap: str, records: list[tuple[int, bytes | None, bytes]]) -> None:
+    from kafka import KafkaProducer
+
+    p = KafkaProducer(bootstrap_servers=bootstrap, linger_ms=20, batch_size=1 << 20, max_request_size=1 << 24)
+    for part, key, value in records:
+        p.send(TOPIC, value, key=key, partition=part)
+    p.flush(timeout=600)
+    p.close()
+
+
+# -- configuration -------------------------------------------------------------------------------
+def write_config(directory: Path, *, source: str, bootstrap: str = "", events: Path | None = None,
+                 batch_size: int = 2000) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    if source == "file":
+        src = f"[{{name: events, path: {events}}}]"
+        dead = "{type: file, path: deadletter.jsonl}"
+        cluster = ""
+    else:
+        opts = {"bootstrap_servers": bootstrap, "topic": TOPIC, "group_id": "unused", "client": FAST,
+                "backoff_initial": 0.2, "backoff_max": 2.0}
+        src = f"[{{name: events, type: kafka, options: {json.dumps(opts)}}}]"
+        dead = f"{{type: kafka, options: {json.dumps({'bootstrap_servers': bootstrap, 'topic': 'dlq'})}}}"
+        cl = {"bootstrap_servers": bootstrap, "partitions": DELTA_PARTITIONS, "client": {}, "linger": 0.3}
+        cluster = f"cluster: {json.dumps(cl)}"
+    cfg = directory / "calmon.yaml"
+    cfg.write_text(f"""
+state_dir: {directory / "state"}
+sources: {src}
+dead_letter: {dead}
+models: {{default: {{bins: 256, reservoir: 32, segments: [web]}}}}
+join: {{ttl: 2h, max_pending: 1000000}}
+windows: {{names: [5m, 1h, all], allowed_lateness: 6h,
+          tiers: [{{width: 1m, count: 10}}, {{width: 10m, count: 6}}, {{width: 1h, count: 2}}]}}
+evaluation: {{every: 2s, tests: []}}
+exporter: {{port: 0}}
+checkpoint: {{every: 0.5s}}
+ingest: {{batch_size: {batch_size}, poll_timeout: 0.1s, exit_when_done: {"true" if source == "file" else "false"}}}
+{cluster}
+""")
+    return cfg
+
+
+def evaluator_client_fix(cfg: Path) -> None:
+    """Evaluators read the deltas topic with the same short group timeouts (Tansu joins after the timeout)."""
+    text = cfg.read_text().replace('"client": {}', f'"client": {json.dumps(FAST)}')
+    cfg.write_text(text)
+
+
+# -- comparison ----------------------------------------------------------------------------------
+def normalized(models: dict[str, Any], watermark: float) -> dict[str, Any]:
+    """Model documents with every ring advanced to ``watermark`` and reservoir samples reduced to their counts
+    (samples depend on arrival order; everything else must not)."""
+    from calmon.agent.buckets import ModelWindows
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            if node.get("format") == "calmon.reservoir":
+                return {"seen": node["seen"]}
+            return {k: strip(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    out = {}
+    for name, doc in models.items():
+        mw = ModelWindows.from_dict(doc)
+        for ring in mw.rings.values():
+            ring.advance(watermark)
+        out[name] = strip(mw.to_dict())
+    return out
+
+
+def final_watermark(records: list[tuple[int, bytes | None, bytes]]) -> float:
+    ts = []
+    for _, _, v in records:
+        try:
+            ts.append(float(json.loads(v)["ts"]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return max(ts) + 1.0
+
+
+def events_by_model(counters: dict[str, Any]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for m, kind, n in counters["events"]:
+        if m:
+            out.setdefault(m, {})[kind] = out.setdefault(m, {}).get(kind, 0) + n
+    return out
+
+
+# -- processes -----------------------------------------------------------------------------------
+class Worker:
+    """`calmon run --role ROLE` as a subprocess, stderr to a file; ``url`` once it serves."""
+
+    def __init__(self, cfg: Path, role: str, name: str) -> None:
+        self.cfg, self.role, self.name = cfg, role, name
+        self.log = cfg.parent / f"{name}.log"
+        self._f = open(self.log, "w")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--role", role,
+                                      "--log-level", "INFO"], stderr=self._f, stdout=subprocess.DEVNULL, cwd=ROOT)
+        self.url: str | None = None
+
+    def wait_serving(self, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.log.read_text().splitlines():
+                if "calmon run: serving" in line:
+                    self.url = line.split("serving", 1)[1].strip().removesuffix("/metrics")
+                    return self.url
+            if self.proc.poll() is not None:
+                raise AssertionError(f"{self.name} exited {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+            time.sleep(0.05)
+        raise AssertionError(f"{self.name} not serving after {timeout} s: {self.log.read_text()[-3000:]}")
+
+    def get(self, path: str) -> tuple[int, str]:
+        assert self.url is not None
+        try:
+            with urllib.request.urlopen(self.url + path, timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, ""
+
+    def metric(self, name: str) -> dict[str, float]:
+        """``{labels: value}`` of one metric family on /metrics."""
+        code, text = self.get("/metrics")
+        assert code == 200, (self.name, code)
+        out = {}
+        for line in text.splitlines():
+            m = re.match(rf"^{name}(\{{[^}}]*\}})? (\S+)$", line)
+            if m:
+                out[m.group(1) or ""] = float(m.group(2))
+        return out
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def cpu(self) -> float:
+        """CPU seconds (user + system) used so far (Linux ``/proc``; 0 elsewhere)."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return 0.0
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+        self._f.close()
+
+    def term(self, timeout: float = 30.0, signal_it: bool = True) -> int:
+        """SIGTERM (unless already sent) and wait for the exit code."""
+        if signal_it:
+            self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(timeout=timeout)
+        self._f.close()
+        return rc
+
+
+def ends(bootstrap: str, topic: str) -> dict[int, int]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        c.assign(tps)
+        c.seek_to_end(*tps)
+        return {tp.partition: c.position(tp) for tp in tps}
+    finally:
+        c.close()
+
+
+def count_topic(bootstrap: str, topic: str) -> dict[int, int]:
+    """Records per partition, by reading (Tansu's ListOffsets(latest) undercounts batches)."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        last = {tp.partition: 0 for tp in tps}
+        idle = 0
+        while idle < 4:
+            got = c.poll(timeout_ms=300)
+            idle = 0 if got else idle + 1
+            for tp, rs in got.items():
+                last[tp.partition] = max(last[tp.partition], rs[-1].offset + 1)
+        return last
+    finally:
+        c.close()
+
+
+def ingest_committed(bootstrap: str, group: str) -> dict[int, int | None]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, group_id=group, enable_auto_commit=False)
+    try:
+        return {p: c.committed(TopicPartition(TOPIC, p), timeout_ms=3000) for p in range(PARTITIONS)}
+    finally:
+        c.close(autocommit=False)
+
+
+def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes, str, str]]:
+    from kafka import KafkaConsumer, TopicPartition
+
+    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    try:
+        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
+        c.assign(tps)
+        c.seek_to_beginning(*tps)
+        out = []
+        idle = 0
+        while idle < 4:
+            got = c.poll(timeout_ms=300)
+            idle = 0 if got else idle + 1
+            for rs in got.values():
+                for r in rs:
+                    h = {k: v.decode() for k, v in r.headers}
+                    out.append((r.value, h["calmon-reason"], h.get("calmon-origin", "")))
+        return out
+    finally:
+        c.close()
+
+
+def wait_until(cond: Any, timeout: float, what: str, workers: list[Worker], diag: Any = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        for w in workers:
+            assert w.alive(), f"{w.name} died: {w.log.read_text()[-3000:]}"
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}" + (f": {diag()}" if diag else ""))
+
+
+# -- the scenario ----------------------------------------------------------------------------------
+def file_reference(work: Path, records: list[tuple[int, bytes | None, bytes]]) -> dict[str, Any]:
+    from test_kafka_agent import final_state
+
+    d = work / "reference"
+    d.mkdir(parents=True)
+    events = d / "events.jsonl"
+    events.write_bytes(b"\n".join(v for _, _, v in records) + b"\n")
+    cfg = write_config(d, source="file", events=events)
+    p = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--log-level", "WARNING"],
+                       capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert p.returncode == 0, p.stderr[-2000:]
+    dead = [json.loads(x) for x in (d / "state" / "deadletter.jsonl").read_text().splitlines()]
+    return {"state": final_state(d), "dead": sorted((x["record"].encode(), x["reason"]) for x in dead)}
+
+
+def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes | None, bytes]],
+                rng: np.random.Generator, timeout: float | None = None, chunks: int = 24) -> dict[str, Any]:
+    """3 ingest workers + 2 evaluators while the records are produced in chunks; SIGKILL one of each mid-stream
+    (at random points of the production), add a replacement of each, remove (SIGTERM) another ingest worker,
+    wait until everything is applied."""
+    boot = broker.bootstrap
+    timeout = timeout or float(os.environ.get("CALMON_CLUSTER_TIMEOUT", "300"))
+    cfg = write_config(work / "cluster", source="kafka", bootstrap=boot)
+    evaluator_client_fix(cfg)
+    info: dict[str, Any] = {"kills": [], "cpu": {}}
+    workers: list[Worker] = []
+
+    def start(role: str, name: str) -> Worker:
+        d = work / "cluster" / name
+        d.mkdir(parents=True, exist_ok=True)
+        own = d / "calmon.yaml"
+        own.write_text(cfg.read_text().replace(f"state_dir: {work / 'cluster' / 'state'}", f"state_dir: {d}"))
+        w = Worker(own, role, name)
+        workers.append(w)
+        w.wait_serving()
+        return w
+
+    try:
+        t0 = time.monotonic()
+        ingest = [start("ingest", f"ingest{i}") for i in range(3)]
+        evals = [start("evaluate", f"eval{i}") for i in range(2)]
+        cuts = np.linspace(0, len(records), chunks + 1).astype(int)
+        kill_ingest, kill_eval = sorted(rng.choice(np.arange(chunks // 4, 3 * chunks // 4), 2, replace=False))
+        remove_ingest = kill_eval + 2
+        for c in range(chunks):
+            produce(boot, records[cuts[c]:cuts[c + 1]])
+            if c == kill_ingest:
+                info["kills"].append(("ingest0", sum(ingest[0].metric("calmon_cluster_ranges_total").values())))
+                info["cpu"]["ingest0"] = ingest[0].cpu()
+                ingest[0].kill()
+                ingest.append(start("ingest", "ingest3"))
+            if c == kill_eval:
+                info["kills"].append(("eval0", sum(evals[0].metric("calmon_cluster_owned_models").values())))
+                info["cpu"]["eval0"] = evals[0].cpu()
+                evals[0].kill()
+                evals.append(start("evaluate", "eval2"))
+            if c == remove_ingest:  # scale down: a clean stop hands its partitions over
+                info["cpu"]["ingest1"] = ingest[1].cpu()
+                rc = ingest[1].term()
+                assert rc == 0, ("ingest1", rc, ingest[1].log.read_text()[-3000:])
+                info["removed"] = "ingest1"
+            time.sleep(0.3)
+        live_ingest = [w for w in ingest if w.alive()]
+        live_evals = [w for w in evals if w.alive()]
+        want = count_topic(boot, TOPIC)
+        wait_until(lambda: ingest_committed(boot, "calmon-ingest") == want, timeout, "ingest to commit the end",
+                   live_ingest + live_evals, lambda: f"{ingest_committed(boot, 'calmon-ingest')} != {want}")
+        delta_ends = count_topic(boot, "calmon-deltas")
+
+        def evaluators_done() -> bool:
+            pos: dict[str, float] = {}
+            for w in live_evals:
+                if w.get("/readyz")[0] != 200:
+                    return False
+                for labels, v in w.metric("calmon_cluster_position").items():
+                    pos[re.search(r'partition="([^"]+)"', labels).group(1)] = v  # type: ignore[union-attr]
+            return pos == {f"calmon-deltas/{p}": float(e) for p, e in delta_ends.items()}
+
+        def diag() -> str:
+            return json.dumps({"ends": delta_ends, "evaluators": [
+                {"name": w.name, "ready": w.get("/readyz")[0], "position": w.metric("calmon_cluster_position"),
+                 "lag": w.metric("calmon_cluster_lag_records")} for w in live_evals]})
+
+        wait_until(evaluators_done, timeout, "evaluators to read every delta", live_ingest + live_evals, diag)
+        info["seconds"] = time.monotonic() - t0
+        info["series"] = [series_of(w) for w in live_evals]
+        info["ingest_metrics"] = [w.get("/metrics")[1] for w in live_ingest]
+        info["cpu"].update({w.name: w.cpu() for w in live_ingest + live_evals})
+        for w in live_ingest:
+            rc = w.term()
+            assert rc == 0, (w.name, rc, w.log.read_text()[-3000:])
+        for w in live_evals:  # together: one leaving the group must not revoke the other's models before its dump
+            w.proc.send_signal(signal.SIGTERM)
+        for w in live_evals:
+            rc = w.term(signal_it=False)
+            assert rc == 0, (w.name, rc, w.log.read_text()[-3000:])
+        dumps = [json.loads((w.cfg.parent / "owned-state.json").read_text()) for w in live_evals]
+        info["dumps"] = dumps
+        info["dead"] = dead_letters(boot, "dlq")
+        info["delta_records"] = sum(delta_ends.values())
+        return info
+    finally:
+        for w in workers:
+            if w.alive():
+                w.kill()
+
+
+def series_of(w: Worker) -> set[str]:
+    """Per-model series on /metrics (worker label removed)."""
+    code, text = w.get("/metrics")
+    assert code == 200
+    return {line.rsplit(" ", 1)[0] for line in text.splitlines() if 'model="' in line and not line.startswith("#")}
+
+
+def check(ref: dict[str, Any], run: dict[str, Any], records: list[tuple[int, bytes | None, bytes]],
+          n_bad: int) -> dict[str, Any]:
+    """The comparisons; returns a summary (the caller asserts on it)."""
+    wm = final_watermark(records)
+    owned = [set(d["models"]) for d in run["dumps"]]
+    union: dict[str, Any] = {}
+    for d in run["dumps"]:
+        union.update(d["models"])
+    events: dict[str, dict[str, int]] = {}
+    for d in run["dumps"]:
+        events.update(events_by_model(d["counters"]))
+    dead = run["dead"]
+    origins = [o for _, _, o in dead]
+    return {
+        "models": len(union),
+        "disjoint": sum(len(o) for o in owned) == len(set().union(*owned)),
+        "difference": compare(normalized(ref["state"]["models"], wm), normalized(union, wm)),
+        "events_difference": compare(events_by_model(ref["state"]["counters"]), events),
+        "dead_letters": len(dead),
+        "dead_unique_origins": len(set(origins)) == len(origins),
+        "dead_match": sorted((v, r) for v, r, _ in dead) == ref["dead"],
+        "duplicated_series": len(run["series"][0] & run["series"][1]) if len(run["series"]) == 2 else None,
+        **{name: sum(float(m.group(1)) for text in run["ingest_metrics"]
+                     for m in re.finditer(rf"^calmon_cluster_{name}_total{{[^}}]*}} (\S+)$", text, re.M))
+           for name in ("replays", "claims_lost", "restores")},
+        "malformed": n_bad,
+    }
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_cluster_exactly_once_with_kills(tmp_path):
+    require_broker()
+    predictions = int(os.environ.get("CALMON_CLUSTER_EVENTS", "12000"))
+    records, n_bad = make_traffic(predictions)
+    ref = file_reference(tmp_path, records)
+    with KafkaBroker() as broker:
+        broker.create_topic(TOPIC, partitions=PARTITIONS)
+        run = cluster_run(tmp_path, broker, records, np.random.default_rng(0))
+    res = check(ref, run, records, n_bad)
+    print(json.dumps({**res, "records": len(records), "kills": run["kills"], "seconds": round(run["seconds"], 1)}))
+    assert res["models"] == MODELS, res
+    assert res["disjoint"], res
+    assert res["difference"] is None, res["difference"]
+    assert res["events_difference"] is None, res["events_difference"]
+    assert res["dead_letters"] == n_bad and res["dead_unique_origins"] and res["dead_match"], res
+    assert res["duplicated_series"] == 0, res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--trials", type=int, default=1)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    import tempfile
+
+    records, n_bad = make_traffic(args.events, args.seed)
+    work = Path(tempfile.mkdtemp(prefix="calmon-cluster-"))
+    ref = file_reference(work, records)
+    ok = True
+    for trial in range(args.trials):
+        with KafkaBroker() as broker:
+            broker.create_topic(TOPIC, partitions=PARTITIONS)
+            run = cluster_run(work / f"trial{trial}", broker, records, np.random.default_rng(args.seed + trial))
+        res = check(ref, run, records, n_bad)
+        res.update(records=len(records), kills=run["kills"], seconds=round(run["seconds"], 1),
+                   delta_records=run["delta_records"])
+        print(json.dumps(res), flush=True)
+        ok = ok and res["difference"] is None and res["dead_match"] and res["disjoint"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+@pytest.mark.integration
+def test_intent_log_first_writer_wins_and_states_take_the_largest_offset():
+    """Two workers claim the same range start: both learn the same winner (the first in the log); a later claim
+    at another start is independent; a newly tracking worker learns the winners already in the log."""
+    require_broker()
+    from calmon.cluster.intents import Intent, IntentLog, PartitionState, Producer, StateStore, ensure_topics
+
+    with KafkaBroker() as broker:
+        boot = broker.bootstrap
+        ensure_topics(boot, {}, {"intents": (2, {}), "states": (2, {})})
+        logs = [IntentLog(boot, "intents", {}, Producer(boot, {})) for _ in range(2)]
+        for log_ in logs:
+            log_.track({"events/0": 0})
+        a = Intent("events/0", 0, 100, 1.0, "A", 1, {})
+        b = Intent("events/0", 0, 150, 2.0, "B", 1, {})
+        assert logs[0].claim(a) == a
+        assert logs[1].claim(b) == a  # B lost: it must replay A's range [0, 100)
+        c = Intent("events/0", 100, 180, 3.0, "B", 2, {})
+        assert logs[1].claim(c) == c
+        assert logs[0].claim(Intent("events/0", 100, 200, 4.0, "A", 2, {})) == c
+        late = IntentLog(boot, "intents", {}, Producer(boot, {}))
+        late.track({"events/0": 100})
+        assert late.winner("events/0", 100) == c and late.winner("events/0", 0) is None
+        states = StateStore(boot, "states", {}, Producer(boot, {}))
+        for off in (100, 180, 100):  # a slow zombie may write an older chain point last
+            states.save(PartitionState("events/0", off, {}, {}, "w"))
+        states.save(PartitionState("events/1", 7, {}, {}, "w"))
+        got = states.load(["events/0", "events/1", "events/2"])
+        assert {k: v.offset for k, v in got.items()} == {"events/0": 180, "events/1": 7}
+        for lg in (*logs, late):
+            lg.close()
+        states.close()
