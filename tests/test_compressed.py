@@ -218,25 +218,31 @@ def drain_until(src: FileSource, n: int, rounds: int = 500) -> list[Batch]:
     return out
 
 
+def _read_once_complete(path: Path, data: bytes, cut: int, rows: int) -> list[bytes]:
+    """Drop ``data`` into the watched directory of ``path`` without its last ``cut`` bytes (a table being
+    written: no footer yet): nothing is read and nothing is an error; once complete, every row is read."""
+    path.write_bytes(data[:-cut])
+    src = FileSource(path.parent, follow=True, settle=0.0, poll_interval=0.01)
+    for _ in range(5):
+        assert src.read(timeout=0.02) is None
+    assert src.errors == []  # incomplete, not an error
+    with open(path, "ab") as fh:
+        fh.write(data[-cut:])
+    os.utime(path, ns=(0, 10**9))
+    got = [r for b in drain_until(src, rows) for r in b.records]
+    assert len(got) == rows and src.errors == []
+    src.close()
+    return got
+
+
 def test_footerless_parquet_waits_until_complete(tmp_path: Path) -> None:
     d = tmp_path / "drop"
     d.mkdir()
     pq.write_table(pa.table({"model": ["m"] * 500, "score": [0.5] * 500, "label": [1] * 500}), tmp_path / "f.parquet",
                    row_group_size=100)
     data = (tmp_path / "f.parquet").read_bytes()
-    path = d / "part-1.parquet"
-    path.write_bytes(data[:-50])  # being written: no footer yet
-    src = FileSource(d, follow=True, settle=0.0, poll_interval=0.01)
-    for _ in range(5):
-        assert src.read(timeout=0.02) is None
-    assert src.errors == []  # incomplete, not an error
-    with open(path, "ab") as fh:
-        fh.write(data[-50:])
-    os.utime(path, ns=(0, 10**9))
-    got = [r for b in drain_until(src, 500) for r in b.records]
-    assert len(got) == 500 and json.loads(got[0]) == {"model": "m", "score": 0.5, "label": 1}
-    assert src.errors == []
-    src.close()
+    got = _read_once_complete(d / "part-1.parquet", data, cut=50, rows=500)
+    assert json.loads(got[0]) == {"model": "m", "score": 0.5, "label": 1}
 
 
 def test_growing_compressed_file_is_read_once_settled(tmp_path: Path) -> None:
@@ -299,19 +305,8 @@ def test_footerless_arrow_file_waits_until_complete(tmp_path: Path) -> None:
     d.mkdir()
     data = _arrow_file(tmp_path / "f.arrow", pa.table({"model": ["m"] * 400, "score": [0.5] * 400,
                                                        "label": [0] * 400}))
-    path = d / "part-1.arrow"
-    path.write_bytes(data[:-40])  # being written: batches but no footer yet
-    src = FileSource(d, follow=True, settle=0.0, poll_interval=0.01)
-    for _ in range(5):
-        assert src.read(timeout=0.02) is None
-    assert src.errors == []  # incomplete, not an error
-    with open(path, "ab") as fh:
-        fh.write(data[-40:])
-    os.utime(path, ns=(0, 10**9))
-    got = [r for b in drain_until(src, 400) for r in b.records]
-    assert len(got) == 400 and json.loads(got[0]) == {"model": "m", "score": 0.5, "label": 0}
-    assert src.errors == []
-    src.close()
+    got = _read_once_complete(d / "part-1.arrow", data, cut=40, rows=400)  # batches but no footer at first
+    assert json.loads(got[0]) == {"model": "m", "score": 0.5, "label": 0}
     (tmp_path / "cut.arrow").write_bytes(data[:-40])
     with pytest.raises(InputError, match="cut.arrow: .*no Arrow IPC footer"):
         read_input(str(tmp_path / "cut.arrow"))

@@ -44,25 +44,24 @@ def _minimal(decode_line: Callable[[bytes], Any]) -> Callable[[list[bytes]], Mod
     return run
 
 
-def run_calmon(lines: list[bytes]) -> ModelStats:
-    dec = Decoder()
+def decode_and_bin(dec: Decoder, lines: list[bytes]) -> ModelStats:
+    """Decode ``lines`` in batches of 65,536 with ``dec`` and bin model ``sim``'s events."""
     stats = ModelStats()
     for i in range(0, len(lines), 65536):
         out = dec.decode(lines[i:i + 65536])
         mb = out.models["sim"]
         stats.update(score=mb.score, labels=mb.label)
     return stats
+
+
+def run_calmon(lines: list[bytes]) -> ModelStats:
+    return decode_and_bin(Decoder(), lines)
 
 
 def run_calmon_limits(lines: list[bytes]) -> ModelStats:
     """The agent's decoder: record size, id length and wall-clock limits on (issue #14)."""
     dec = Decoder(max_record_bytes=1 << 20, max_id_bytes=256, future_skew=3600.0, past_horizon=10 * 365 * 86400.0)
-    stats = ModelStats()
-    for i in range(0, len(lines), 65536):
-        out = dec.decode(lines[i:i + 65536])
-        mb = out.models["sim"]
-        stats.update(score=mb.score, labels=mb.label)
-    return stats
+    return decode_and_bin(dec, lines)
 
 
 FLAT = load_mapping({"fields": {"type": "kind", "id": "prediction_id", "model": "model_name", "ts": "event_time",
@@ -88,13 +87,7 @@ def nested_shape(line: bytes) -> bytes:
 
 def run_mapped(mapping: Mapping) -> Callable[[list[bytes]], ModelStats]:
     def run(lines: list[bytes]) -> ModelStats:
-        dec = Decoder(mapping=mapping)
-        stats = ModelStats()
-        for i in range(0, len(lines), 65536):
-            out = dec.decode(lines[i:i + 65536])
-            mb = out.models["sim"]
-            stats.update(score=mb.score, labels=mb.label)
-        return stats
+        return decode_and_bin(Decoder(mapping=mapping), lines)
     return run
 
 
