@@ -9,7 +9,9 @@ Two measurements:
      per model: :meth:`calmon.cluster.partition.PartitionIngest.apply`, :meth:`Delta.to_bytes`),
    * the evaluate stage's work (decoding and merging those deltas, :func:`merge_delta`), per *input* record;
 
-   and the delta bytes (and delta records) per input record at the given range size.
+   each stage with the delta format 1 (every array of a bucket packed on its own, the baseline) and 2 (packed
+   buckets, :meth:`BucketStats.to_packed`), and the delta bytes (and delta records) per input record at the
+   given range size.
 2. **cluster** (``--cluster``, needs the Tansu broker): the end-to-end scenario of
    ``tests/test_cluster_kafka.py`` (3 ingest + 2 evaluators, one of each SIGKILLed) at ``--events``,
    reporting identical-or-not and the CPU seconds of every worker (from ``/proc``) and of the single-process
@@ -59,7 +61,16 @@ def single(cfg, values, batch):
     return time.process_time() - t0
 
 
-def ingest_stage(cfg, records, partitions, size):
+def v1_bytes(delta) -> bytes:
+    """A delta in the version-1 format (every array of a bucket packed on its own): the baseline codec."""
+    doc = delta.to_dict()
+    doc["version"] = 1
+    for b, db in zip(doc["buckets"], delta.buckets):
+        b["bucket"] = db.bucket.to_dict()
+    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+
+def ingest_stage(cfg, records, partitions, size, codec="v2"):
     from calmon.cluster.intents import Intent
     from calmon.cluster.partition import PartitionIngest
     from connectors.base import Batch
@@ -74,7 +85,7 @@ def ingest_stage(cfg, records, partitions, size):
             chunk = mine[start:start + size]
             intent = Intent(key, start, start + len(chunk), 1767225600.0, "w", start, {})
             applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), intent)
-            encoded += [d.to_bytes() for d in applied.deltas]
+            encoded += [d.to_bytes() if codec == "v2" else v1_bytes(d) for d in applied.deltas]
             applied.state.to_bytes()
     return time.process_time() - t0, encoded
 
@@ -98,21 +109,28 @@ def compute(args) -> dict:
     cfg = config()
     records, _ = make_traffic(args.events, seed=args.seed, partitions=args.partitions)
     values = [v for _, _, v in records]
-    rows: dict[str, list[float]] = {"single": [], "ingest": [], "evaluate": []}
-    encoded: list[bytes] = []
+    codecs = ("v1", "v2")  # delta format 1 (the baseline) and 2 (packed buckets), same run
+    rows: dict[str, list[float]] = {"single": []}
+    for c in codecs:
+        rows[f"ingest_{c}"], rows[f"evaluate_{c}"] = [], []
+    encoded: dict[str, list[bytes]] = {}
     for _ in range(args.rounds):  # interleaved: each round runs every stage once
         rows["single"].append(single(cfg, values, args.range))
-        t, encoded = ingest_stage(cfg, records, args.partitions, args.range)
-        rows["ingest"].append(t)
-        rows["evaluate"].append(evaluate_stage(cfg, encoded))
+        for c in codecs:
+            t, encoded[c] = ingest_stage(cfg, records, args.partitions, args.range, c)
+            rows[f"ingest_{c}"].append(t)
+            rows[f"evaluate_{c}"].append(evaluate_stage(cfg, encoded[c]))
     n = len(records)
-    out = {"records": n, "partitions": args.partitions, "range": args.range, "rounds": args.rounds,
-           "delta_records": len(encoded), "delta_bytes_per_record": sum(map(len, encoded)) / n}
+    out: dict = {"records": n, "partitions": args.partitions, "range": args.range, "rounds": args.rounds,
+                 "delta_records": len(encoded["v2"])}
+    for c in codecs:
+        out[f"delta_bytes_per_record_{c}"] = sum(map(len, encoded[c])) / n
     for k, ts in rows.items():
         out[f"{k}_records_per_cpu_s_best"] = n / min(ts)
         out[f"{k}_records_per_cpu_s_median"] = n / statistics.median(ts)
-    out["ingest_vs_single"] = min(rows["single"]) / min(rows["ingest"])
-    out["evaluate_vs_single"] = min(rows["single"]) / min(rows["evaluate"])
+        if k != "single":
+            out[f"{k}_vs_single"] = min(rows["single"]) / min(ts)
+            out[f"{k}_ms_per_delta_median"] = 1000 * statistics.median(ts) / len(encoded["v2"])
     return out
 
 

@@ -91,6 +91,38 @@ def test_delta_codec_round_trip_and_errors():
             Delta.from_bytes(bad)
 
 
+def test_version_1_deltas_are_still_read_and_version_2_packs_the_buckets():
+    """Deltas already in the topic when the evaluators are upgraded (version 1: every array of a bucket packed on
+    its own) merge to the same windows as the packed version 2, which is smaller."""
+    from calmon.cluster.deltas import VERSION
+
+    cfg = config()
+    records, _ = traffic(600, models=2)
+    deltas = partitioned_deltas(cfg, records)
+    assert VERSION == 2
+    v1 = []
+    for d in deltas:
+        doc = json.loads(d.to_bytes())
+        assert doc["version"] == 2 and all(b["bucket"]["version"] == 2 and "data" in b["bucket"]
+                                           for b in doc["buckets"])
+        doc["version"] = 1
+        for b, db in zip(doc["buckets"], d.buckets):
+            b["bucket"] = db.bucket.to_dict()
+        v1.append(json.dumps(doc, separators=(",", ":")).encode())
+    assert sum(map(len, v1)) > sum(len(d.to_bytes()) for d in deltas)
+    states = []
+    for values in (v1, [d.to_bytes() for d in deltas]):
+        st = AgentState(stage_config(cfg))
+        for value in values:
+            d = Delta.from_bytes(value)
+            merge_delta(st.windows_of(d.model, d.classes), d)
+        states.append(st.models)
+    wm = max(d.watermark for d in deltas) + 1
+    a, b = normalized(states[0], wm), normalized(states[1], wm)
+    assert a == b and len(a) == 2
+    assert a == normalized(reference_models(cfg, records), wm)
+
+
 @pytest.mark.parametrize("seed", [0, 1])
 def test_partitioned_deltas_merged_in_any_order_equal_the_single_process_windows(seed):
     cfg = config()
@@ -231,3 +263,32 @@ def test_kubernetes_manifests_of_the_stages_are_consistent(tmp_path):
     assert cfg.exporter.port == 9464
     scrape = yaml.safe_load((d / "prometheus-scrape.yaml").read_text())
     assert scrape[0]["job_name"] == "calmon" and scrape[0]["kubernetes_sd_configs"] == [{"role": "pod"}]
+
+
+def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(caplog):
+    """A worker started while its broker is down backs off and retries (logged), is not ready meanwhile, gives up
+    after the bound with one line naming the broker, and returns at once when stopped."""
+    import threading
+    import time
+
+    from kafka_broker import free_port
+
+    from calmon.cluster.ingest import IngestWorker
+    from calmon.cluster.intents import ClusterError
+
+    boot = f"127.0.0.1:{free_port()}"  # nothing listens there
+    src = {"name": "events", "type": "kafka", "options": {"bootstrap_servers": boot, "topic": "events"}}
+    cfg = config(sources=[src], cluster={"bootstrap_servers": boot})
+    worker = IngestWorker(cfg)
+    t0 = time.monotonic()
+    with caplog.at_level("WARNING", logger="calmon.cluster"), pytest.raises(ClusterError) as err:
+        worker.open_retrying(timeout=3.0, backoff=(0.1, 0.2))  # an attempt takes ~2 s
+    assert f"broker {boot} still unreachable after" in str(err.value) and "\n" not in str(err.value)
+    assert time.monotonic() - t0 < 30
+    retries = [r.getMessage() for r in caplog.records if "cannot start (attempt" in r.getMessage()]
+    assert retries and "retrying in" in retries[0]
+    assert not worker.ready() and worker.connect_error and worker.source is None and worker.producer is None
+    stopper = IngestWorker(cfg)
+    threading.Timer(0.3, stopper.stop).start()
+    assert stopper.open_retrying(timeout=120.0, backoff=(0.1, 0.2)) is False
+    assert time.monotonic() - t0 < 60

@@ -36,13 +36,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+# the comparisons live in cluster_compare; re-exported for tests/test_cluster.py and scripts/bench_cluster.py
+from cluster_compare import MODELS, check, check_reference, identical, normalized  # noqa: E402,F401
 from kafka_broker import KafkaBroker, require_broker  # noqa: E402
-from test_agent_crash import compare  # noqa: E402  -- first difference between two JSON trees
 
 TOPIC = "events"
 PARTITIONS = 6
 DELTA_PARTITIONS = 4
-MODELS = 24
 # Tansu completes group joins only after the rebalance timeout (= max_poll_interval_ms): short, but long enough
 # that a loaded 2-core machine does not evict workers (an eviction is harmless for the statistics, but slow).
 FAST = {"max_poll_interval_ms": 5000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}
@@ -142,48 +142,6 @@ def evaluator_client_fix(cfg: Path) -> None:
     """Evaluators read the deltas topic with the same short group timeouts (Tansu joins after the timeout)."""
     text = cfg.read_text().replace('"client": {}', f'"client": {json.dumps(FAST)}')
     cfg.write_text(text)
-
-
-# -- comparison ----------------------------------------------------------------------------------
-def normalized(models: dict[str, Any], watermark: float) -> dict[str, Any]:
-    """Model documents with every ring advanced to ``watermark`` and reservoir samples reduced to their counts
-    (samples depend on arrival order; everything else must not)."""
-    from calmon.agent.buckets import ModelWindows
-
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            if node.get("format") == "calmon.reservoir":
-                return {"seen": node["seen"]}
-            return {k: strip(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    out = {}
-    for name, doc in models.items():
-        mw = ModelWindows.from_dict(doc)
-        for ring in mw.rings.values():
-            ring.advance(watermark)
-        out[name] = strip(mw.to_dict())
-    return out
-
-
-def final_watermark(records: list[tuple[int, bytes | None, bytes]]) -> float:
-    ts = []
-    for _, _, v in records:
-        try:
-            ts.append(float(json.loads(v)["ts"]))
-        except (ValueError, KeyError, TypeError):
-            continue
-    return max(ts) + 1.0
-
-
-def events_by_model(counters: dict[str, Any]) -> dict[str, dict[str, int]]:
-    out: dict[str, dict[str, int]] = {}
-    for m, kind, n in counters["events"]:
-        if m:
-            out.setdefault(m, {})[kind] = out.setdefault(m, {}).get(kind, 0) + n
-    return out
 
 
 # -- processes -----------------------------------------------------------------------------------
@@ -419,6 +377,8 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
         info["seconds"] = time.monotonic() - t0
         info["series"] = [series_of(w) for w in live_evals]
         info["ingest_metrics"] = [w.get("/metrics")[1] for w in live_ingest]
+        info["restore_seconds"] = {w.name: round(v, 3) for w in live_ingest + live_evals
+                                   for v in w.metric("calmon_cluster_restore_seconds").values()}
         info["cpu"].update({w.name: w.cpu() for w in live_ingest + live_evals})
         for w in live_ingest:
             rc = w.term()
@@ -446,35 +406,6 @@ def series_of(w: Worker) -> set[str]:
     return {line.rsplit(" ", 1)[0] for line in text.splitlines() if 'model="' in line and not line.startswith("#")}
 
 
-def check(ref: dict[str, Any], run: dict[str, Any], records: list[tuple[int, bytes | None, bytes]],
-          n_bad: int) -> dict[str, Any]:
-    """The comparisons; returns a summary (the caller asserts on it)."""
-    wm = final_watermark(records)
-    owned = [set(d["models"]) for d in run["dumps"]]
-    union: dict[str, Any] = {}
-    for d in run["dumps"]:
-        union.update(d["models"])
-    events: dict[str, dict[str, int]] = {}
-    for d in run["dumps"]:
-        events.update(events_by_model(d["counters"]))
-    dead = run["dead"]
-    origins = [o for _, _, o in dead]
-    return {
-        "models": len(union),
-        "disjoint": sum(len(o) for o in owned) == len(set().union(*owned)),
-        "difference": compare(normalized(ref["state"]["models"], wm), normalized(union, wm)),
-        "events_difference": compare(events_by_model(ref["state"]["counters"]), events),
-        "dead_letters": len(dead),
-        "dead_unique_origins": len(set(origins)) == len(origins),
-        "dead_match": sorted((v, r) for v, r, _ in dead) == ref["dead"],
-        "duplicated_series": len(run["series"][0] & run["series"][1]) if len(run["series"]) == 2 else None,
-        **{name: sum(float(m.group(1)) for text in run["ingest_metrics"]
-                     for m in re.finditer(rf"^calmon_cluster_{name}_total{{[^}}]*}} (\S+)$", text, re.M))
-           for name in ("replays", "claims_lost", "restores")},
-        "malformed": n_bad,
-    }
-
-
 @pytest.mark.integration
 @pytest.mark.slow
 def test_cluster_exactly_once_with_kills(tmp_path):
@@ -482,45 +413,90 @@ def test_cluster_exactly_once_with_kills(tmp_path):
     predictions = int(os.environ.get("CALMON_CLUSTER_EVENTS", "12000"))
     records, n_bad = make_traffic(predictions)
     ref = file_reference(tmp_path, records)
+    checked = check_reference(tmp_path, records)
     with KafkaBroker() as broker:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
         run = cluster_run(tmp_path, broker, records, np.random.default_rng(0))
-    res = check(ref, run, records, n_bad)
+    res = check(ref, run, records, n_bad, checked)
     print(json.dumps({**res, "records": len(records), "kills": run["kills"], "seconds": round(run["seconds"], 1)}))
     assert res["models"] == MODELS, res
     assert res["disjoint"], res
     assert res["difference"] is None, res["difference"]
     assert res["events_difference"] is None, res["events_difference"]
+    assert res["check_difference"] is None, res["check_difference"]
     assert res["dead_letters"] == n_bad and res["dead_unique_origins"] and res["dead_match"], res
     assert res["duplicated_series"] == 0, res
 
 
 def main() -> int:
+    """The on-demand run: one JSON line per trial (records, kills, identical, restore times), then a summary."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=200_000)
+    ap.add_argument("--events", type=int, default=200_000, help="predictions (plus outcomes and ~1%% malformed)")
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--timeout", type=float, default=3600.0, help="longest wait for the workers to catch up")
     args = ap.parse_args()
     import tempfile
 
+    t0 = time.monotonic()
     records, n_bad = make_traffic(args.events, args.seed)
     work = Path(tempfile.mkdtemp(prefix="calmon-cluster-"))
     ref = file_reference(work, records)
-    ok = True
+    checked = check_reference(work, records)
+    print(json.dumps({"records": len(records), "malformed": n_bad, "work": str(work),
+                      "reference_seconds": round(time.monotonic() - t0, 1)}), flush=True)
+    rows = []
     for trial in range(args.trials):
         with KafkaBroker() as broker:
             broker.create_topic(TOPIC, partitions=PARTITIONS)
-            run = cluster_run(work / f"trial{trial}", broker, records, np.random.default_rng(args.seed + trial))
-        res = check(ref, run, records, n_bad)
-        res.update(records=len(records), kills=run["kills"], seconds=round(run["seconds"], 1),
-                   delta_records=run["delta_records"])
+            run = cluster_run(work / f"trial{trial}", broker, records, np.random.default_rng(args.seed + trial),
+                              timeout=args.timeout)
+        res = check(ref, run, records, n_bad, checked)
+        res.update(trial=trial, identical=identical(res), records=len(records), kills=run["kills"],
+                   removed=run.get("removed"), seconds=round(run["seconds"], 1), delta_records=run["delta_records"],
+                   restore_seconds=run["restore_seconds"],
+                   cpu_seconds={k: round(v, 1) for k, v in run["cpu"].items()})
+        rows.append(res)
         print(json.dumps(res), flush=True)
-        ok = ok and res["difference"] is None and res["dead_match"] and res["disjoint"]
-    return 0 if ok else 1
+    print(json.dumps({"summary": {
+        "trials": len(rows), "identical": sum(r["identical"] for r in rows), "records": len(records),
+        "kills": sum(len(r["kills"]) for r in rows), "seconds": [r["seconds"] for r in rows],
+        "restore_seconds_max": max((max(r["restore_seconds"].values(), default=0.0) for r in rows), default=None),
+        "replays": sum(r["replays"] for r in rows), "claims_lost": sum(r["claims_lost"] for r in rows)}}),
+        flush=True)
+    return 0 if all(r["identical"] for r in rows) else 1
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+@pytest.mark.integration
+def test_ingest_worker_started_before_its_broker_waits_for_it(tmp_path):
+    """`calmon run --role ingest` with the broker down: serves /healthz, /readyz false, logs its retries; once the
+    broker is up it connects, becomes ready and processes ranges (it used to exit 2)."""
+    require_broker()
+    from kafka_broker import free_port
+
+    port = free_port()
+    boot = f"127.0.0.1:{port}"
+    cfg = write_config(tmp_path, source="kafka", bootstrap=boot)
+    w = Worker(cfg, "ingest", "ingest-early")
+    try:
+        w.wait_serving()
+        wait_until(lambda: "cannot start (attempt 2)" in w.log.read_text(), 60, "a logged retry", [w])
+        assert w.get("/healthz")[0] == 200 and w.get("/readyz")[0] == 503
+        records, _ = make_traffic(300, models=3)
+        with KafkaBroker(port=port) as broker:
+            broker.create_topic(TOPIC, partitions=PARTITIONS)
+            produce(boot, records)
+            wait_until(lambda: w.get("/readyz")[0] == 200, 120, "ready", [w])
+            wait_until(lambda: sum(w.metric("calmon_cluster_records_total").values()) == len(records), 120,
+                       "every record ingested", [w], lambda: w.metric("calmon_cluster_records_total"))
+            assert w.term() == 0
+    finally:
+        if w.alive():
+            w.kill()
 
 
 @pytest.mark.integration

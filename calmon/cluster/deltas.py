@@ -2,10 +2,11 @@
 
 A delta is the binned statistics that one range ``[start, end)`` of one input partition added to one
 model: for each (segment, tier, bucket start) of the model's event-time rings, the
-:class:`~calmon.agent.buckets.BucketStats` of exactly those events (as its own JSON document, no
-pickle), plus the partition's watermark after the range and the event counts.  The ingest stage
-builds it by applying the range to *fresh* rings at the partition's watermark, so a bucket of tier
-``t`` holds events that were too old for every finer tier at that watermark.
+:class:`~calmon.agent.buckets.BucketStats` of exactly those events (its *packed* JSON document,
+:meth:`~calmon.agent.buckets.BucketStats.to_packed`: the arrays in one zlib payload; no pickle), plus
+the partition's watermark after the range and the event counts.  The ingest stage builds it by
+applying the range to *fresh* rings at the partition's watermark, so a bucket of tier ``t`` holds events
+that were too old for every finer tier at that watermark.
 
 Merging is exact and order-free: the statistics are integer sums (fixed-point grids) merged by
 addition, and :func:`merge_delta` places each delta bucket with the ring's own ``add`` at the
@@ -30,10 +31,15 @@ from calmon.agent.buckets import BucketStats, ModelWindows
 from calmon.agent.counters import Counters
 from calmon.agent.windows import ARCHIVE_TIER
 
-__all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "FORMAT", "VERSION"]
+__all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "FORMAT", "VERSION", "READABLE"]
 
 FORMAT = "calmon.delta"
-VERSION = 1
+#: Version written: 2 = bucket documents packed (:meth:`BucketStats.to_packed`), one zlib stream per bucket
+#: instead of one per array (about 4x cheaper to write and read).  Version 1 (every array packed on its own,
+#: :meth:`BucketStats.to_dict`) has the same layout and is still read: deltas already in the topic stay valid.
+VERSION = 2
+#: Versions :meth:`Delta.from_dict` reads.
+READABLE = (1, 2)
 #: A time older than every tier's bounds: :meth:`TieredRing.add` puts a bucket given this time in the archive.
 _ARCHIVE_TIME = -1e300
 
@@ -53,7 +59,7 @@ class DeltaBucket:
 
     def to_dict(self) -> dict[str, Any]:
         return {"segment": self.segment, "tier": self.tier,
-                "start": None if self.tier == ARCHIVE_TIER else self.start, "bucket": self.bucket.to_dict()}
+                "start": None if self.tier == ARCHIVE_TIER else self.start, "bucket": self.bucket.to_packed()}
 
 
 @dataclass
@@ -108,8 +114,9 @@ class Delta:
     def from_dict(cls, doc: Any) -> Delta:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise DeltaError(f"not a {FORMAT} document")
-        if doc.get("version") != VERSION:
-            raise DeltaError(f"version {doc.get('version')!r} is not supported (this calmon reads {VERSION})")
+        if doc.get("version") not in READABLE:
+            raise DeltaError(f"version {doc.get('version')!r} is not supported (this calmon reads versions "
+                             f"{', '.join(map(str, READABLE))}): upgrade the evaluators before the ingest workers")
         try:
             buckets = [_bucket(b) for b in doc["buckets"]]
             out = cls(str(doc["source"]), int(doc["start"]), int(doc["end"]), str(doc["model"]),

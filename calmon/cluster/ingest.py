@@ -41,10 +41,14 @@ from connectors.kafka import KafkaDeadLetterSink, KafkaSource
 
 log = logging.getLogger("calmon.cluster")
 
-__all__ = ["IngestWorker", "internal_topics", "PROCESS_BUDGET"]
+__all__ = ["IngestWorker", "internal_topics", "PROCESS_BUDGET", "START_TIMEOUT", "START_BACKOFF"]
 
 #: Seconds of range processing between two reads of the source (see :meth:`IngestWorker.run`).
 PROCESS_BUDGET = 0.5
+#: Start-up: the longest time :meth:`IngestWorker.open_retrying` keeps retrying an unreachable broker, and the
+#: first and largest wait between two attempts (doubling in between).
+START_TIMEOUT = 300.0
+START_BACKOFF = (0.5, 10.0)
 
 
 def internal_topics(cfg: Config) -> dict[str, tuple[int, dict[str, str]]]:
@@ -80,6 +84,8 @@ class IngestWorker:
         self.intents: IntentLog | None = None
         self.states: StateStore | None = None
         self.http: HTTPExporter | None = None
+        #: the last start-up error while :meth:`open_retrying` waits for the broker (None once open)
+        self.connect_error: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
@@ -94,6 +100,40 @@ class IngestWorker:
         self.source = build_input(self.cfg)
         self.dead_letter = build_dead_letter(self.cfg)
 
+    def open_retrying(self, timeout: float = START_TIMEOUT, backoff: tuple[float, float] = START_BACKOFF) -> bool:
+        """:meth:`open`, retried while the broker cannot be reached (a worker started before its broker, or during
+        an outage): each failure is logged with the wait before the next attempt, which doubles from
+        ``backoff[0]`` up to ``backoff[1]`` seconds; ``/readyz`` stays false meanwhile.
+
+        Returns True once open, False if :meth:`stop` was called first.
+
+        Raises
+        ------
+        ClusterError
+            The broker was still unreachable after ``timeout`` seconds (one line naming it and the last error).
+        """
+        deadline = time.monotonic() + timeout
+        delay, attempt = backoff[0], 0
+        while not self._stop.is_set():
+            attempt += 1
+            try:
+                self.open()
+                self.connect_error = None
+                return True
+            except ClusterError as exc:
+                self._close_clients()
+                self.connect_error = str(exc)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ClusterError(f"broker {self.cfg.cluster.bootstrap_servers} still unreachable after "
+                                       f"{attempt} attempts in {timeout:.0f} s: {exc}") from None
+                wait = min(delay, left)
+                log.warning("ingest %s: cannot start (attempt %d): %s; retrying in %.1f s", self.writer, attempt,
+                            exc, wait)
+                self._stop.wait(wait)
+                delay = min(2 * delay, backoff[1])
+        return False
+
     def stop(self) -> None:
         """Finish the current range and return from :meth:`run` (signal-safe)."""
         self._stop.set()
@@ -102,7 +142,13 @@ class IngestWorker:
         if self.http is not None:
             self.http.stop()
             self.http = None
-        for closer in (self.source, self.dead_letter, self.intents, self.states, self.producer):
+        self._close_clients()
+
+    def _close_clients(self) -> None:
+        """Close and forget the Kafka clients (a failed :meth:`open` may have built some of them)."""
+        closers = (self.source, self.dead_letter, self.intents, self.states, self.producer)
+        self.source = self.dead_letter = self.intents = self.states = self.producer = None
+        for closer in closers:
             if closer is None:
                 continue
             try:
@@ -141,7 +187,7 @@ class IngestWorker:
     def status(self) -> dict[str, Any]:
         """The worker's JSON status (``/api/status``): owned partitions, their next offsets, counters."""
         m = self.metrics
-        return {"stage": "ingest", "worker": self.writer, "owned": list(m.owned),
+        return {"stage": "ingest", "worker": self.writer, "connect_error": self.connect_error, "owned": list(m.owned),
                 "next": {k: p.next for k, p in list(self.parts.items())}, "lag": dict(m.lag),
                 "records": dict(m.records), "ranges": m.ranges, "replays": m.replays, "claims_lost": m.claims_lost,
                 "errors": m.errors, "rejected": dict(m.rejected)}

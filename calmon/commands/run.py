@@ -126,16 +126,18 @@ def run_stage(args: argparse.Namespace, cfg: Any) -> int:
             print(f"calmon run: configuration error: {exc}", file=sys.stderr)
             return 2
     worker = IngestWorker(cfg)
+    install_signal_handlers(worker)
     try:
-        worker.open()
-        if cfg.exporter.enabled:
+        if cfg.exporter.enabled:  # first: /healthz answers and /readyz is false while the broker is unreachable
             http = worker.start_http()
             print(f"calmon run: serving {http.url}/metrics", file=sys.stderr, flush=True)
+        if not worker.open_retrying():  # stopped while waiting for the broker
+            worker.close()
+            return 0
     except (StartupError, ClusterError, ValueError, OSError) as exc:
         print(f"calmon run: cannot start: {exc}", file=sys.stderr)
         worker.close()
         return 2
-    install_signal_handlers(worker)
     return worker.run()
 
 
