@@ -128,14 +128,17 @@ def check_ids(ids: np.ndarray, v: Verdicts, max_bytes: int) -> None:
             v.reject_one(j, "id_too_long", f"id of {chars[j]} characters exceeds {max_bytes} bytes")
 
 
-def check_structure(c: Columns, v: Verdicts, has_model: bool) -> None:
-    """Event types (inferred where omitted, written into ``c.kind``), required fields and label sign."""
+def check_structure(c: Columns, v: Verdicts, has_model: bool | np.ndarray) -> None:
+    """Event types (inferred where omitted, written into ``c.kind``), required fields and label sign.
+
+    ``has_model``: whether the events name their model (one flag for all, or one per event)."""
     has_pred = c.has_score | c.has_probs
     inferred = np.where(c.has_label, np.where(has_pred, LABELED, OUTCOME), PREDICTION)
     v.reject(c.kind == -2, "unknown_type", "type must be prediction, outcome or labeled")
     c.kind = np.where(c.kind < 0, inferred, c.kind).astype(np.int8)
-    if not has_model:
-        v.reject(c.kind != OUTCOME, "missing_field", "model is required for predictions and labeled events")
+    if has_model is not True:
+        v.reject(~np.asarray(has_model, dtype=bool) & (c.kind != OUTCOME), "missing_field",
+                 "model is required for predictions and labeled events")
     needs_pred = c.kind != OUTCOME
     v.reject(needs_pred & ~has_pred, "missing_field", "score or probs is required")
     v.reject(needs_pred & c.has_score & c.has_probs, "bad_type", "give score or probs, not both")
@@ -145,13 +148,15 @@ def check_structure(c: Columns, v: Verdicts, has_model: bool) -> None:
              "label must be a non-negative class index")
 
 
-def binary_scores(c: Columns, v: Verdicts, model: str, tol: float) -> np.ndarray:
-    """P(y = 1) of a binary model's events (from ``score`` or a ``probs`` pair), validated."""
+def binary_scores(c: Columns, v: Verdicts, model: str | Sequence[str], tol: float) -> np.ndarray:
+    """P(y = 1) of binary models' events (from ``score`` or a ``probs`` pair), validated; ``model``: the
+    model's name, or one per event (the events of several binary models checked at once)."""
     score = np.array(c.scores, dtype=np.float64)  # None -> NaN
     for j in np.flatnonzero(c.has_probs).tolist():
         p = c.probs[j] or []
         if len(p) != 2:
-            v.reject_one(j, "k_mismatch", f"model {model[:40]!r} is binary; probs has {len(p)} entries")
+            name = model if isinstance(model, str) else model[j]
+            v.reject_one(j, "k_mismatch", f"model {name[:40]!r} is binary; probs has {len(p)} entries")
         elif not all(math.isfinite(x) for x in p):
             v.reject_one(j, "non_finite", "probs contains NaN or infinity")
         elif min(p) < 0 or max(p) > 1:
@@ -192,31 +197,59 @@ def class_probs(c: Columns, v: Verdicts, model: str, classes: int, tol: float, k
     return probs
 
 
-def timestamps(f: EventFields, v: Verdicts) -> np.ndarray:
+def timestamps(f: EventFields, v: Verdicts, slow: np.ndarray | None = None) -> np.ndarray:
     """Event times in epoch seconds (NaN where missing); RFC 3339 strings are parsed one by one.
 
-    Numbers are in ``f.ts_unit`` (divided by ``f.ts_div``; refused with ``f.ts_iso``)."""
+    Numbers are in ``f.ts_unit`` (divided by ``f.ts_div``; refused with ``f.ts_iso``). ``slow``: the
+    events read one by one (default: all of them if any time is a string), the others as one array
+    -- the decoder passes the events of the models that sent a string time, so each model's events
+    get the same messages as if they were decoded alone."""
     ts_col = f.ts
-    if not any(t.__class__ is str for t in ts_col):
-        ts = np.array(ts_col, dtype=np.float64)  # None -> NaN
-        if f.ts_iso:
-            v.reject(~np.isnan(ts), "bad_timestamp", "ts must be an RFC 3339 string (ts_unit: iso)")
-        elif f.ts_div != 1.0:
-            ts = ts / f.ts_div
-        with np.errstate(invalid="ignore"):
-            v.reject((ts < 0) | (ts > _MAX_EPOCH), "bad_timestamp", f"ts is not epoch {f.ts_unit}"
-                     + (" (milliseconds are not accepted)" if f.ts_unit == "seconds" else ""))
+    if slow is not None and not slow.all():
+        ts = _numeric_times(f, v, np.flatnonzero(~slow))
+        for j in np.flatnonzero(slow).tolist():
+            ts[j] = _one_time(ts_col[j], f, v, j)
         return ts
+    if slow is None and not any(t.__class__ is str for t in ts_col):
+        return _numeric_times(f, v, None)
     ts = np.full(len(ts_col), np.nan)
     for j, t in enumerate(ts_col):
-        if t is not None and v.bad[j] == 0:
-            try:
-                if t.__class__ is not str and f.ts_iso:
-                    raise InvalidEvent("bad_timestamp", "ts must be an RFC 3339 string (ts_unit: iso)")
-                ts[j] = parse_timestamp(t if t.__class__ is str else t / f.ts_div)
-            except InvalidEvent as err:
-                v.reject_one(j, err.reason, err.detail)
+        ts[j] = _one_time(t, f, v, j)
     return ts
+
+
+def _numeric_times(f: EventFields, v: Verdicts, rows: np.ndarray | None) -> np.ndarray:
+    """Numeric times of the events ``rows`` (``None``: all), checked as one array; NaN elsewhere."""
+    if rows is None or rows.size == v.n:
+        ts = np.array(f.ts, dtype=np.float64)  # None -> NaN
+        at: np.ndarray | slice = slice(None)
+    else:
+        ts = np.full(v.n, np.nan)
+        ts[rows] = np.array([f.ts[j] for j in rows.tolist()], dtype=np.float64)
+        at = rows
+    mask = np.zeros(v.n, bool)
+    mask[at] = True
+    if f.ts_iso:
+        v.reject(mask & ~np.isnan(ts), "bad_timestamp", "ts must be an RFC 3339 string (ts_unit: iso)")
+    elif f.ts_div != 1.0:
+        ts = ts / f.ts_div
+    with np.errstate(invalid="ignore"):
+        v.reject(mask & ((ts < 0) | (ts > _MAX_EPOCH)), "bad_timestamp", f"ts is not epoch {f.ts_unit}"
+                 + (" (milliseconds are not accepted)" if f.ts_unit == "seconds" else ""))
+    return ts
+
+
+def _one_time(t: object, f: EventFields, v: Verdicts, j: int) -> float:
+    """Event ``j``'s time read on its own (NaN if absent or the event is already rejected)."""
+    if t is None or v.bad[j] != 0:
+        return math.nan
+    try:
+        if t.__class__ is not str and f.ts_iso:
+            raise InvalidEvent("bad_timestamp", "ts must be an RFC 3339 string (ts_unit: iso)")
+        return parse_timestamp(t if isinstance(t, str) else float(t) / f.ts_div)  # type: ignore[arg-type]  # a number
+    except InvalidEvent as err:
+        v.reject_one(j, err.reason, err.detail)
+        return math.nan
 
 
 def orphan_labels(c: Columns, v: Verdicts, bound: np.ndarray) -> np.ndarray:

@@ -41,7 +41,10 @@ _LABEL_INT = Annotated[int, msgspec.Meta(ge=_INT_RANGE["label"][0], le=_INT_RANG
 _HUGE_INT = {"label": "label_range", "id": "id_too_long", "ts": "bad_timestamp", "score": "out_of_range"}
 
 
-class _Event(msgspec.Struct):
+class _Event(msgspec.Struct, gc=False):
+    # gc=False: a batch's tens of thousands of events are not tracked by the cyclic garbage collector (they
+    # hold only strings, numbers and a list of floats, so never a cycle); tracked, they were promoted to the
+    # old generation and made full collections -- which traverse the whole state, a per-model cost -- frequent
     type: str | None = None
     id: str | _ID_INT | None = None
     model: str | None = None

@@ -37,9 +37,10 @@ import copy
 import math
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -246,26 +247,33 @@ class Decoder:
         records without one and the mapping's ``$key`` / ``$headers`` fields. With a mapping, the first
         ``probe_records`` records must show every mapped path at least once, else
         :class:`calmon.schema.MappingError` is raised (a configuration error, not a record's).
+
+        Every check runs once over the whole batch (issue #15: a batch of a thousand models costs
+        what a batch of one does, plus one group-by); the checks that depend on a model (its classes,
+        its segments) run on the rows of the models they concern.
         """
         now = self.clock()
         reader = self.reader
         if reader is None:
             events, rejected = parse_records(records, self.max_record_bytes)
-            by_model = _group_by_model(events)
+            names = None
         else:
             events, rejected = reader.parse(records, self.max_record_bytes)
-            by_model = _group_by_model(events, reader.models(events, meta))
+            names = reader.models(events, meta)  # None: the rows' ``model`` attribute has it
         self._changes = {}
-        groups = [self._checked_form(model, np.asarray(idx, dtype=np.int64), self._fields(evs, idx, meta))
-                  for model, (idx, evs) in by_model.items()]
-        self._admit(groups)
-        meta_ts = None if meta is None else np.array(
-            [math.nan if m is None or m.timestamp_ms is None else m.timestamp_ms / 1000.0 for m in meta])
         out: dict[str, ModelBatch] = {}
-        for g in sorted(groups, key=lambda g: g.model == ""):  # outcomes without a model last: see _orphan_bound
-            batch = self._model_batch(g, now, rejected, meta_ts)
-            if batch is not None and len(batch):
-                out[g.model] = batch
+        present: Sequence[int]
+        if names is None:  # a record is None exactly when it was rejected
+            present = range(len(events)) if not rejected else [i for i, ev in enumerate(events) if ev is not None]
+            evs = events if not rejected else [events[i] for i in present]
+            models = [ev.model for ev in evs]  # type: ignore[union-attr]  # no None left
+        else:
+            present = range(len(names)) if None not in names else [i for i, n in enumerate(names) if n is not None]
+            evs = events if len(present) == len(events) else [events[i] for i in present]
+            models = names if len(present) == len(names) else [names[i] for i in present]
+        if present:
+            f = fields_of_events(evs) if reader is None else reader.fields(evs, present, meta)  # type: ignore[arg-type]  # no None left
+            out = self._validate(_Rows.of(models, present), f, now, rejected, meta)
         rejected.sort(key=lambda r: r.index)
         if origins is not None:
             for r in rejected:
@@ -274,91 +282,103 @@ class Decoder:
             reader.after_batch(len(records), len(rejected))
         return DecodedBatch(out, rejected, len(records))
 
+    def _validate(self, g: _Rows, f: EventFields, now: float, rejected: list[Rejection],
+                  meta: list[RecordMeta] | None) -> dict[str, ModelBatch]:
+        """The fixed order of checks over the batch's well-formed records: the first failed check of an
+        event names its reason, as if each model's events were checked on their own."""
+        v = Verdicts(g.index.size)
+        for j, reason, detail in f.rejects:
+            v.reject_one(j, reason, detail)
+        bad = [k for k, m in enumerate(g.models) if m and not _NAME_RE.match(m)]
+        for k in bad:
+            v.reject(g.codes == k, "bad_type", f"model name {g.models[k][:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+        c = columns_of(f)
+        check_structure(c, v, has_model=g.codes != g.orphan)
+        check_ids(c.ids, v, self.max_id_bytes)
+        if c.has_probs.any():  # whatever the model's classes, so the reason never depends on batch boundaries
+            lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
+            v.reject(lens > self.max_classes, "too_many_classes", f"more than {self.max_classes} classes")
+        self._admit(g, v)
+        score, probs, classes = self._payloads(g, c, v)
+        ts = timestamps(f, v, slow=g.any_of(_str_mask(f.ts)))
+        if meta is not None:  # no ts in the record: the transport's (a Kafka record's create/append time)
+            meta_ts = np.array([math.nan if m is None or m.timestamp_ms is None else m.timestamp_ms / 1000.0
+                                for m in meta])
+            ts = np.where(np.isnan(ts), meta_ts[g.index], ts)
+        self._check_time(ts, v, now)
+        segment = np.array(["" if s is None else s for s in f.segment], dtype=object)
+        self._check_segments(g, segment, v)
+        rejected.extend(v.rejections(g.index))
+        return g.split(v.ok, classes, c, ts, segment, score, probs)
+
+    def _admit(self, g: _Rows, v: Verdicts) -> None:
+        """Admit new model names in the record order of their first well-formed record, up to the cap."""
+        new = [k for k, m in enumerate(g.models) if m and m not in self.names]
+        if not new:
+            return
+        first = g.first(v.ok)
+        for k in sorted((k for k in new if first[k] >= 0), key=lambda k: first[k]):
+            model = g.models[k]
+            if not self.discover:
+                v.reject(g.codes == k, "too_many_models", f"model {model[:40]!r} is not declared")
+            elif len(self.names) >= self.max_models:
+                v.reject(g.codes == k, "too_many_models", f"more than {self.max_models} models")
+            else:
+                self.names.add(model)
+                self._changes[model] = [int(g.index[first[k]]), -1, 2]
+
+    def _payloads(self, g: _Rows, c: Columns, v: Verdicts
+                  ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]], list[int]]:
+        """The checks that depend on a model's classes: binary scores of every binary model's events at
+        once, class probabilities per multiclass model, the labels of outcomes without a model last (see
+        :meth:`_orphan_bound`). Returns the scores (NaN where none), per multiclass model its rows and
+        ``(rows, classes)`` probabilities, and each model's classes."""
+        classes, known_from = [2] * len(g.models), [0] * len(g.models)
+        unknown = [k for k, m in enumerate(g.models) if m and m not in self.models]
+        firsts = g.first(v.ok & (c.has_score | c.has_probs)) if unknown else None
+        for k, m in enumerate(g.models):
+            if m:
+                classes[k], known_from[k] = self._classes(m, c, k, g, firsts)
+        score = np.full(g.index.size, np.nan)
+        probs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        multi = [k for k, m in enumerate(g.models) if m and classes[k] > 2]
+        is_binary = np.array([m != "" and classes[k] == 2 for k, m in enumerate(g.models)])
+        binary = np.flatnonzero(is_binary[g.codes])
+        if binary.size:
+            score[binary] = _on_rows(binary, c, v, lambda cc, vv: binary_scores(
+                cc, vv, [g.models[k] for k in g.codes[binary].tolist()], self.prob_tolerance))
+        for k in multi:
+            rows = np.flatnonzero(g.codes == k)
+            at = int(np.searchsorted(rows, known_from[k]))  # the position within the model's rows
+            check = partial(_class_probs, model=g.models[k], classes=classes[k], tol=self.prob_tolerance, at=at)
+            probs[k] = (rows, _on_rows(rows, c, v, check))
+        if g.orphan >= 0:
+            rows = np.flatnonzero(g.codes == g.orphan)
+            _on_rows(rows, c, v, lambda cc, vv: orphan_labels(cc, vv, self._orphan_bound(g.index[rows])))
+        return score, probs, classes
+
     def finish(self) -> None:
         """The input ended (offline reads): raise :class:`calmon.schema.MappingError` if a mapped path
         matched none of the records decoded (fewer than ``probe_records``); nothing without a mapping."""
         if self.reader is not None:
             self.reader.finish()
 
-    def _fields(self, evs: list[Any], idx: list[int], meta: list[RecordMeta] | None) -> EventFields:
-        return fields_of_events(evs) if self.reader is None else self.reader.fields(evs, idx, meta)
-
-    def _checked_form(self, model: str, index: np.ndarray, f: EventFields) -> _Group:
-        """The checks that need no decoder state: model name, event structure, id length, class count."""
-        v = Verdicts(len(f.id))
-        for j, reason, detail in f.rejects:
-            v.reject_one(j, reason, detail)
-        if model and not _NAME_RE.match(model):
-            v.reject_all("bad_type", f"model name {model[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
-        c = columns_of(f)
-        check_structure(c, v, has_model=model != "")
-        check_ids(c.ids, v, self.max_id_bytes)
-        if c.has_probs.any():  # whatever the model's classes, so the reason never depends on batch boundaries
-            lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
-            v.reject(lens > self.max_classes, "too_many_classes", f"more than {self.max_classes} classes")
-        return _Group(model, index, f, c, v)
-
-    def _admit(self, groups: list[_Group]) -> None:
-        """Admit new model names in the record order of their first well-formed record, up to the cap."""
-        first = {}
-        for g in groups:
-            if g.model and g.model not in self.names:
-                ok = np.flatnonzero(g.v.ok)
-                if ok.size:
-                    first[g.model] = (int(g.index[ok[0]]), g)
-        for _, g in sorted(first.values(), key=lambda t: t[0]):
-            if not self.discover:
-                g.v.reject_all("too_many_models", f"model {g.model[:40]!r} is not declared")
-            elif len(self.names) >= self.max_models:
-                g.v.reject_all("too_many_models", f"more than {self.max_models} models")
-            else:
-                self.names.add(g.model)
-                self._changes[g.model] = [int(g.index[np.flatnonzero(g.v.ok)[0]]), -1, 2]
-
-    def _model_batch(self, g: _Group, now: float, rejected: list[Rejection],
-                     meta_ts: np.ndarray | None = None) -> ModelBatch | None:
-        """Validate the events of one model (``""``: outcomes without a model) in a fixed order of checks:
-        the first failed check of an event names its reason."""
-        model, c, v, f = g.model, g.columns, g.v, g.fields
-        classes, known_from = self._classes(model, c, v, g.index) if model else (2, 0)
-        score = probs = None
-        if not model:
-            score = orphan_labels(c, v, self._orphan_bound(g.index))
-        elif classes == 2:
-            score = binary_scores(c, v, model, self.prob_tolerance)
-        else:
-            probs = class_probs(c, v, model, classes, self.prob_tolerance, known_from)
-        ts = timestamps(f, v)
-        if meta_ts is not None:  # no ts in the record: the transport's (a Kafka record's create/append time)
-            ts = np.where(np.isnan(ts), meta_ts[g.index], ts)
-        self._check_time(ts, v, now)
-        segment = np.array(["" if s is None else s for s in f.segment], dtype=object)
-        if model and (segment != "").any():
-            self._check_segments(model, segment, v)
-        rejected.extend(v.rejections(g.index))
-        ok = v.ok
-        if not ok.any():
-            return None
-        return ModelBatch(model, classes, c.kind[ok], c.ids[ok], ts[ok], segment[ok], c.label[ok],
-                          None if score is None else score[ok], None if probs is None else probs[ok], g.index[ok])
-
-    def _classes(self, model: str, c: Columns, v: Verdicts, index: np.ndarray) -> tuple[int, int]:
-        """The model's number of classes, fixed by its first valid prediction, and the position from which
-        it is known in this batch (0: known before it). Before that position (outcomes that precede the
-        model's first prediction in record order) the model counts as binary."""
+    def _classes(self, model: str, c: Columns, k: int, g: _Rows, firsts: np.ndarray | None) -> tuple[int, int]:
+        """The model's number of classes, fixed by its first valid prediction, and the batch position
+        from which it is known (0: known before the batch). Before that position (outcomes that precede
+        the model's first prediction in record order) the model counts as binary."""
         known = self.models.get(model)
         if known is not None:
             return known, 0
-        ok = np.flatnonzero(v.ok & (c.has_score | c.has_probs))
-        if not ok.size:
-            return 2, v.n
-        first = int(ok[0])
-        k = 2 if c.has_score[first] else len(c.probs[first] or [])
-        if k >= 2:
-            self.models[model] = k
-            self._changes.setdefault(model, [-1, -1, 2])[1:] = [int(index[first]), k]
-            return k, first
-        return 2, v.n
+        first = -1 if firsts is None else int(firsts[k])
+        if first < 0:
+            return 2, g.index.size
+        kk = 2 if c.has_score[first] else len(c.probs[first] or [])
+        if kk >= 2:
+            self.models[model] = kk
+            self._changes.setdefault(model, [-1, -1, 2])[1:] = [int(g.index[first]), kk]
+            return kk, first
+        return 2, g.index.size
 
     def _orphan_bound(self, index: np.ndarray) -> np.ndarray:
         """Per outcome without a model (at record ``index``): the smallest number of classes of the models
@@ -385,45 +405,118 @@ class Decoder:
             v.reject(ts < now - self.past_horizon, "past_timestamp",
                      f"ts is more than {self.past_horizon:g} s behind the wall clock")
 
-    def _check_segments(self, model: str, segment: np.ndarray, v: Verdicts) -> None:
-        """Admit new segment names of a model up to ``max_segments``."""
-        known = self.segments.setdefault(model, set())
-        for j in np.flatnonzero((segment != "") & v.ok).tolist():
-            s = segment[j]
-            if s in known:
+    def _check_segments(self, g: _Rows, segment: np.ndarray, v: Verdicts) -> None:
+        """Admit new segment names of each model up to ``max_segments``, in record order."""
+        named = (segment != "") & (g.codes != g.orphan)
+        if not named.any():
+            return
+        known = [self.segments.setdefault(m, set()) if h else set() for m, h in zip(g.models, g.has(named).tolist())]
+        rows = np.flatnonzero(named & v.ok)
+        codes, segs = g.codes[rows].tolist(), segment[rows].tolist()
+        if all(s in known[k] for k, s in set(zip(codes, segs))):  # the common case: every segment known
+            return
+        for j, k, s in zip(rows.tolist(), codes, segs):
+            seen = known[k]
+            if s in seen:
                 continue
+            model = g.models[k]
             if not _NAME_RE.match(s):
                 v.reject_one(j, "bad_type", f"segment {s[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
-            elif len(known) >= self.max_segments:
+            elif len(seen) >= self.max_segments:
                 v.reject_one(j, "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
             else:
-                known.add(s)
-
-
-def _group_by_model(events: list[Any], names: list[str | None] | None = None
-                    ) -> dict[str, tuple[list[int], list[Any]]]:
-    """Record indices and events (or mapped rows) per model name (``""`` for events without one);
-    ``names`` gives the model of each record (``None``: rejected), else it is read from ``_Event.model``."""
-    if names is None:
-        names = [None if ev is None else ("" if ev.model is None else ev.model) for ev in events]
-    distinct = set(names)
-    if len(distinct) == 1 and None not in distinct:  # the common case: one model, nothing rejected
-        return {str(names[0]): (list(range(len(events))), events)}
-    groups: dict[str, tuple[list[int], list[Any]]] = {}
-    for i, (ev, name) in enumerate(zip(events, names)):
-        if name is not None:
-            idx, evs = groups.setdefault(name, ([], []))
-            idx.append(i)
-            evs.append(ev)
-    return groups
+                seen.add(s)
 
 
 @dataclass
-class _Group:
-    """One model's events of a batch with their columns and verdicts."""
+class _Rows:
+    """The well-formed records of a batch: their record indices and models (one code per distinct model,
+    in order of first appearance; ``orphan`` is the code of outcomes without a model, -1 if none)."""
 
-    model: str
+    models: list[str]
+    codes: np.ndarray
     index: np.ndarray
-    fields: EventFields
-    columns: Columns
-    v: Verdicts
+    orphan: int
+
+    @classmethod
+    def of(cls, names: list[str | None], present: Sequence[int]) -> _Rows:
+        """The rows of models ``names`` (``None`` or ``""``: no model) at record indices ``present``."""
+        pos: dict[str, int] = {}
+        code = {key: pos.setdefault(key or "", len(pos)) for key in dict.fromkeys(names)}  # first appearance
+        n = len(names)
+        codes = (np.zeros(n, dtype=np.int64) if len(code) == 1
+                 else np.fromiter(map(code.__getitem__, names), np.int64, n))
+        index = np.arange(n, dtype=np.int64) if isinstance(present, range) else np.asarray(present, dtype=np.int64)
+        return cls(list(pos), codes, index, pos.get("", -1))
+
+    def has(self, mask: np.ndarray) -> np.ndarray:
+        """Per model: whether any of its rows is in ``mask``."""
+        return np.bincount(self.codes[mask], minlength=len(self.models)) > 0
+
+    def any_of(self, mask: np.ndarray) -> np.ndarray:
+        """Per row: whether any row of its model is in ``mask``."""
+        return self.has(mask)[self.codes] if mask.any() else mask
+
+    def first(self, mask: np.ndarray) -> np.ndarray:
+        """Per model: the position of its first row in ``mask``, -1 if none."""
+        pos = np.flatnonzero(mask)
+        out = np.full(len(self.models), -1, dtype=np.int64)
+        codes, at = np.unique(self.codes[pos], return_index=True)
+        out[codes] = pos[at]
+        return out
+
+    def split(self, ok: np.ndarray, classes: list[int], c: Columns, ts: np.ndarray, segment: np.ndarray,
+              score: np.ndarray, probs: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[str, ModelBatch]:
+        """The accepted rows per model (outcomes without a model last), by one stable sort: each model's
+        columns are slices of the batch's, in record order."""
+        okpos = np.flatnonzero(ok)
+        if not okpos.size:
+            return {}
+        oc = self.codes[okpos]
+        order = okpos[np.argsort(oc, kind="stable")]
+        ends = np.cumsum(np.bincount(oc, minlength=len(self.models))).tolist()
+        kind, ids, t, seg, lab, sc, idx = (a[order] for a in (c.kind, c.ids, ts, segment, c.label, score, self.index))
+        out: dict[str, ModelBatch] = {}
+        last = [] if self.orphan < 0 else [self.orphan]
+        for k in [k for k in range(len(self.models)) if k != self.orphan] + last:
+            a, b = (ends[k - 1] if k else 0), ends[k]
+            if b == a:
+                continue
+            m = self.models[k]
+            if k in probs:
+                rows, pr = probs[k]
+                out[m] = ModelBatch(m, classes[k], kind[a:b], ids[a:b], t[a:b], seg[a:b], lab[a:b], None,
+                                    pr[np.searchsorted(rows, order[a:b])], idx[a:b])
+            else:
+                out[m] = ModelBatch(m, classes[k], kind[a:b], ids[a:b], t[a:b], seg[a:b], lab[a:b], sc[a:b], None,
+                                    idx[a:b])
+        return out
+
+
+_T = TypeVar("_T")
+
+
+def _class_probs(c: Columns, v: Verdicts, *, model: str, classes: int, tol: float, at: int) -> np.ndarray:
+    return class_probs(c, v, model, classes, tol, at)
+
+
+def _on_rows(rows: np.ndarray, c: Columns, v: Verdicts, check: Callable[[Columns, Verdicts], _T]) -> _T:
+    """Run a check on some rows only (their verdicts are written back); on all rows without copying."""
+    if rows.size == v.n:
+        return check(c, v)
+    pick = rows.tolist()
+    sub = Columns(c.kind[rows], c.ids[rows], c.label[rows], c.label_f[rows], c.has_score[rows], c.has_probs[rows],
+                  c.has_label[rows], [c.scores[j] for j in pick], [c.probs[j] for j in pick])
+    sv = Verdicts(rows.size)
+    sv.bad = v.bad[rows]
+    out = check(sub, sv)
+    v.bad[rows] = sv.bad
+    v.details.update((pick[j], d) for j, d in sv.details.items())
+    return out
+
+
+def _str_mask(col: Sequence[Any]) -> np.ndarray:
+    """Where a column holds strings."""
+    if not any(t.__class__ is str for t in col):  # the common case: no string, no mask built element by element
+        return np.zeros(len(col), bool)
+    return np.fromiter((t.__class__ is str for t in col), bool, len(col))

@@ -85,10 +85,26 @@ class BinaryBatch:
         self.rows: np.ndarray | None = np.column_stack([z, y]) if labeled else None
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Keys, sums and reservoir rows of the events ``idx`` (the arrays themselves for the whole batch)."""
+        """Keys, sums and reservoir rows of the events ``idx`` (increasing; the arrays themselves for the whole
+        batch, copied slices for a contiguous range -- cheaper than a gather)."""
         if idx.size == self.sums.shape[1]:  # idx is sorted: all events, in order
             return self.keys, self.sums, self.rows
+        a, b = (int(idx[0]), int(idx[-1]) + 1) if idx.size else (0, 0)
+        if b - a == idx.size:  # increasing and contiguous (folds from fold_binary)
+            rows = None if self.rows is None else self.rows[a:b].copy()
+            return self.keys[:, a:b].copy(), self.sums[:, a:b].copy(), rows
         return self.keys[:, idx], self.sums[:, idx], None if self.rows is None else self.rows[idx]
+
+    def subset(self, idx: np.ndarray) -> BinaryBatch:
+        """The events ``idx`` (any order) as a batch of their own."""
+        out = BinaryBatch.__new__(BinaryBatch)
+        out.keys, out.sums, out.pred = self.keys[:, idx], self.sums[:, idx], self.pred
+        out.rows = None if self.rows is None else self.rows[idx]
+        return out
+
+    def fold_into(self, bucket: BucketStats, idx: np.ndarray) -> None:
+        """``bucket.fold(self, idx)``: the update a :class:`~calmon.agent.windows.TieredRing` calls per bucket."""
+        bucket.fold(self, idx)
 
     @staticmethod
     def expand(keys: np.ndarray, sums: np.ndarray, pred: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -424,7 +440,7 @@ class ModelWindows:
         if ts.size == 0:
             return
         if self.classes == 2 and score is not None:
-            self._add_all(ts, segment, self._folder(BinaryBatch(score, labels, self._sizes(), predictions)),
+            self._add_all(ts, segment, self._folder(BinaryBatch(score, labels, self.sizes(), predictions)),
                           watermark)
             return
 
@@ -443,7 +459,7 @@ class ModelWindows:
         if ts.size == 0:
             return
         if score is not None and probs is None:
-            self._add_all(ts, segment, self._folder(BinaryBatch(score, None, self._sizes(), True)), watermark)
+            self._add_all(ts, segment, self._folder(BinaryBatch(score, None, self.sizes(), True)), watermark)
             return
 
         def adder(sel: np.ndarray | None) -> Any:
@@ -455,7 +471,8 @@ class ModelWindows:
 
         self._add_all(ts, segment, adder, watermark)
 
-    def _sizes(self) -> tuple[int, int, int]:
+    def sizes(self) -> tuple[int, int, int]:
+        """Cells of the fine, ECE and reliability grids of this model's buckets (see :class:`BinaryBatch`)."""
         return int(self.params["bins"]), 15, int(self.params["reliability_bins"])
 
     @staticmethod

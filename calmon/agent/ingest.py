@@ -13,11 +13,15 @@ placed at their prediction's time.
 
 from __future__ import annotations
 
+import gc
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 
+from calmon.agent.batchfold import fold_binary
+from calmon.agent.buckets import ModelWindows
 from calmon.agent.join import JoinedBatch, event_watermarks
 from calmon.agent.state import AgentState
 from calmon.events import KINDS, LABELED, PREDICTION, DecodedBatch, ModelBatch
@@ -50,7 +54,8 @@ class Ingestor:
         """Decode, join and bin one batch; count it; dead-letter its rejects."""
         now = self.clock()
         st = self.state
-        decoded = st.decoder_for(batch.source).decode(batch.records, batch.origins, batch.meta)
+        with _collection_paused():
+            decoded = st.decoder_for(batch.source).decode(batch.records, batch.origins, batch.meta)
         if decoded.rejected and self.dead_letter is not None:
             self.dead_letter.write([batch.records[r.index] for r in decoded.rejected],
                                    [r.reason for r in decoded.rejected], batch.source,
@@ -87,7 +92,11 @@ class Ingestor:
         joined = st.joiner.process(decoded.models, wms)  # advances the watermark in record order
         watermark = st.joiner.watermark
         lateness = st.cfg.windows.allowed_lateness
+        estimation = st.cfg.estimation.enabled
         labeled: dict[str, tuple[np.ndarray, ModelBatch]] = {}
+        # binary models' events are folded for the whole batch at once (issue #15), in the order
+        # ModelWindows.add would see them: each ring gets its predictions, then labeled events, then joined pairs
+        preds, labs, pairs = _Folds(), _Folds(), _Folds()
         for name, mb in decoded.models.items():
             for k, cnt in enumerate(np.bincount(mb.kind, minlength=3).tolist()):
                 if cnt:
@@ -100,23 +109,33 @@ class Ingestor:
             if late.any():
                 st.counters.add_late(name, int(late.sum()))
             # labeled events reach the prediction-side grid through their bucket's update (one ring pass, not two)
-            self._predictions(name, mb, np.flatnonzero(on_time & (mb.kind == PREDICTION)), watermark)
+            psel = np.flatnonzero(on_time & (mb.kind == PREDICTION)) if estimation else _NONE
+            if psel.size:
+                mw = st.windows_of(name, mb.classes)
+                if mb.score is not None and mb.probs is None:
+                    preds.queue(mw, mb.ts[psel], mb.segment[psel], mb.score[psel], None)
+                else:
+                    mw.add_predictions(mb.ts[psel], mb.segment[psel], None if mb.score is None else mb.score[psel],
+                                       None if mb.probs is None else mb.probs[psel], watermark)
             sel = np.flatnonzero(lab & on_time)
             if sel.size:
-                st.windows_of(name, mb.classes).add(
-                    mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
-                    None if mb.probs is None else mb.probs[sel], watermark, predictions=st.cfg.estimation.enabled)
+                mw = st.windows_of(name, mb.classes)
+                if mw.classes == 2 and mb.score is not None:
+                    labs.queue(mw, mb.ts[sel], mb.segment[sel], mb.score[sel], mb.label[sel])
+                else:
+                    mw.add(mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
+                           None if mb.probs is None else mb.probs[sel], watermark, predictions=estimation)
                 labeled[name] = (sel, mb)
+        preds.fold(watermark)
+        labs.fold(watermark, predictions=estimation)
         for name, jb in joined.items():
-            st.windows_of(name, jb.classes).add(jb.ts, jb.segment, jb.label, jb.score, jb.probs, watermark)
+            mw = st.windows_of(name, jb.classes)
+            if mw.classes == 2 and jb.score is not None:
+                pairs.queue(mw, jb.ts, jb.segment, jb.score, jb.label)
+            else:
+                mw.add(jb.ts, jb.segment, jb.label, jb.score, jb.probs, watermark)
+        pairs.fold(watermark)
         self._changes(labeled, joined)
-
-    def _predictions(self, name: str, mb: ModelBatch, sel: np.ndarray, watermark: float) -> None:
-        """Predictions awaiting their outcome into the prediction-side grids (label-free estimates, score drift)."""
-        if sel.size and self.state.cfg.estimation.enabled:
-            self.state.windows_of(name, mb.classes).add_predictions(
-                mb.ts[sel], mb.segment[sel], None if mb.score is None else mb.score[sel],
-                None if mb.probs is None else mb.probs[sel], self.state.joiner.watermark)
 
     def _changes(self, labeled: dict[str, tuple[np.ndarray, ModelBatch]], joined: dict[str, JoinedBatch]) -> None:
         """Labeled pairs of each model to its change detector, merged in record order of their completing event."""
@@ -138,6 +157,47 @@ class Ingestor:
             ts, labels = cols[0], cols[1]
             assert ts is not None and labels is not None
             mon.update(name, cols[2], cols[3], labels.astype(np.int64), ts)
+
+
+_NONE = np.zeros(0, dtype=np.int64)
+
+
+@contextmanager
+def _collection_paused() -> Iterator[None]:
+    """Automatic garbage collection off while a batch is decoded (as :class:`~calmon.agent.state.StateLock`
+    does while it is applied): the batch's temporaries then die by reference counting instead of being
+    promoted to the old generation, whose full collections traverse every object of the state (issue #15:
+    a cost that grew with the number of models).  A collection that falls due runs after, as usual."""
+    if not gc.isenabled():  # the application (or a caller) manages collection itself
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+class _Folds:
+    """Binary events of several models gathered from one batch, folded into their rings at once
+    (:func:`~calmon.agent.batchfold.fold_binary`)."""
+
+    def __init__(self) -> None:
+        self.parts: list[tuple[ModelWindows, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
+
+    def queue(self, mw: ModelWindows, ts: np.ndarray, segment: np.ndarray, score: np.ndarray,
+              labels: np.ndarray | None) -> None:
+        self.parts.append((mw, ts, segment, score, labels))
+
+    def fold(self, watermark: float, predictions: bool = False) -> None:
+        if not self.parts:
+            return
+        sizes = np.cumsum([p[1].size for p in self.parts]).tolist()
+        cols = [np.concatenate([p[i] for p in self.parts]) for i in (1, 2, 3)]  # ts, segment, score
+        labels = None if self.parts[0][4] is None else np.concatenate([p[4] for p in self.parts])
+        parts = [(p[0], np.arange(a, b)) for p, a, b in zip(self.parts, [0, *sizes], sizes)]
+        fold_binary(parts, cols[0], cols[1], cols[2], labels, watermark, predictions)
+        self.parts = []
 
 
 def _merge(cols: list[np.ndarray | None], order: np.ndarray) -> np.ndarray | None:

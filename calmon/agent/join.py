@@ -343,7 +343,7 @@ class Joiner:
         for arr in wms.values():
             if arr.size:
                 self.watermark = max(self.watermark, float(arr.max()))
-        return {name: self._joined_batch(name, items) for name, items in out.items()}
+        return self._joined(out)
 
     def _on_prediction(self, name: str, key: str, t: float, seg: str, payload: Any, wm: float,
                        out: dict[str, list[tuple[float, str, int, Any, str, int]]], rec: int) -> None:
@@ -379,6 +379,26 @@ class Joiner:
             return
         self._add_early(key, (name, t, label))
         self._bound()
+
+    def _joined(self, out: dict[str, list[tuple[float, str, int, Any, str, int]]]) -> dict[str, JoinedBatch]:
+        """The pairs of every model as columns: those of the binary models built once for the batch and
+        sliced per model (issue #15: no per-model array building at a thousand models), in ``out``'s order."""
+        binary = [name for name in out if self.classes.get(name, 2) == 2]
+        built: dict[str, JoinedBatch] = {}
+        if binary:
+            items = [it for name in binary for it in out[name]]
+            ends = np.cumsum([len(out[name]) for name in binary]).tolist()
+            ts = np.array([i[0] for i in items], dtype=np.float64)
+            seg = np.array([i[1] for i in items], dtype=object)
+            lab = np.array([i[2] for i in items], dtype=np.int64)
+            score = np.array([i[3] for i in items], dtype=np.float64)
+            ids = np.array([i[4] for i in items], dtype=object)
+            rec = np.array([i[5] for i in items], dtype=np.int64)
+            for name, a, b in zip(binary, [0, *ends], ends):
+                built[name] = JoinedBatch(name, 2, ts[a:b], seg[a:b], lab[a:b], score=score[a:b], ids=ids[a:b],
+                                          index=rec[a:b])
+        return {name: built[name] if name in built else self._joined_batch(name, items)
+                for name, items in out.items()}
 
     def _joined_batch(self, name: str, items: list[tuple[float, str, int, Any, str, int]]) -> JoinedBatch:
         k = self.classes.get(name, 2)

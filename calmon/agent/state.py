@@ -27,6 +27,7 @@ from calmon.agent.changes import ChangeMonitor
 from calmon.agent.checkpoint_schema import SchemaError, validate_checkpoint
 from calmon.agent.counters import Counters, SourceInfo
 from calmon.agent.join import Joiner
+from calmon.agent.windowsums import RingSums, capture
 from calmon.config import Config
 from calmon.events import Decoder
 
@@ -104,8 +105,9 @@ class WindowSnapshot:
     stamp: tuple[int, float] | None = None
 
 
-#: A ring (the object: a restore replaces it), its stamp and its window sums at that stamp.
-_RingSums = tuple[Any, "tuple[int, float] | None", dict[str, BucketStats]]
+#: A ring (the object: a restore replaces it), its stamp, its window sums at that stamp and the stable
+#: sums kept for the next snapshot (:mod:`calmon.agent.windowsums`).
+_RingSums = tuple[Any, "tuple[int, float] | None", dict[str, BucketStats], "RingSums | None"]
 
 
 class AgentState:
@@ -178,14 +180,16 @@ class AgentState:
     def snapshot(self) -> list[WindowSnapshot]:
         """Window sums of every (model, segment, window), in model order, taking the lock one ring at a time.
 
-        Each ring is copied under the lock on its own (:meth:`TieredRing.copy`: its buckets' arrays, then
-        the lock is released so a batch can go in) and its window sums are computed from the copy
-        outside the lock, so a snapshot is consistent *per ring*: every window
-        of one (model, segment) reflects the same batches, two rings may differ by the batches
-        ingested in between.  A ring whose ``version`` and window bounds did not change since the
-        previous snapshot is not summed again: its previous sums are reused (they are never
-        mutated, see :class:`WindowSnapshot`), and :attr:`WindowSnapshot.stamp` tells the evaluator
-        so.  Called by one thread (the scheduler); the reuse cache is that thread's.
+        Under the lock, one ring at a time, :func:`~calmon.agent.windowsums.capture` copies the buckets
+        the ring's sums will read -- the ones new events land in, and those whose window changed since
+        the previous snapshot -- and the sums are merged from the copies after the lock is released, so
+        a snapshot is consistent *per ring*: every window of one (model, segment) reflects the same
+        batches, two rings may differ by the batches ingested in between.  A ring whose ``version``
+        and window bounds did not change since the previous snapshot is not summed again: its previous
+        sums are reused (they are never mutated, see :class:`WindowSnapshot`), and
+        :attr:`WindowSnapshot.stamp` tells the evaluator so; a ring that changed reuses the sums of its
+        unchanged buckets (:mod:`calmon.agent.windowsums`).  Called by one thread (the scheduler); the
+        reuse cache is that thread's.
         """
         with self.lock:
             wm = self.joiner.watermark
@@ -195,22 +199,23 @@ class AgentState:
         fresh: dict[tuple[str, str], _RingSums] = {}
         out: list[WindowSnapshot] = []
         for name, seg, ring in rings:
+            hit = cache.get((name, seg))
+            kept = hit[3] if hit is not None and hit[0] is ring else None
             with self.lock:
                 end = max(wm, ring.watermark)
                 cur = math.floor(end / w0) * w0 if end > -math.inf else 0.0
                 version = getattr(ring, "version", None)  # TieredRing.version: +1 on every mutation
                 stamp = None if version is None else (int(version), cur)
-                hit = cache.get((name, seg))
                 reuse = stamp is not None and hit is not None and hit[0] is ring and hit[1] == stamp
-                # copying a bucket is a few array copies, merging it (reservoir sampling) far more: copy the
-                # ring under the lock, sum the copy after releasing it
-                frozen = None if reuse else ring.copy()
-            if frozen is None:
+                # copying a bucket is a few array copies, merging it (reservoir sampling) far more: copy what
+                # the sums read under the lock, merge after releasing it
+                plan = None if reuse else capture(ring, self.windows, wm, kept, BucketStats.copy)
+            if plan is None:
                 assert hit is not None
-                sums = hit[2]
+                sums, kept = hit[2], hit[3]
             else:
-                sums = frozen.window_sums(self.windows, watermark=wm)
-            fresh[(name, seg)] = (ring, stamp, sums)
+                sums, kept = plan.run()
+            fresh[(name, seg)] = (ring, stamp, sums, kept)
             out.extend(WindowSnapshot(name, seg, w, sums[w], stamp) for w in self.windows)
         self._snap_cache = fresh
         return out

@@ -161,25 +161,35 @@ class TieredRing(Generic[S]):
                 self._put(t, k, state)
 
     # -- updates ----------------------------------------------------------------------------
-    def add(self, ts: np.ndarray, update: Callable[[S, np.ndarray], None], watermark: float | None = None) -> None:
+    def add(self, ts: np.ndarray | None, update: Callable[[S, np.ndarray], None], watermark: float | None = None,
+            groups: list[tuple[int, float, np.ndarray]] | None = None) -> None:
         """Add events at times ``ts``: ``update(state, indices)`` is called once per bucket touched.
 
         Parameters
         ----------
         ts
-            Event times (finite), shape ``(n,)``.
+            Event times (finite), shape ``(n,)``; unused with ``groups``.
         update
             Adds the events ``indices`` (into ``ts``) to ``state``, e.g.
             ``lambda s, i: s.update(score=z[i], labels=y[i])``.
         watermark
             Watermark after these events (default ``max(ts)``); the ring rolls to it first.
+        groups
+            ``(tier, bucket start, indices)`` of the events, as :func:`bucket_cells` places them under
+            :meth:`bounds` at ``watermark`` (which must then be given and not be behind any event): a caller
+            that places the events of many rings at once (one vectorised pass for a whole batch) passes them.
         """
-        ts = np.asarray(ts, dtype=np.float64)
-        if ts.size == 0:
-            return
-        self.advance(float(ts.max()) if watermark is None else max(watermark, float(ts.max())))
-        groups = self._groups(ts, self.bounds())
-        if all(t >= len(self.tiers) for t, _, _ in groups) and not self.keep_archive:
+        if groups is None:
+            ts = np.asarray(ts, dtype=np.float64)
+            if ts.size == 0:
+                return
+            self.advance(float(ts.max()) if watermark is None else max(watermark, float(ts.max())))
+            groups = self._groups(ts, self.bounds())
+        else:
+            if watermark is None:
+                raise ValueError("add(groups=...) needs the watermark the groups were placed at")
+            self.advance(watermark)
+        if not self.keep_archive and all(t >= len(self.tiers) for t, _, _ in groups):
             return  # nothing lands
         self.version += 1
         for t, start, idx in groups:  # (tier, bucket start, event indices)
@@ -199,25 +209,8 @@ class TieredRing(Generic[S]):
 
     def _groups(self, ts: np.ndarray, bounds: list[float]) -> list[tuple[int, float, np.ndarray]]:
         """``(tier, bucket start, event indices)`` of the buckets that events ``ts`` fall in under ``bounds``."""
-        w0 = self.tiers[0][0]
-        k0 = np.floor(ts / w0) * w0
-        lo0, hi0 = float(k0.min()), float(k0.max())
-        if lo0 >= bounds[0]:  # fast path (live traffic): every event in tier 0
-            if lo0 == hi0:
-                return [(0, lo0, np.arange(ts.size))]
-            tier = np.zeros(ts.size, dtype=np.int64)
-            key = k0
-        else:
-            tier = np.full(ts.size, len(self.tiers), dtype=np.int64)
-            key = np.zeros(ts.size)
-            for i in range(len(self.tiers) - 1, -1, -1):
-                k = k0 if i == 0 else np.floor(ts / self.tiers[i][0]) * self.tiers[i][0]
-                ok = k >= bounds[i]
-                tier[ok] = i
-                key[ok] = k[ok]
-        # one integer code per (tier, bucket): bucket starts are multiples of the finest width
-        code = tier * (1 << 42) + np.floor(key / w0 + 0.5).astype(np.int64)
-        if int(code.min()) == int(code.max()):  # a single bucket
+        tier, key, code = bucket_cells(self.tiers, ts, bounds)
+        if tier.size == 1 or int(code.min()) == int(code.max()):  # a single bucket (also: every event in tier 0)
             return [(int(tier[0]), float(key[0]), np.arange(ts.size))]
         order = np.argsort(code, kind="stable")
         sc = code[order]
@@ -240,6 +233,9 @@ class TieredRing(Generic[S]):
     def window_sums(self, lengths: dict[str, float | None], watermark: float | None = None) -> dict[str, S]:
         """Sum of the buckets of each window (``None`` = everything including the archive), in one pass.
 
+        The merge order is that of :mod:`calmon.agent.windowsums` (stable buckets newest first, then the
+        buckets new events land in), so the snapshot's incremental sums equal these bit for bit.
+
         Parameters
         ----------
         lengths
@@ -252,21 +248,9 @@ class TieredRing(Generic[S]):
         dict
             Window name -> a new state (the ring is not modified).
         """
-        wm = self.watermark if watermark is None else max(watermark, self.watermark)
-        cur = math.floor(wm / self.tiers[0][0]) * self.tiers[0][0] if wm > -math.inf else 0.0
-        todo = sorted(lengths.items(), key=lambda kv: math.inf if kv[1] is None else kv[1])
-        buckets = self.iter_newest_first()
-        acc = self.factory()
-        pos = 0
-        out: dict[str, S] = {}
-        for name, length in todo:
-            cutoff = -math.inf if length is None else cur + self.tiers[0][0] - length
-            while pos < len(buckets) and buckets[pos][0] >= cutoff:
-                acc.merge(buckets[pos][2])
-                pos += 1
-            if length is None and self.archive is not None:
-                acc.merge(self.archive)
-            out[name] = _copy(acc)
+        from calmon.agent.windowsums import from_scratch  # windowsums reads rings: import at call time
+
+        out: dict[str, S] = from_scratch(self, lengths, watermark)
         return out
 
     def window_sum(self, length: float | None) -> S:
@@ -338,6 +322,35 @@ class TieredRing(Generic[S]):
         ring.bucket_versions = [dict.fromkeys(tier, ring.version) for tier in ring.buckets]
         ring.archive_version = ring.version if ring.archive is not None else 0
         return ring
+
+
+def bucket_cells(tiers: list[tuple[float, int]], ts: np.ndarray, bounds: list[float]
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Tier, bucket start and one integer code per (tier, bucket) of each event time ``ts`` under ``bounds``
+    (:meth:`TieredRing.bounds`); tier ``len(tiers)`` is the archive.  Vectorised: one call places the events
+    of every ring that shares ``tiers`` and ``bounds`` (a whole batch, issue #15).
+
+    Examples
+    --------
+    >>> tier, key, _ = bucket_cells([(60.0, 2), (600.0, 1)], np.array([1300.0, 1201.0, 5.0]), [1260.0, 600.0])
+    >>> tier.tolist(), key.tolist()
+    ([0, 1, 2], [1260.0, 1200.0, 0.0])
+    """
+    w0 = tiers[0][0]
+    k0 = np.floor(ts / w0) * w0
+    if ts.size and float(k0.min()) >= bounds[0]:  # fast path (live traffic): every event in tier 0
+        tier = np.zeros(ts.size, dtype=np.int64)
+        key = k0
+    else:
+        tier = np.full(ts.size, len(tiers), dtype=np.int64)
+        key = np.zeros(ts.size)
+        for i in range(len(tiers) - 1, -1, -1):
+            k = k0 if i == 0 else np.floor(ts / tiers[i][0]) * tiers[i][0]
+            ok = k >= bounds[i]
+            tier[ok] = i
+            key[ok] = k[ok]
+    # bucket starts are multiples of the finest width
+    return tier, key, tier * (1 << 42) + np.floor(key / w0 + 0.5).astype(np.int64)
 
 
 def _copy(state: Any) -> Any:

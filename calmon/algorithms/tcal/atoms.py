@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from scipy import sparse
 
+from calmon.algorithms.tcal.binomial import BinomialSampler
 from calmon.algorithms.tcal.estimators import check_binary, check_bins, check_grid
 from calmon.stats.grid import ScoreGrid, cell_index
 
@@ -69,6 +70,7 @@ class Atoms:
     fine_bins: int | None = None
     levels: list[Level] = field(default_factory=list)
     _plan: list[int] | None = None
+    _sampler: BinomialSampler | None = None
 
     @classmethod
     def from_raw(cls, z: np.ndarray, y: np.ndarray) -> Atoms:
@@ -185,21 +187,23 @@ class Atoms:
         """
         order = self._plan if self._plan is not None else self._make_plan()
         r = k.shape[1]
-        X = np.concatenate([k, g], axis=1)
-        cell_sums: dict[int, np.ndarray] = {}
+        # k and g summed apart: each column of a sparse product is summed on its own, so this is the
+        # product of the two stacked side by side, without the copy
+        sums: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         out = np.zeros((r, len(self.levels)))
         for j in order:
             lev = self.levels[j]
-            C = lev.matrix @ (X if lev.source < 0 else cell_sums[lev.source])
+            src_k, src_g = (k, g) if lev.source < 0 else sums[lev.source]
+            Ck, Cg = lev.matrix @ src_k, lev.matrix @ src_g
             if lev.full:
-                cell_sums[j] = C
-                C = C[lev.keep]
+                sums[j] = (Ck, Cg)
+                Ck, Cg = Ck[lev.keep], Cg[lev.keep]
             if lev.N.size == 0:
                 continue
-            S = C[:, :r] - lev.Z[:, None]
-            Q = C[:, r:] + lev.ZZ[:, None]
+            S = Ck - lev.Z[:, None]
+            Cg += lev.ZZ[:, None]
             S *= S
-            S -= Q
+            S -= Cg
             out[:, j] = (1.0 / lev.N) @ S / self.n
         return out
 
@@ -207,19 +211,25 @@ class Atoms:
         """``r`` null draws of per-atom positives (Bernoulli for single events), shape (atoms, r).
 
         Draws are generated draw-major, so the stream of draws does not depend on the batch sizes.
+        Atoms of several events are drawn by :class:`~calmon.algorithms.tcal.binomial.BinomialSampler`,
+        bit for bit ``rng.binomial`` (built once per atoms and reused by every batch).
         """
         A = self.N.size
-        k = np.empty((A, r))
         one = self.N == 1
         if one.all():
-            k[:] = (rng.random((r, A)) < self.p).T
-        elif not one.any():
-            k[:] = rng.binomial(self.N.astype(np.int64), self.p, size=(r, A)).T
+            k = (rng.random((r, A)) < self.p).T.astype(np.float64)
         else:
-            u = rng.random((r, int(one.sum())))
-            b = rng.binomial(self.N[~one].astype(np.int64), self.p[~one], size=(r, int((~one).sum())))
-            k[one] = (u < self.p[one]).T
-            k[~one] = b.T
+            if self._sampler is None:
+                many = ~one
+                self._sampler = BinomialSampler.build(self.N[many].astype(np.int64), self.p[many])
+            if not one.any():
+                k = self._sampler.draw(rng, r)
+            else:
+                k = np.empty((A, r))
+                u = rng.random((r, int(one.sum())))
+                b = self._sampler.draw(rng, r)
+                k[one] = (u < self.p[one]).T
+                k[~one] = b
         return k, k * (1.0 - 2.0 * self.p)[:, None]
 
 
