@@ -118,7 +118,8 @@ def write_config(directory: Path, *, source: str, bootstrap: str = "", events: P
                 "backoff_initial": 0.2, "backoff_max": 2.0}
         src = f"[{{name: events, type: kafka, options: {json.dumps(opts)}}}]"
         dead = f"{{type: kafka, options: {json.dumps({'bootstrap_servers': bootstrap, 'topic': 'dlq'})}}}"
-        cl = {"bootstrap_servers": bootstrap, "partitions": DELTA_PARTITIONS, "client": {}, "linger": 0.3}
+        cl = {"bootstrap_servers": bootstrap, "partitions": DELTA_PARTITIONS, "client": {}, "linger": 0.3,
+              "snapshot_every": os.environ.get("CALMON_SNAPSHOT_EVERY", "1s")}
         cluster = f"cluster: {json.dumps(cl)}"
     cfg = directory / "calmon.yaml"
     cfg.write_text(f"""
@@ -380,6 +381,7 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
         info["restore_seconds"] = {w.name: round(v, 3) for w in live_ingest + live_evals
                                    for v in w.metric("calmon_cluster_restore_seconds").values()}
         info["cpu"].update({w.name: w.cpu() for w in live_ingest + live_evals})
+        info["snapshots"] = [snapshot_reads(w, delta_ends) for w in live_evals]
         for w in live_ingest:
             rc = w.term()
             assert rc == 0, (w.name, rc, w.log.read_text()[-3000:])
@@ -397,6 +399,17 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
         for w in workers:
             if w.alive():
                 w.kill()
+
+
+def snapshot_reads(w: Worker, delta_ends: dict[int, int]) -> dict[str, Any]:
+    """An evaluator's snapshot counters, its delta reads, and what a full replay of its partitions would read."""
+    out: dict[str, Any] = {"name": w.name}
+    for k in ("snapshots_total", "snapshot_models_restored_total", "deltas_read_total"):
+        out[k] = int(sum(w.metric(f"calmon_cluster_{k}").values()))
+    parts = [int(re.search(r'partition="[^"]*/(\d+)"', lab).group(1))  # type: ignore[union-attr]
+             for lab in w.metric("calmon_cluster_position")]
+    out["full_replay"] = sum(delta_ends.get(p, 0) for p in parts)
+    return out
 
 
 def series_of(w: Worker) -> set[str]:
@@ -418,8 +431,15 @@ def test_cluster_exactly_once_with_kills(tmp_path):
         broker.create_topic(TOPIC, partitions=PARTITIONS)
         run = cluster_run(tmp_path, broker, records, np.random.default_rng(0))
     res = check(ref, run, records, n_bad, checked)
-    print(json.dumps({**res, "records": len(records), "kills": run["kills"], "seconds": round(run["seconds"], 1)}))
+    print(json.dumps({**res, "records": len(records), "kills": run["kills"], "seconds": round(run["seconds"], 1),
+                      "snapshots": run["snapshots"]}))
     assert res["models"] == MODELS, res
+    # snapshots were written, and an evaluator that took over partitions restored from them, reading fewer
+    # delta records than a replay of its partitions from the beginning would
+    snaps = run["snapshots"]
+    assert sum(e["snapshots_total"] for e in snaps) > 0, snaps
+    assert any(e["snapshot_models_restored_total"] > 0 and e["deltas_read_total"] < e["full_replay"]
+               for e in snaps), snaps
     assert res["disjoint"], res
     assert res["difference"] is None, res["difference"]
     assert res["events_difference"] is None, res["events_difference"]
@@ -435,7 +455,9 @@ def main() -> int:
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=3600.0, help="longest wait for the workers to catch up")
+    ap.add_argument("--snapshot-every", default="1s", help="evaluator snapshots (cluster.snapshot_every; 0 = off)")
     args = ap.parse_args()
+    os.environ["CALMON_SNAPSHOT_EVERY"] = args.snapshot_every
     import tempfile
 
     t0 = time.monotonic()
@@ -454,7 +476,7 @@ def main() -> int:
         res = check(ref, run, records, n_bad, checked)
         res.update(trial=trial, identical=identical(res), records=len(records), kills=run["kills"],
                    removed=run.get("removed"), seconds=round(run["seconds"], 1), delta_records=run["delta_records"],
-                   restore_seconds=run["restore_seconds"],
+                   restore_seconds=run["restore_seconds"], snapshots=run["snapshots"],
                    cpu_seconds={k: round(v, 1) for k, v in run["cpu"].items()})
         rows.append(res)
         print(json.dumps(res), flush=True)

@@ -7,9 +7,9 @@ deltas instead of decoding events:
 
 * a delta of ``(input partition, model)`` whose range ends at or before the last one applied for that
   pair is dropped (a replayed range); the table of last ends is part of the state;
-* the state of a partition is rebuilt by replaying the deltas partition from its beginning (the
-  deltas topic's retention must exceed the longest window; snapshots to a compacted topic would
-  shorten restores and are not implemented), so the agent's own checkpoints are off;
+* every ``cluster.snapshot_every`` the changed models are written to the compacted snapshots topic
+  (:mod:`calmon.cluster.snapshots`); a partition's new owner restores them and replays only the deltas
+  from ``min(o_m)`` on (from the beginning without snapshots), so the agent's own checkpoints are off;
 * when a partition is revoked its models, their counters and their de-duplication entries are
   dropped at once, so ``/metrics`` of all evaluators together show each series once;
 * ``/readyz`` is false until every owned partition has been read up to its end as of its assignment.
@@ -31,8 +31,10 @@ from typing import Any
 from calmon.agent.runtime import Agent
 from calmon.agent.views import round_state
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
-from calmon.cluster.intents import new_writer_id
+from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.cluster.ownership import render_ownership
+from calmon.cluster.snapshot_store import SnapshotStore
+from calmon.cluster.snapshots import Manifest, ModelSnapshot, copy_windows, keep_delta, restore_start
 from calmon.config import Config
 from calmon.jsonio import write_json_atomic
 from connectors.base import Batch, Source
@@ -89,6 +91,15 @@ class EvaluateAgent(Agent):
         self.dropped_repeats = 0
         self.bad_deltas = 0
         self._per_delta = 0.01  #: seconds per delta (moving average), sizes the reads
+        #: model -> deltas offset its restored snapshot covers (``o_m``); models changed since the last snapshot
+        self.covers: dict[str, int] = {}
+        #: model -> largest watermark of its deltas (a snapshot restores its own, not its writer's global one)
+        self.watermarks: dict[str, float] = {}
+        self.dirty: set[str] = set()
+        self.restored_parts: set[str] = set()
+        self.snapshots_written = self.snapshot_bytes = self.snapshot_models_restored = self.deltas_read = 0
+        self._store: SnapshotStore | None = None
+        self._last_snapshot = time.monotonic()
 
     # -- ingestion: deltas instead of events -------------------------------------------------------
     def poll_once(self) -> bool:
@@ -98,23 +109,29 @@ class EvaluateAgent(Agent):
         size = max(1, min(self.cfg.ingest.batch_size, int(READ_BUDGET / max(self._per_delta, 1e-6))))
         batch = self.deltas.read(size, self.cfg.ingest.poll_timeout)
         if batch is None or not batch.records:
+            self._maybe_snapshot()
             return False
         t0 = time.monotonic()
         self.ingest(batch, self.deltas)
         self._per_delta = 0.7 * self._per_delta + 0.3 * (time.monotonic() - t0) / len(batch.records)
+        self._maybe_snapshot()
         return True
 
     def ingest(self, batch: Batch, src: Source | None = None) -> None:
         """Merge a batch of delta records (dropping repeats) into the windows, under the state lock."""
         origins = batch.origins or [""] * len(batch.records)
+        for key in {o.rpartition("@")[0] for o in origins} - self.restored_parts:
+            self._restore_partition(key)  # assigned inside this read: restore before applying its deltas
+        self.deltas_read += len(batch.records)
         with self.state.lock:
             for value, origin in zip(batch.records, origins):
-                self._apply(value, origin.rpartition("@")[0])
+                key, _, offset = origin.rpartition("@")
+                self._apply(value, key, int(offset) if offset.isdigit() else -1)
             c = self.state.counters
             c.batches += 1
             c.add_records(batch.source, len(batch.records))
 
-    def _apply(self, value: bytes, partition: str) -> None:
+    def _apply(self, value: bytes, partition: str, offset: int = -1) -> None:
         try:
             delta = Delta.from_bytes(value)
         except DeltaError as exc:
@@ -122,7 +139,7 @@ class EvaluateAgent(Agent):
             log.warning("evaluate %s: skipping a bad delta on %s: %s", self.worker, partition, exc)
             return
         key = (delta.source, delta.model)
-        if delta.end <= self.applied.get(key, -1):
+        if delta.end <= self.applied.get(key, -1) or not keep_delta(offset, delta.model, self.covers):
             self.dropped_repeats += 1
             return
         st = self.state
@@ -134,6 +151,8 @@ class EvaluateAgent(Agent):
             return
         self.applied[key] = delta.end
         self.partition_of[delta.model] = partition
+        self.dirty.add(delta.model)
+        self.watermarks[delta.model] = max(self.watermarks.get(delta.model, -math.inf), delta.watermark)
         for kind, n in delta.events.items():
             st.counters.add_events(delta.model, kind, n)
         if delta.late:
@@ -147,8 +166,13 @@ class EvaluateAgent(Agent):
         for key in sorted(self.owned - assigned):
             self._drop_partition(key)
         now = time.monotonic()
-        for key in sorted(assigned - self.owned):
+        fresh = sorted(assigned - self.owned)
+        for key in fresh:
             self.restoring[key] = (now, None)
+            if key not in self.restored_parts:
+                self._restore_partition(key)
+        if fresh:  # the restores moved positions: the restore targets come from the lags after them
+            health = self.deltas.health()
         self.owned = assigned
         position = self.deltas.position()
         for key, (since, target) in list(self.restoring.items()):
@@ -170,6 +194,10 @@ class EvaluateAgent(Agent):
             for m in gone:
                 self.state.models.pop(m, None)
                 del self.partition_of[m]
+                self.covers.pop(m, None)
+                self.watermarks.pop(m, None)
+            self.dirty -= gone
+            self.restored_parts.discard(key)
             c = self.state.counters
             c.events = {k: v for k, v in c.events.items() if k[0] not in gone}
             c.late = {k: v for k, v in c.late.items() if k not in gone}
@@ -182,6 +210,99 @@ class EvaluateAgent(Agent):
             pub, evaluations=tuple(e for e in pub.evaluations if e["model"] not in gone))
         self.metrics.prepare(round_state(self.published))
         log.info("evaluate %s: %s revoked, %d models dropped", self.worker, key, len(gone))
+
+    # -- snapshots ---------------------------------------------------------------------------------
+    def _snapshot_store(self) -> SnapshotStore | None:
+        cl = self.cfg.cluster
+        if cl.snapshot_every <= 0:
+            return None
+        if self._store is None:
+            try:
+                ensure_topics(cl.bootstrap_servers, cl.client,
+                              {cl.snapshots_topic: (cl.partitions, {"cleanup.policy": "compact"})})
+                self._store = SnapshotStore(cl.bootstrap_servers, cl.snapshots_topic, cl.client,
+                                            Producer(cl.bootstrap_servers, cl.client))
+            except ClusterError as exc:
+                log.warning("evaluate %s: snapshots unavailable (%s); replaying deltas", self.worker, exc)
+        return self._store
+
+    def _restore_partition(self, key: str) -> None:
+        """Install the snapshots of deltas partition ``key`` and seek it to :func:`restore_start`."""
+        self.restored_parts.add(key)
+        store = self._snapshot_store()
+        part = key.rpartition("/")[2]
+        if store is None or not part.isdigit():
+            return
+        try:
+            snap = store.read(int(part))
+        except Exception as exc:  # noqa: BLE001 - kafka client errors are not enumerable; replay instead
+            log.warning("evaluate %s: cannot read snapshots of %s (%s); replaying", self.worker, key, exc)
+            snap = None
+        if snap is None:
+            return
+        st = self.state
+        with st.lock:
+            for m, s in snap.models.items():
+                st.models[m] = s.windows
+                self.partition_of[m], self.covers[m] = key, s.offset
+                for src, end in s.applied.items():
+                    self.applied[(src, m)] = max(end, self.applied.get((src, m), -1))
+                for kind, n in s.events.items():
+                    st.counters.events[(m, kind)] = n
+                if s.late:
+                    st.counters.late[m] = s.late
+                self.watermarks[m] = s.watermark
+                st.joiner.watermark = max(st.joiner.watermark, s.watermark)
+        self.snapshot_models_restored += len(snap.models)
+        position = self.deltas.position()
+        position[key] = restore_start(snap.manifest, snap.models.values())
+        self.deltas.seek(position)
+        log.info("evaluate %s: %s restored %d model snapshots, replaying from offset %d", self.worker, key,
+                 len(snap.models), position[key])
+
+    def _take_snapshots(self) -> dict[str, tuple[list[ModelSnapshot], Manifest]]:
+        """Copies of the changed owned models per deltas partition (under the state lock; encoded outside)."""
+        st = self.state
+        out: dict[str, tuple[list[ModelSnapshot], Manifest]] = {}
+        with st.lock:
+            position = self.deltas.position()
+            applied: dict[str, dict[str, int]] = {}
+            for (src, m), end in self.applied.items():
+                applied.setdefault(m, {})[src] = end
+            events: dict[str, dict[str, int]] = {}
+            for (m, kind), n in st.counters.events.items():
+                events.setdefault(m, {})[kind] = n
+            members: dict[str, list[str]] = {}
+            for m, part in self.partition_of.items():
+                members.setdefault(part, []).append(m)
+            for m in sorted(self.dirty):
+                key = self.partition_of.get(m, "")
+                if key not in self.owned or m not in st.models or key not in position:
+                    continue
+                snap = ModelSnapshot(m, max(position[key], self.covers.get(m, 0)), copy_windows(st.models[m]),
+                                     applied.get(m, {}), events.get(m, {}), st.counters.late.get(m, 0),
+                                     self.watermarks.get(m, -math.inf))
+                out.setdefault(key, ([], Manifest(position[key], tuple(sorted(members[key])))))[0].append(snap)
+            self.dirty.clear()
+        return out
+
+    def _maybe_snapshot(self, force: bool = False) -> None:
+        """Every ``cluster.snapshot_every``: write the changed models of the owned, restored partitions."""
+        every = self.cfg.cluster.snapshot_every
+        now = time.monotonic()
+        if every <= 0 or self.restoring or not self.dirty or (not force and now - self._last_snapshot < every):
+            return
+        store = self._snapshot_store()
+        if store is None:
+            return
+        self._last_snapshot = now
+        for key, (snaps, manifest) in self._take_snapshots().items():
+            try:
+                self.snapshot_bytes += store.write(int(key.rpartition("/")[2]), snaps, manifest)
+                self.snapshots_written += len(snaps)
+            except Exception as exc:  # noqa: BLE001 - kafka client errors are not enumerable; retried next round
+                log.warning("evaluate %s: snapshot of %s failed: %s", self.worker, key, exc)
+                self.dirty.update(s.model for s in snaps)
 
     def is_ready(self) -> bool:
         """Connected and every owned partition read up to its end as of its assignment."""
@@ -199,6 +320,13 @@ class EvaluateAgent(Agent):
                   "# HELP calmon_cluster_bad_deltas_total Delta records that could not be read or merged.",
                   "# TYPE calmon_cluster_bad_deltas_total counter",
                   f"calmon_cluster_bad_deltas_total{{{base}}} {self.bad_deltas}"]
+        for name, text, v in (
+                ("deltas_read_total", "Delta records read (replays included).", self.deltas_read),
+                ("snapshots_total", "Model snapshots written to the snapshots topic.", self.snapshots_written),
+                ("snapshot_bytes_total", "Bytes of snapshot records written.", self.snapshot_bytes),
+                ("snapshot_models_restored_total", "Models restored from snapshots.", self.snapshot_models_restored)):
+            lines += [f"# HELP calmon_cluster_{name} {text}", f"# TYPE calmon_cluster_{name} counter",
+                      f"calmon_cluster_{name}{{{base}}} {v}"]
         return self.metrics.render() + ("\n".join(lines) + "\n").encode()
 
     def owned_state(self) -> dict[str, Any]:

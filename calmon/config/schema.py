@@ -535,6 +535,10 @@ class ClusterConfig:
     state_topic: str = "calmon-ingest-state"
     #: Write-ahead intents of the ingest stage (first writer wins); delete retention, not compaction.
     intents_topic: str = "calmon-ingest-intents"
+    #: Evaluator snapshots (one record per model, in the partition of its deltas), read on assignment; compact it.
+    snapshots_topic: str = "calmon-evaluator-snapshots"
+    #: Seconds between two evaluator snapshots of the changed models (0 = off: restores replay the deltas).
+    snapshot_every: Duration = Duration(60.0)
     ingest_group: str = "calmon-ingest"
     evaluate_group: str = "calmon-evaluate"
     #: Partitions of the deltas topic when calmon creates it (the most evaluators that can share the models).
@@ -546,17 +550,20 @@ class ClusterConfig:
 
     def validate(self, path: str) -> None:
         topics = {"deltas_topic": self.deltas_topic, "state_topic": self.state_topic,
-                  "intents_topic": self.intents_topic}
+                  "intents_topic": self.intents_topic, "snapshots_topic": self.snapshots_topic}
         for key, name in topics.items():
             _check(bool(re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name)), f"{path}.{key}",
                    f"must be a Kafka topic name ([A-Za-z0-9._-], 1-249 characters), got {name!r}")
-        _check(len(set(topics.values())) == 3, path, f"deltas_topic, state_topic and intents_topic must differ, "
+        _check(len(set(topics.values())) == 4, path, f"deltas_topic, state_topic, intents_topic and "
+               f"snapshots_topic must differ, "
                f"got {sorted(topics.values())}")
         for key in ("ingest_group", "evaluate_group"):
             _check(bool(str(getattr(self, key)).strip()), f"{path}.{key}", "must not be empty")
         _check(self.ingest_group != self.evaluate_group, f"{path}.evaluate_group", "must differ from ingest_group")
         _check(1 <= self.partitions <= 10000, f"{path}.partitions", f"must be in [1, 10000], got {self.partitions}")
         _check(0.001 <= self.linger <= 60, f"{path}.linger", f"must be in [1ms, 60s], got {self.linger}")
+        _check(self.snapshot_every == 0 or 1 <= self.snapshot_every <= 86400, f"{path}.snapshot_every",
+               f"must be 0 (off) or in [1s, 1d], got {self.snapshot_every}")
 
 
 @dataclass

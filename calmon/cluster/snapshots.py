@@ -1,0 +1,160 @@
+"""Evaluator snapshots: one record per model on a compacted topic, so a new owner restores without a full replay.
+
+A :class:`ModelSnapshot` is everything an evaluator holds about one model: its windows (rings of
+*packed* bucket documents, :meth:`~calmon.agent.buckets.BucketStats.to_packed`; no pickle), its event
+and late counters, its de-duplication entries (the end of the last range applied per input partition)
+and the deltas offset ``o_m`` it covers: every delta of that model below ``o_m`` in its deltas
+partition is in it.  It is written to the snapshots partition equal to the model's deltas partition.
+
+After a round of model records, a :class:`Manifest` record (key ``"\\x00manifest"``) names every model
+the partition held at deltas offset ``M``: a model absent from it has no delta below ``M``.  A new
+owner reads the partition, keeps each key's latest record and seeks the deltas partition to
+:func:`restore_start` = ``min(M, min o_m)`` (0 without a manifest).  While replaying, :func:`keep_delta`
+drops a delta of model ``m`` below ``o_m``; the de-duplication by range end makes the rest exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calmon.agent.buckets import BucketStats, ModelWindows
+from calmon.agent.windows import TieredRing
+
+__all__ = ["FORMAT", "VERSION", "MANIFEST_KEY", "MAX_RECORD", "Manifest", "ModelSnapshot", "SnapshotError",
+           "copy_windows", "keep_delta", "restore_start"]
+
+FORMAT = "calmon.snapshot"
+VERSION = 1
+MANIFEST_KEY = b"\x00manifest"
+#: Largest record written (the internal producer's ``max_request_size``); a larger model snapshot is refused.
+MAX_RECORD = 16 << 20
+
+
+class SnapshotError(ValueError):
+    """A snapshots-topic record that cannot be read, or a snapshot too large to write (one line)."""
+
+
+def copy_windows(mw: ModelWindows) -> ModelWindows:
+    """A copy of ``mw`` with copies of every bucket (take it under the state lock, encode it outside)."""
+    out = ModelWindows.__new__(ModelWindows)
+    out.name, out.classes, out.tiers, out.segments = mw.name, mw.classes, list(mw.tiers), list(mw.segments)
+    out.params = dict(mw.params)
+    out.rings = {seg: ring.copy(BucketStats.copy) for seg, ring in mw.rings.items()}
+    return out
+
+
+@dataclass
+class ModelSnapshot:
+    """One model's evaluator state, covering its deltas below :attr:`offset` (``o_m``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> mw = ModelWindows("m", 2, [(60, 5)], bins=64, reservoir=8)
+    >>> mw.add(np.array([5.0]), np.array(["a"], dtype=object), np.array([1]), np.array([0.9]), None, 5.0)
+    >>> s = ModelSnapshot("m", 42, mw, {"events/0": 7}, {"labeled": 1}, 0, 5.0)
+    >>> r = ModelSnapshot.from_bytes(s.to_bytes())
+    >>> r.offset, r.applied, r.windows.rings["all"].window_sum(None).count
+    (42, {'events/0': 7}, 1)
+    >>> ModelSnapshot.from_bytes(b'{"format": "calmon.snapshot", "version": 9}')
+    Traceback (most recent call last):
+    ...
+    calmon.cluster.snapshots.SnapshotError: snapshot version 9 is not readable (this calmon reads 1)
+    """
+
+    model: str
+    offset: int
+    windows: ModelWindows
+    applied: dict[str, int] = field(default_factory=dict)
+    events: dict[str, int] = field(default_factory=dict)
+    late: int = 0
+    watermark: float = -math.inf
+
+    def to_bytes(self) -> bytes:
+        """The record value; :class:`SnapshotError` if it exceeds :data:`MAX_RECORD`."""
+        mw = self.windows
+        doc = {"format": FORMAT, "version": VERSION, "model": self.model, "offset": self.offset,
+               "applied": self.applied, "events": self.events, "late": self.late,
+               "watermark": self.watermark if math.isfinite(self.watermark) else None,
+               "windows": {"name": mw.name, "params": mw.params, "tiers": [list(t) for t in mw.tiers],
+                           "segments": mw.segments,
+                           "rings": {seg: ring.to_dict(lambda b: b.to_packed()) for seg, ring in mw.rings.items()}}}
+        out = json.dumps(doc, separators=(",", ":")).encode()
+        if len(out) > MAX_RECORD:
+            raise SnapshotError(f"snapshot of model {self.model!r} is {len(out)} bytes, over the {MAX_RECORD}-byte "
+                                f"record limit (fewer tiers, bins or segments)")
+        return out
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> ModelSnapshot:
+        d = _document(data)
+        try:
+            w = d["windows"]
+            p = w["params"]
+            mw = ModelWindows(w["name"], p["classes"], w["tiers"], w["segments"], p["bins"], p["reservoir"],
+                              p["levelset_lambda"], p["reliability_bins"])
+            mw.rings = {seg: TieredRing.from_dict(r, mw.factory, BucketStats.load) for seg, r in w["rings"].items()}
+            wm = d["watermark"]
+            return cls(str(d["model"]), int(d["offset"]), mw, {str(k): int(v) for k, v in d["applied"].items()},
+                       {str(k): int(v) for k, v in d["events"].items()}, int(d["late"]),
+                       -math.inf if wm is None else float(wm))
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SnapshotError(f"bad snapshot record: {type(exc).__name__}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The models of one deltas partition at deltas offset :attr:`offset` (any other model has no delta below)."""
+
+    offset: int
+    models: tuple[str, ...]
+
+    def to_bytes(self) -> bytes:
+        return json.dumps({"format": FORMAT, "version": VERSION, "manifest": True, "offset": self.offset,
+                           "models": list(self.models)}).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Manifest:
+        d = _document(data)
+        try:
+            return cls(int(d["offset"]), tuple(str(m) for m in d["models"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise SnapshotError(f"bad snapshot manifest: {type(exc).__name__}: {exc}") from None
+
+
+def _document(data: bytes) -> dict[str, Any]:
+    try:
+        d = json.loads(data)
+    except ValueError as exc:
+        raise SnapshotError(f"snapshot record is not JSON ({exc})") from None
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise SnapshotError(f"not a {FORMAT} record")
+    if d.get("version") != VERSION:
+        raise SnapshotError(f"snapshot version {d.get('version')} is not readable (this calmon reads {VERSION})")
+    return d
+
+
+def restore_start(manifest: Manifest | None, snapshots: Iterable[ModelSnapshot]) -> int:
+    """Deltas offset to resume a partition from: ``min(M, min o_m)``, or 0 without a manifest.
+
+    >>> restore_start(None, [])
+    0
+    >>> restore_start(Manifest(100, ("a", "b")), [])
+    100
+    """
+    if manifest is None:
+        return 0
+    return min([manifest.offset, *(s.offset for s in snapshots)])
+
+
+def keep_delta(offset: int, model: str, covers: Mapping[str, int]) -> bool:
+    """The merge rule: a delta of ``model`` at ``offset`` is applied unless its snapshot covers it (offset < o_m).
+
+    >>> keep_delta(9, "m", {"m": 10}), keep_delta(10, "m", {"m": 10}), keep_delta(0, "n", {"m": 10})
+    (False, True, True)
+    """
+    return offset >= covers.get(model, 0)
