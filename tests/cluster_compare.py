@@ -18,26 +18,28 @@ MODELS = 24
 Records = list[tuple[int, bytes | None, bytes]]
 
 
+def strip_samples(node: Any) -> Any:
+    """A JSON tree with every reservoir reduced to its count (samples depend on arrival order)."""
+    if isinstance(node, dict):
+        if node.get("format") == "calmon.reservoir":
+            return {"seen": node["seen"]}
+        return {k: strip_samples(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [strip_samples(v) for v in node]
+    return node
+
+
 def normalized(models: dict[str, Any], watermark: float) -> dict[str, Any]:
     """Model documents with every ring advanced to ``watermark`` and reservoir samples reduced to their counts
     (samples depend on arrival order; everything else must not)."""
     from calmon.agent.buckets import ModelWindows
-
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            if node.get("format") == "calmon.reservoir":
-                return {"seen": node["seen"]}
-            return {k: strip(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
 
     out = {}
     for name, doc in models.items():
         mw = ModelWindows.from_dict(doc)
         for ring in mw.rings.values():
             ring.advance(watermark)
-        out[name] = strip(mw.to_dict())
+        out[name] = strip_samples(mw.to_dict())
     return out
 
 

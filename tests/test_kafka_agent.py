@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
+from cluster_compare import strip_samples  # noqa: E402  -- reservoirs reduced to their counts
 from kafka_broker import KafkaBroker, require_broker  # noqa: E402
 from test_agent_crash import compare  # noqa: E402  -- first difference between two JSON trees
 
@@ -159,16 +160,7 @@ def final_state(directory: Path) -> dict[str, Any]:
     state.pop("created", None)
     state["counters"].pop("batches", None)
 
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            if node.get("format") == "calmon.reservoir":
-                return {"seen": node["seen"]}
-            return {k: strip(v) for k, v in node.items()}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    return strip(state)
+    return strip_samples(state)
 
 
 def committed(bootstrap: str, group: str) -> int | None:
