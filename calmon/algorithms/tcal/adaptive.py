@@ -261,13 +261,14 @@ def _simulate(lv: Levels, draws: int, opts: SimulationOptions, m_obs: float,
     threshold = lv.obs - _TIE_TOL * lv.sd
     batch = 64
     cap = max(1, BATCH_ELEMENTS // max(1, lv.atoms.N.size))
+    simulator = lv.atoms.simulator(min(cap, draws))  # = stats(*draw(..)) bit for bit; buffers reused
     while sim.done < draws:
-        k, g = lv.atoms.draw(min(batch, cap, draws - sim.done), opts.rng)
-        T = lv.atoms.stats(k, g)
+        T = simulator(min(batch, cap, draws - sim.done), opts.rng)
         sim.record(T, threshold, q_transform(T, qpar).min(axis=1) <= m_obs * (1 + 1e-9) if minp else None)
         if opts.curtail and sim.hopeless():
             break
         batch = sim.next_batch()
+    simulator.release()
     return sim
 
 

@@ -105,6 +105,35 @@ class BinomialSampler:
         out[flip] = self.n[flip, None] - out[flip]
         return out
 
+    def draw_into(self, rng: np.random.Generator, out: np.ndarray, work: np.ndarray) -> None:
+        """As :meth:`draw`, written into ``out`` (``(m, r)``, C-contiguous) with atoms in ``order``.
+
+        ``out[i]`` holds the draws of atom ``order[i]``; ``work`` is a contiguous float64 scratch of at least
+        ``m r`` elements.  No ``(m, r)`` array is allocated: the uniforms are drawn into ``work`` and gathered into
+        ``out``, which then receives the counts (values, and the ``rng`` stream, exactly as :meth:`draw`).
+        """
+        m, r = out.shape
+        if self.thresholds is None:
+            out[...] = rng.binomial(self.n, self.p, size=(r, m)).T[self.order]
+            return
+        state = rng.bit_generator.state
+        u = rng.random(out=work[: r * m].reshape(r, m))  # draw-major, as numpy's (r, m) draws
+        np.take(u.T, self.order, axis=0, out=out, mode="clip")  # atom-major; "raise" would buffer
+        # the uniforms are in ``out`` now: counts and step masks reuse their scratch (no fresh pages)
+        x = work.view(np.int8)[: m * r].reshape(m, r)
+        mask = work.view(np.bool_)[m * r: 2 * m * r].reshape(m, r)
+        x.fill(0)
+        for k, c in enumerate(self.reach):
+            np.add(x[:c], np.greater_equal(out[:c], self.thresholds[:c, k, None], out=mask[:c]), out=x[:c])
+        if np.any(np.greater(x, self.bound[:, None], out=mask)):
+            rng.bit_generator.state = state
+            out[...] = rng.binomial(self.n, self.p, size=(r, m)).T[self.order]
+            return
+        # n - x for flipped atoms, x otherwise: integers, so -x + n is exact
+        flip = self.flip[self.order]
+        np.multiply(x, np.where(flip, -1.0, 1.0)[:, None], out=out)
+        out += np.where(flip, self.n[self.order], 0)[:, None]
+
 
 def _px_tables(n: np.ndarray, p: np.ndarray, flip: np.ndarray, bound: np.ndarray
                ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -139,16 +168,18 @@ def _px_tables(n: np.ndarray, p: np.ndarray, flip: np.ndarray, bound: np.ndarray
 def _thresholds(px: np.ndarray, steps: np.ndarray, bound: np.ndarray) -> np.ndarray:
     """Per atom and step the smallest ``U`` moving past it (running maxima over steps), by bisection."""
     m, K = px.shape
-    atom, k = np.nonzero(np.arange(K)[None, :] < steps[:, None])
+    k, atom = np.nonzero(np.arange(K)[:, None] < steps[None, :])  # by step: those past step j are a suffix
+    first = np.searchsorted(k, np.arange(K), side="right")  # pairs (atom, k) with k > j start here
     lo = np.zeros(atom.size, dtype=np.int64)
     hi = np.full(atom.size, _TOP, dtype=np.int64)
-    cols = [px[atom, j] for j in range(K)]
+    cols = [px[atom[first[j]:], j] for j in range(K)]
     last = px[atom, k]
+    u = np.empty(atom.size)
     for _ in range(54):
         mid = (lo + hi) // 2
-        u = mid.astype(np.float64) * _ULP
-        for j in range(K - 1):
-            u = np.where(j < k, u - cols[j], u)
+        np.multiply(mid, _ULP, out=u)  # exact: mid < 2**53
+        for j in range(K - 1):  # u_j = u_{j-1} - px_{j-1}, in numpy's order
+            u[first[j]:] -= cols[j]
         past = u > last
         hi = np.where(past, mid, hi)
         lo = np.where(past, lo, mid + 1)
