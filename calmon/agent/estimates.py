@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from calmon.agent.buckets import BucketStats
-from calmon.algorithms.estimate import estimate_performance, expected_metrics, realised_metrics
+from calmon.algorithms.estimate import estimate_performance, estimation_error
 from calmon.algorithms.scoredrift import score_drift
 from calmon.config import EstimationConfig
 from calmon.stats.grid import ScoreGrid
@@ -42,24 +42,26 @@ Predictor = Callable[[np.ndarray], np.ndarray]
 def window_estimates(bucket: BucketStats, reference: ScoreGrid | None, cfg: EstimationConfig,
                      predictor: Predictor | None, *, top_label: bool = False, min_events: int = 100) -> dict[str, Any]:
     """``predictions``, ``estimated`` {metric: {value, lo, hi}}, ``estimation_error`` and ``score_drift``."""
-    out: dict[str, Any] = {"predictions": bucket.pred.count}
+    pred = bucket.pred
+    count = pred.count
+    out: dict[str, Any] = {"predictions": count}
     threshold = 0.0 if top_label else cfg.threshold  # top-label: every prediction is a "positive" (correct or not)
-    est = estimate_performance(bucket.pred, threshold=threshold, calibrator=predictor, level=cfg.level)
+    est = estimate_performance(pred, threshold=threshold, calibrator=predictor, level=cfg.level)
     if est:
         out["estimated"] = {m: e.to_dict() for m, e in est.items()}
-    labelled = _labelled_grid(bucket)
-    if labelled is not None and labelled.count >= min_events:
-        mine = expected_metrics(labelled, threshold=threshold, calibrator=predictor)  # no interval needed here
-        real = realised_metrics(labelled, threshold=threshold)
-        out["estimation_error"] = {m: mine[m] - real[m] for m in mine}
-    if reference is not None and reference.count >= min_events and bucket.pred.count >= min_events:
-        out["score_drift"] = score_drift(reference, bucket.pred, bins=cfg.drift_bins).to_dict()
+    labelled = _labelled_grid(bucket, min_events)
+    if labelled is not None:
+        # expected (no interval needed here) minus realised, from one read of the labelled cells
+        out["estimation_error"] = estimation_error(labelled, threshold=threshold, calibrator=predictor)
+    if reference is not None and count >= min_events and reference.count >= min_events:
+        out["score_drift"] = score_drift(reference, pred, bins=cfg.drift_bins).to_dict()
     return out
 
 
-def _labelled_grid(bucket: BucketStats) -> ScoreGrid | None:
-    """The labelled events' scores and outcomes on the prediction grid's resolution (coarsened fine grid)."""
+def _labelled_grid(bucket: BucketStats, min_events: int) -> ScoreGrid | None:
+    """The labelled events' scores and outcomes on the prediction grid's resolution (coarsened fine grid), or
+    ``None`` with fewer than ``min_events`` (and at least one) of them."""
     fine = bucket.stats.fine
-    if fine.count == 0:
+    if fine.count < max(min_events, 1):
         return None
     return fine.coarsen(min(fine.bins, bucket.pred.bins))

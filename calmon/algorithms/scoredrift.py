@@ -35,10 +35,10 @@ Examples
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from calmon.stats.grid import ScoreGrid
 
@@ -59,7 +59,11 @@ class ScoreDrift:
     n_current: int
 
     def to_dict(self) -> dict[str, float | int]:
-        return asdict(self)
+        # what dataclasses.asdict gives for these scalar fields, without its recursive deep copy
+        return {f: getattr(self, f) for f in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in fields(ScoreDrift))
 
 
 def _interval_counts(ref: ScoreGrid, cur: ScoreGrid, bins: int) -> tuple[np.ndarray, np.ndarray]:
@@ -70,7 +74,8 @@ def _interval_counts(ref: ScoreGrid, cur: ScoreGrid, bins: int) -> tuple[np.ndar
     cum = np.cumsum(rn) / rn.sum()
     cuts = np.unique(np.searchsorted(cum, np.arange(1, bins) / bins, side="left") + 1)
     cuts = cuts[(cuts > 0) & (cuts < rn.size)]
-    return np.add.reduceat(rn, np.r_[0, cuts]), np.add.reduceat(cn, np.r_[0, cuts])
+    starts = np.concatenate(([0], cuts))
+    return np.add.reduceat(rn, starts), np.add.reduceat(cn, starts)
 
 
 def _merge_small(r: np.ndarray, c: np.ndarray, minimum: float = 5.0) -> tuple[np.ndarray, np.ndarray]:
@@ -104,4 +109,5 @@ def score_drift(reference: ScoreGrid, current: ScoreGrid, *, bins: int = 10) -> 
     er, ec = pooled * nr, pooled * nc
     stat = float(np.sum((r - er) ** 2 / er) + np.sum((c - ec) ** 2 / ec))
     df = int(r.size - 1)
-    return ScoreDrift(psi, stat, df, float(stats.chi2.sf(stat, df)), nr, nc)
+    # chdtrc is what scipy.stats.chi2.sf evaluates (without its ~0.1 ms of argument handling)
+    return ScoreDrift(psi, stat, df, float(special.chdtrc(df, stat)), nr, nc)
