@@ -208,8 +208,8 @@ class AgentState:
                 stamp = None if version is None else (int(version), cur)
                 reuse = stamp is not None and hit is not None and hit[0] is ring and hit[1] == stamp
                 # copying a bucket is a few array copies, merging it (reservoir sampling) far more: copy what
-                # the sums read under the lock, merge after releasing it
-                plan = None if reuse else capture(ring, self.windows, wm, kept, BucketStats.copy)
+                # the sums read under the lock (only merged from: no reservoir generator), sum after releasing it
+                plan = None if reuse else capture(ring, self.windows, wm, kept, BucketStats.read_copy)
             if plan is None:
                 assert hit is not None
                 sums, kept = hit[2], hit[3]

@@ -25,6 +25,10 @@ buckets of every window and costs what a from-scratch sum costs.
 
 :func:`capture` runs under the state lock and copies only the buckets the sums will read (the hot ones
 and the stable ones past the kept ``S_k``); :meth:`Plan.run` merges the copies after the lock is released.
+It adds a window's buckets to ``S_{k-1}`` in one call (``summed``, e.g. :meth:`BucketStats.summed
+<calmon.agent.buckets.BucketStats.summed>`: one pass per grid, as integer sums do not depend on their order,
+and the reservoirs merged in the order above), so it needs no copy of the chain; :meth:`Plan.run_reference`
+is the copy-and-merge form, the same sums (``tests/test_windowsums_batched.py``).
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from calmon.agent.windows import TieredRing
 
-__all__ = ["HOT", "Plan", "RingSums", "capture", "from_scratch"]
+__all__ = ["HOT", "REFERENCE", "Plan", "RingSums", "capture", "from_scratch"]
+
+#: Sum windows by copies and pairwise merges (:meth:`Plan.run_reference`) instead of :meth:`Plan.run`'s batched
+#: sums -- the same statistics; for benchmarks and tests.
+REFERENCE = False
 
 #: Tier-0 buckets at the newest end merged last (the current one and the one before, for late outcomes).
 HOT = 2
@@ -77,7 +85,29 @@ class Plan:
     copy: Callable[[Any], Any]
 
     def run(self) -> tuple[dict[str, Any], RingSums]:
-        """The window sums (name -> a new state) and what to keep for the next snapshot."""
+        """The window sums (name -> a new state) and what to keep for the next snapshot.
+
+        States with a ``summed(others)`` method (:meth:`BucketStats.summed
+        <calmon.agent.buckets.BucketStats.summed>`: a new state equal to a copy merged with ``others`` in
+        turn) are summed window by window, one pass per grid and no copies; others, or with
+        :data:`REFERENCE` set, by a copy and pairwise merges (:meth:`run_reference`) -- the same sums.
+        """
+        if REFERENCE:
+            return self.run_reference()
+        stable: list[Any] = list(self.kept[: self.restart])
+        if self.restart < len(self.order):
+            acc = stable[-1] if stable else self.factory()
+            for k in range(self.restart, len(self.order)):
+                # S_k is never mutated once stored (nor is a window sum): a window adding nothing shares it
+                acc = _summed(acc, self.todo[k - self.restart], self.copy)
+                stable.append(acc)
+        out: dict[str, Any] = {}
+        for (name, _), cutoff, s in zip(self.order, self.cutoffs, stable):
+            out[name] = _summed(s, [state for start, state in self.hot if start >= cutoff], self.copy)
+        return out, RingSums(self.order, self.sigs, tuple(stable))
+
+    def run_reference(self) -> tuple[dict[str, Any], RingSums]:
+        """:meth:`run` by a copy of the chain per window and one ``merge`` per bucket (the definition)."""
         stable: list[Any] = list(self.kept[: self.restart])
         if self.restart < len(self.order):
             acc = self.copy(stable[-1]) if stable else self.factory()
@@ -96,6 +126,19 @@ class Plan:
                 total.merge(state)
             out[name] = total
         return out, RingSums(self.order, self.sigs, tuple(stable))
+
+
+def _summed(base: Any, states: list[Any], copy: Callable[[Any], Any]) -> Any:
+    """``base`` with ``states`` merged in turn, as a new state (``base`` itself when there is nothing to add)."""
+    if not states:
+        return base
+    summed = getattr(base, "summed", None)
+    if summed is not None:
+        return summed(states)
+    out = copy(base)
+    for state in states:
+        out.merge(state)
+    return out
 
 
 def capture(ring: TieredRing[Any], lengths: Mapping[str, float | None], watermark: float | None = None,

@@ -33,6 +33,7 @@ the cells are occupied), so it does not depend on the history of merges.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -307,6 +308,52 @@ class ScoreGrid:
         self._combine(other, -1)
         if ((self._dense if self._dense is not None else self._vals)[0] < 0).any():
             raise ValueError("subtract removed more events than the grid holds")
+
+    def summed(self, others: Sequence[ScoreGrid]) -> ScoreGrid:
+        """A new grid holding this grid plus every grid of ``others`` (none of them is changed).
+
+        The same integers, and the same storage, as copying this grid and merging the others one by one
+        (:meth:`merge`): integer sums do not depend on their order, and occupied cells only accumulate, so
+        the pairwise merges end dense exactly when a grid is dense or the union of the occupied cells
+        exceeds a quarter of the grid.  One pass instead of ``len(others)`` merges (the window sums).
+
+        Examples
+        --------
+        >>> import numpy as np
+        >>> a, b = ScoreGrid(128), ScoreGrid(128)
+        >>> a.update(np.array([0.1, 0.5]), np.array([0, 1])); b.update(np.array([0.5]), np.array([1]))
+        >>> a.summed([b, b]) == a + b + b, a.summed([b, b]).is_sparse, a.count
+        (True, True, 2)
+        """
+        shape = self.shape
+        for g in others:
+            if not isinstance(g, ScoreGrid) or g.shape != shape:
+                self._check_compatible(g)
+        out = ScoreGrid.__new__(ScoreGrid)
+        out.bins, out.channels = self.bins, self.channels
+        out._cells, out._vals = _NO_CELLS, _NO_VALUES
+        grids = [self, *others]
+        dense = [g._dense for g in grids if g._dense is not None]
+        sparse_parts = [g for g in grids if g._dense is None and g._cells.size]
+        cells: np.ndarray | None = None
+        vals = _NO_VALUES
+        if len(sparse_parts) == 1:
+            cells, vals = sparse_parts[0]._cells, sparse_parts[0]._vals
+        elif sparse_parts:
+            cells, vals = sparse.aggregate(np.concatenate([g._cells for g in sparse_parts]),
+                                           np.concatenate([g._vals for g in sparse_parts], axis=1))
+        if dense:
+            total = dense[0].copy()
+            for d in dense[1:]:
+                total += d
+            if cells is not None:
+                total[:, cells] += vals  # cells are unique: a plain fancy add is exact
+            out._dense = total
+        elif cells is None:
+            out._set_sparse(_NO_CELLS, _NO_VALUES)
+        else:  # the arrays of a sparse grid are never written in place: sharing them is safe
+            out._set_sparse(cells, vals)
+        return out
 
     def __add__(self, other: ScoreGrid) -> ScoreGrid:
         out = self.copy()

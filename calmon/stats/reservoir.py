@@ -147,21 +147,39 @@ class Reservoir:
             out._gen.bit_generator.state = self._gen.bit_generator.state
         return out
 
+    def sample_copy(self) -> Reservoir:
+        """A copy of the sample alone (rows, count, capacity), for merging from (:meth:`merged` reads nothing
+        else): its generator is a fresh one of seed 0, so updating it would not continue this stream."""
+        out = Reservoir.__new__(Reservoir)
+        out.capacity, out.width, out.seen = self.capacity, self.width, self.seen
+        out._seed, out._owed, out._gen, out._state = 0, 0, None, None
+        out._data = self.rows.copy()
+        return out
+
     def merged(self, other: Reservoir, rng: np.random.Generator) -> Reservoir:
-        """A uniform sample of the union of both streams (counts drawn hypergeometrically)."""
+        """A uniform sample of the union of both streams (counts drawn hypergeometrically).
+
+        The draws from ``rng`` (the new seed, the split, three permutations) define the sample; the window
+        sums merge thousands of reservoirs per round, so the result is built without the constructor's
+        empty arrays (the same rows, count and seed).
+        """
         if other.width != self.width:
             raise ValueError(f"cannot merge reservoirs of widths {self.width} and {other.width}")
-        out = Reservoir(max(self.capacity, other.capacity), self.width, seed=int(rng.integers(2**63)))
+        out = Reservoir.__new__(Reservoir)
+        out.capacity, out.width = max(self.capacity, other.capacity), self.width
+        out._seed, out._gen, out._state, out._owed = int(rng.integers(2**63)), None, None, 0
         total = self.seen + other.seen
         take = min(out.capacity, total)
-        out._reserve(take)
-        if take:
-            k_a = int(rng.hypergeometric(self.seen, other.seen, take)) if self.seen and other.seen else (
-                take if self.seen else 0)
-            a = self.rows[rng.permutation(len(self.rows))[:k_a]]
-            b = other.rows[rng.permutation(len(other.rows))[: take - k_a]]
-            out._data[:take] = np.vstack([a, b])[rng.permutation(take)]
         out.seen = total
+        if not take:
+            out._data = np.zeros((0, self.width))
+            return out
+        k_a = int(rng.hypergeometric(self.seen, other.seen, take)) if self.seen and other.seen else (
+            take if self.seen else 0)
+        mine, theirs = self.rows, other.rows
+        a = mine[rng.permutation(len(mine))[:k_a]]
+        b = theirs[rng.permutation(len(theirs))[: take - k_a]]
+        out._data = np.concatenate([a, b])[rng.permutation(take)]
         return out
 
     def to_dict(self) -> dict[str, Any]:
