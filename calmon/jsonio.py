@@ -36,13 +36,47 @@ import numpy as np
 __all__ = ["clean", "pack_array", "unpack_array", "write_bytes_atomic", "write_json_atomic", "fsync_dir"]
 
 
+#: Types returned as they are (exact types: a subclass such as ``np.float64`` takes the general path).
+_PLAIN = frozenset({str, int, bool, type(None)})
+
+
 def clean(x: Any) -> Any:
     """JSON-safe deep copy: non-finite floats become ``None``; numpy scalars and arrays, tuples and
-    sets become plain Python; dict keys become strings."""
+    sets become plain Python; dict keys become strings.
+
+    Plain dicts and lists are copied with their plain leaves inline (no call per string, int or
+    finite float: ``v - v == 0.0`` is false exactly for NaN and infinities), which makes cleaning an
+    already clean document several times cheaper; anything else goes through :func:`_clean_other`.
+
+    Examples
+    --------
+    >>> clean({1: [0.5, float("inf"), "a", None, True, {"b": float("-inf")}]})
+    {'1': [0.5, None, 'a', None, True, {'b': None}]}
+    """
+    t = type(x)
+    if t is dict:
+        return {k if type(k) is str else _key(k):
+                v if (tv := type(v)) in _PLAIN or (tv is float and v - v == 0.0) else clean(v)
+                for k, v in x.items()}
+    if t is list:
+        return [v if (tv := type(v)) in _PLAIN or (tv is float and v - v == 0.0) else clean(v) for v in x]
+    if t is float:
+        return x if x - x == 0.0 else None
+    if t in _PLAIN:
+        return x
+    return _clean_other(x)
+
+
+def _key(k: Any) -> str:
+    return k if isinstance(k, str) else str(k)
+
+
+def _clean_other(x: Any) -> Any:
+    """:func:`clean` of anything but a plain dict, list, float, str, int, bool or ``None``."""
     if isinstance(x, float):
         return x if math.isfinite(x) else None
     if isinstance(x, dict):
-        return {k if isinstance(k, str) else str(k): clean(v) for k, v in x.items()}
+        return {_key(k): clean(v) for k, v in x.items()}
     if isinstance(x, list | tuple | set | frozenset):
         return [clean(v) for v in x]
     if isinstance(x, np.ndarray):

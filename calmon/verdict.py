@@ -47,7 +47,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from functools import lru_cache
 from statistics import NormalDist
 from typing import Any, Literal
 
@@ -113,12 +114,13 @@ class Summary:
     kind: Literal["binary", "top-label"] = "binary"
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict (tuples as lists, NaN-free)."""
-        out = asdict(self)
-        out["regions"] = [asdict(r) for r in self.regions]
-        out["ece_ci"] = None if self.ece_ci is None else list(self.ece_ci)
-        out["evidence"] = list(self.evidence)
-        return out
+        """JSON-safe dict (tuples as lists, NaN-free), keys in field order (as ``dataclasses.asdict``)."""
+        return {"calibrated": self.calibrated, "direction": self.direction,
+                "regions": [{"lo": r.lo, "hi": r.hi, "sign": r.sign, "gap": r.gap, "events": r.events, "z": r.z}
+                            for r in self.regions],
+                "ece": self.ece, "ece_ci": None if self.ece_ci is None else list(self.ece_ci),
+                "recommendation": self.recommendation, "evidence": list(self.evidence), "text": self.text,
+                "n": self.n, "alpha": self.alpha, "kind": self.kind}
 
 
 def summarize(grid: ScoreGrid, tests: Mapping[str, Mapping[str, Any]], *, alpha: float,
@@ -151,11 +153,11 @@ def summarize(grid: ScoreGrid, tests: Mapping[str, Mapping[str, Any]], *, alpha:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
     n = grid.count
     kind: Literal["binary", "top-label"] = "top-label" if top_label else "binary"
-    coarse = grid.coarsen(bins) if grid.bins % bins == 0 else grid
+    coarse = _Fields(grid.coarsen(bins) if grid.bins % bins == 0 else grid)
     calibrated, evidence = _decide(tests, alpha)
     regions = _regions(coarse, alpha) if n else ()
     direction = None if calibrated is not False else _direction(coarse, regions, top_label)
-    ece, ci = _ece_ci(ece_grid if ece_grid is not None else coarse, alpha) if n else (None, None)
+    ece, ci = _ece_ci(_Fields(ece_grid) if ece_grid is not None else coarse, alpha) if n else (None, None)
     rec = _recommend(direction, calibration, calibrated)
     if calibrated and ci is not None and ci[1] > 0.05:
         rec = "collect more labelled predictions: these cannot tell a calibrated model from a clearly miscalibrated one"
@@ -207,8 +209,25 @@ def _evidence_line(name: str, res: Mapping[str, Any], decision: str, p: Any) -> 
     return f"{name}: {decision} ({ptxt}, method {res.get('method', name)})"
 
 
+class _Fields:
+    """A grid's fields, each read once (a read converts the whole field; the rules below use each several
+    times).  The same arrays as the grid's properties, so every result is the same float."""
+
+    __slots__ = ("bins", "count", "n", "sum_z", "sum_y", "sum_zz", "sum_zy")
+
+    def __init__(self, g: ScoreGrid) -> None:
+        self.bins, self.count = g.bins, g.count
+        self.n, self.sum_z, self.sum_y, self.sum_zz, self.sum_zy = g.n, g.sum_z, g.sum_y, g.sum_zz, g.sum_zy
+
+
+@lru_cache(maxsize=256)
+def _normal_quantile(p: float) -> float:
+    """``NormalDist().inv_cdf(p)``, cached: a round asks for the same few levels in every window."""
+    return NormalDist().inv_cdf(p)
+
+
 # -- where and which way -------------------------------------------------------------------------------------
-def _bin_z(g: ScoreGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _bin_z(g: _Fields) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per bin: residual sum S, its null standard deviation sqrt(sum z(1-z)), and the z-score."""
     s = g.sum_y - g.sum_z
     sd = np.sqrt(np.maximum(g.sum_z - g.sum_zz, 0.0))
@@ -217,13 +236,15 @@ def _bin_z(g: ScoreGrid) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return s, sd, z
 
 
-def _regions(g: ScoreGrid, alpha: float) -> tuple[Region, ...]:
+def _regions(g: _Fields, alpha: float) -> tuple[Region, ...]:
     s, _, zs = _bin_z(g)
     cnt = g.n
     used = cnt >= MIN_BIN_EVENTS
     m = max(int(used.sum()), 1)
-    crit = NormalDist().inv_cdf(1.0 - alpha / (2 * m))
-    sig = used & (np.abs(zs) > crit)
+    crit = _normal_quantile(1.0 - alpha / (2 * m))
+    sig = (used & (np.abs(zs) > crit)).tolist()
+    if not any(sig):
+        return ()
     out: list[Region] = []
     i = 0
     while i < g.bins:
@@ -244,7 +265,7 @@ def _regions(g: ScoreGrid, alpha: float) -> tuple[Region, ...]:
     return tuple(out)
 
 
-def _side_sign(regions: tuple[Region, ...], lo: float, hi: float, g: ScoreGrid) -> int | None:
+def _side_sign(regions: tuple[Region, ...], lo: float, hi: float, g: _Fields) -> int | None:
     """+1 / -1 / 0 for the gap on [lo, hi); ``None`` when significant regions of both signs matter."""
     inside = [r for r in regions if r.lo >= lo and r.hi <= hi]
     if inside:
@@ -261,7 +282,7 @@ def _side_sign(regions: tuple[Region, ...], lo: float, hi: float, g: ScoreGrid) 
     return 1 if s > 0 else -1
 
 
-def _direction(g: ScoreGrid, regions: tuple[Region, ...], top_label: bool) -> Direction | None:
+def _direction(g: _Fields, regions: tuple[Region, ...], top_label: bool) -> Direction | None:
     if g.count == 0:
         return None
     if top_label:
@@ -283,7 +304,7 @@ def _direction(g: ScoreGrid, regions: tuple[Region, ...], top_label: bool) -> Di
 
 
 # -- how much -------------------------------------------------------------------------------------------------
-def _ece_ci(g: ScoreGrid, alpha: float) -> tuple[float, tuple[float, float]]:
+def _ece_ci(g: _Fields, alpha: float) -> tuple[float, tuple[float, float]]:
     """Binned l1-ECE and its conservative interval (triangle inequality, see the module docstring)."""
     n = float(g.count)
     s = g.sum_y - g.sum_z
@@ -294,7 +315,7 @@ def _ece_ci(g: ScoreGrid, alpha: float) -> tuple[float, tuple[float, float]]:
     # sum |S_i - E S_i| <= sqrt(2/pi) sum sigma_i + z sqrt((1 - 2/pi) sum sigma_i^2) w.p. >= ~1 - alpha
     # z_{1 - alpha/2}, not z_{1 - alpha}: D is right-skewed (about 1/sqrt(bins)) and sigma_i is estimated;
     # with z_{1 - alpha} the simulated coverage at ECE = 0 was 0.93-0.944 (scripts/verdict_coverage.py)
-    slack = _HALF_NORMAL_MEAN * float(sigma.sum()) + NormalDist().inv_cdf(1.0 - alpha / 2) * math.sqrt(
+    slack = _HALF_NORMAL_MEAN * float(sigma.sum()) + _normal_quantile(1.0 - alpha / 2) * math.sqrt(
         _HALF_NORMAL_VAR * float((sigma * sigma).sum()))
     return total / n, (max(total - slack, 0.0) / n, (total + slack) / n)
 

@@ -73,32 +73,40 @@ def check_testers(cfg: EvaluationConfig, path: str = "evaluation.tests") -> None
 def window_base(model: str, segment: str, window: str, bucket: BucketStats, *,
                 estimation: EstimationConfig | None = None, reference: ScoreGrid | None = None,
                 predictor: Predictor | None = None, min_events: int = 100) -> dict[str, Any]:
-    """The evaluation of one window without its tester results: metrics, reliability diagram, estimates."""
+    """The evaluation of one window without its tester results: metrics, reliability diagram, estimates.
+
+    JSON-clean (:func:`~calmon.jsonio.clean`) once here, so that :func:`assemble` cleans only the tester
+    results and the verdict; the reliability diagram is built clean.
+    """
     stats = bucket.stats
     s = summary(stats)
     base: dict[str, Any] = {"model": model, "segment": segment, "window": window, "n": stats.count,
-                            "metrics": {k: s[k] for k in SUMMARY_KEYS if k in s},
+                            "metrics": clean({k: s[k] for k in SUMMARY_KEYS if k in s}),
                             "reliability": reliability(bucket.rel)}
     if estimation is not None and estimation.enabled:
-        base.update(window_estimates(bucket, reference, estimation, predictor, top_label=stats.classes > 2,
-                                     min_events=min_events))
+        base.update(clean(window_estimates(bucket, reference, estimation, predictor, top_label=stats.classes > 2,
+                                           min_events=min_events)))
     return base
 
 
 def assemble(base: Mapping[str, Any], bucket: BucketStats, tests: Mapping[str, dict[str, Any]],
              alpha: float) -> Evaluation:
-    """``base`` plus tester results (JSON), the smCE/LDTC estimates as metrics and the verdict (a new document)."""
+    """``base`` plus tester results (JSON), the smCE/LDTC estimates as metrics and the verdict (a new document).
+
+    ``base`` comes from :func:`window_base` and is JSON-clean: only the new parts are cleaned, and its
+    reliability diagram and estimates are shared, not copied (evaluations are read-only: an unchanged
+    window's document is published again as it is).
+    """
     stats = bucket.stats
     metrics = dict(base["metrics"])
     for name in ("smce", "ldtc"):
         r = tests.get(name)
         if r is not None and r.get("statistic") is not None:
-            metrics[name] = r.get("estimate", r["statistic"])
-    ev: dict[str, Any] = {**base, "metrics": metrics, "tests": dict(tests)}
+            metrics[name] = clean(r.get("estimate", r["statistic"]))
+    out: Any = {**base, "metrics": metrics, "tests": clean(dict(tests))}  # an Evaluation
     if stats.count > 0:
-        ev["summary"] = summarize(stats.fine, tests, alpha=alpha, top_label=stats.classes > 2,
-                                  ece_grid=stats.ece).to_dict()
-    out: Evaluation = clean(ev)
+        out["summary"] = clean(summarize(stats.fine, tests, alpha=alpha, top_label=stats.classes > 2,
+                                         ece_grid=stats.ece).to_dict())
     return out
 
 

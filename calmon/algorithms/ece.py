@@ -146,10 +146,22 @@ def reliability(grid: ScoreGrid, bins: int | None = None) -> list[dict[str, Any]
     [(0.0, 1), (0.5, 1)]
     """
     g = grid if bins is None or bins == grid.bins else grid.coarsen(bins)
-    out = []
-    for i, (n, mz, my) in enumerate(zip(g.n, g.mean_z, g.mean_y)):
-        out.append({"bin": i / g.bins, "hi": (i + 1) / g.bins, "events": int(n),
-                    "mean_score": None if n == 0 else float(mz), "mean_outcome": None if n == 0 else float(my)})
+    # plain Python values, already JSON-clean: one tolist() per field, and the cell means as Python
+    # divisions (IEEE division: the same double as numpy's ``sum_z / n``, i.e. :attr:`ScoreGrid.mean_z`)
+    edges = _edges(g.bins)
+    return [{"bin": lo, "hi": hi, "events": int(n), "mean_score": None if n == 0 else sz / n,
+             "mean_outcome": None if n == 0 else sy / n}
+            for (lo, hi), n, sz, sy in zip(edges, g.n.tolist(), g.sum_z.tolist(), g.sum_y.tolist())]
+
+
+_EDGES: dict[int, tuple[tuple[float, float], ...]] = {}
+
+
+def _edges(bins: int) -> tuple[tuple[float, float], ...]:
+    """``(i / bins, (i + 1) / bins)`` per bin (cached: a configuration uses one or two bin counts)."""
+    out = _EDGES.get(bins)
+    if out is None:
+        out = _EDGES[bins] = tuple((i / bins, (i + 1) / bins) for i in range(bins))
     return out
 
 
@@ -181,29 +193,48 @@ def summary(stats: Any, l2_bins: int | None = None, top_label: bool = False) -> 
     out: dict[str, Any] = {"count": n, "classes": stats.classes}
     if n == 0:
         return out
-    sum_y = float(fine.sum_y.sum())
+    if l2_bins is None:
+        l2_bins = default_l2_bins(n, fine.bins)
+    # each field of the fine grid read once (a read converts the whole field); the formulas are those of
+    # brier(), l2_ece_squared() and ece_l1(), term for term, so the floats are the same.  The accuracy's two
+    # cells come from the small l2 grid (integer sums: the same cells whichever grid they are summed from).
+    g = fine if l2_bins == fine.bins else fine.coarsen(l2_bins)
+    fy, fz, fzz, fzy = fine.sum_y, fine.sum_z, fine.sum_zz, fine.sum_zy
+    fine_brier = float((fzz - 2.0 * fzy + fy).sum() / n)
+    sum_y = float(fy.sum())
     if stats.classes == 2 and not top_label:
-        upper = fine.coarsen(2)  # cell 1 holds exactly the scores >= 0.5
-        correct = float(upper.sum_y[1] + (upper.n[0] - upper.sum_y[0]))
+        upper = (g if g.bins % 2 == 0 else fine).coarsen(2)  # cell 1 holds exactly the scores >= 0.5
+        (y0, y1), n0 = upper.sum_y.tolist(), upper.n.tolist()[0]
+        correct = y1 + (n0 - y0)
         out["accuracy"] = correct / n
         out["base_rate"] = sum_y / n
-        out["brier"] = brier(fine)
+        out["brier"] = fine_brier
     elif stats.classes == 2:  # top-label confidence vs correctness only
         out["accuracy"] = sum_y / n
-        out["brier"] = brier(fine)
+        out["brier"] = fine_brier
     else:
         out["accuracy"] = sum_y / n
         out["brier"] = brier_multiclass(stats.classwise)
-        out["top_label_brier"] = brier(fine)
+        out["top_label_brier"] = fine_brier
         out["classwise_ece"] = classwise_ece(stats.classwise)
-    out["mean_confidence"] = float(fine.sum_z.sum() / n)
+    out["mean_confidence"] = float(fz.sum() / n)
     out["ece"] = ece_l1(stats.ece)
-    if l2_bins is None:
-        l2_bins = default_l2_bins(n, fine.bins)
     out["l2_bins"] = l2_bins
-    out["ece_l2_plugin"] = l2_ece_squared(fine, l2_bins, debiased=False)
-    out["ece_l2_debiased"] = l2_ece_squared(fine, l2_bins, debiased=True)
+    gy, gz, gzz, gzy = (fy, fz, fzz, fzy) if g is fine else (g.sum_y, g.sum_z, g.sum_zz, g.sum_zy)
+    out["ece_l2_plugin"], out["ece_l2_debiased"] = _l2_both(g.n, gy - gz, gy - 2.0 * gzy + gzz)
     return out
+
+
+def _l2_both(counts: np.ndarray, s: np.ndarray, q: np.ndarray) -> tuple[float, float]:
+    """``(l2_ece_squared_sums(..., debiased=False), l2_ece_squared_sums(..., debiased=True))`` in one pass
+    (the same operations on the same arrays: ``x - 0.0`` is ``x``, so the plug-in is the same float)."""
+    total = counts.sum()
+    if total <= 0:
+        return float("nan"), float("nan")
+    nz = counts > 0
+    ss = s[nz]
+    sq, nn = ss * ss, counts[nz]
+    return float((sq / nn).sum() / total), float(((sq - q[nz]) / nn).sum() / total)
 
 
 def brier_multiclass(classwise: ScoreGrid) -> float:

@@ -122,12 +122,21 @@ class _Family:
         return self.head + "".join(self.lines)
 
 
+#: A family's samples before formatting: (label string, value) per series.
+_Rows = list[tuple[str, Any]]
+
+
 @dataclass
 class _Sink:
-    """Per-window sample lines by tier and family, before the budget decides what is kept."""
+    """Per-window samples by tier and family, before the budget decides what is kept.
+
+    Samples are stored as (labels, value) and formatted only if their family is kept (most are not at
+    a thousand models), all of a family at once (:func:`_lines`).
+    """
 
     order: list[tuple[str, str, str]] = field(default_factory=list)  # (tier, family name, header)
-    lines: dict[str, dict[str, dict[str, list[str]]]] = field(default_factory=dict)  # model -> tier -> family -> lines
+    tier_of: dict[str, str] = field(default_factory=dict)  # family name -> tier
+    rows: dict[str, dict[str, dict[str, _Rows]]] = field(default_factory=dict)  # model -> tier -> family -> rows
     #: Reliability diagrams, formatted only if the budget keeps them: (model, window labels, points), and
     #: their series count per model and family.
     reliability: list[tuple[str, str, list[Mapping[str, Any]]]] = field(default_factory=list)
@@ -143,22 +152,29 @@ class _Sink:
     def counts(self, model: str, tier: str) -> dict[str, int]:
         if tier == "reliability":
             return self.deferred.get(model, {})
-        return {name: len(v) for name, v in self.lines.get(model, {}).get(tier, {}).items()}
+        return {name: len(v) for name, v in self.rows.get(model, {}).get(tier, {}).items() if v}
 
     def family(self, tier: str, fam: _Family) -> None:
         self.order.append((tier, fam.name, fam.head))
+        self.tier_of[fam.name] = tier
 
-    def add(self, model: str, tier: str, fam: _Family, labels: str, value: Any) -> None:
-        by_tier = self.lines.get(model)
-        if by_tier is None:
-            by_tier = self.lines[model] = {}
-        by_fam = by_tier.get(tier)
-        if by_fam is None:
-            by_fam = by_tier[tier] = {}
-        out = by_fam.get(fam.name)
+    def tiers(self, model: str) -> dict[str, dict[str, _Rows]]:
+        """The model's rows, every family's list created on its first window (no look-up per sample)."""
+        out = self.rows.get(model)
         if out is None:
-            out = by_fam[fam.name] = []
-        out.append(f"{fam.name}{{{labels}}} {_fmt(value)}\n")
+            out = self.rows[model] = {tier: {} for tier in TIERS}
+            for name, tier in self.tier_of.items():
+                out[tier][name] = []
+        return out
+
+
+def _lines(name: str, rows: _Rows) -> list[str]:
+    """Sample lines of one family: :func:`_fmt` inlined for the common cases (a float or an int below 1e6, which
+    prometheus_client writes as ``repr(float(v))``)."""
+    head = name + "{"
+    return [f"{head}{labels}}} {v!r}\n" if (t := type(v)) is float and -1e6 < v < 1e6
+            else f"{head}{labels}}} {float(v)!r}\n" if t is int and -1e6 < v < 1e6
+            else f"{head}{labels}}} {_fmt(v)}\n" for labels, v in rows]
 
 
 def _families(sink: _Sink) -> dict[str, _Family]:
@@ -193,64 +209,83 @@ def _families(sink: _Sink) -> dict[str, _Family]:
     return fams
 
 
-def _window(sink: _Sink, fams: Mapping[str, _Family], e: Mapping[str, Any], budget: SeriesBudget,
-            ages: list[tuple[str, str, float]]) -> None:
+_GAUGES = tuple((name, fld) for name, (fld, _) in WINDOW_GAUGES.items())
+#: metric -> bound of ``evaluation["estimated"]`` -> family.
+_ESTIMATED_NAMES = {m: {b: f"calmon_estimated_{m}{suffix}" for b, suffix in (("value", ""), ("lo", "_lower"),
+                                                                           ("hi", "_upper"))} for m in ESTIMATED}
+_NO_NAMES: dict[str, str] = {}
+
+
+def _window(sink: _Sink, e: Mapping[str, Any], budget: SeriesBudget, ages: list[tuple[str, str, float]]) -> None:
     model = e["model"]
     win = (model, e["segment"], e["window"])
     key = _labels(WIN, win)
     ms, wl = key.rsplit(",", 1)  # labels sort as bin < metric < model < segment < test < window
-    sink.add(model, "core", fams["calmon_window_events"], key, e.get("n", 0))
+    tiers = sink.tiers(model)
+    core = tiers["core"]
+    core["calmon_window_events"].append((key, e.get("n", 0)))
     metrics = e.get("metrics", {})
-    for name, (fld, _) in WINDOW_GAUGES.items():
-        if metrics.get(fld) is not None:
-            sink.add(model, "core", fams[name], key, metrics[fld])
+    for name, fld in _GAUGES:
+        v = metrics.get(fld)
+        if v is not None:
+            core[name].append((key, v))
+    tests = tiers["tests"]
     for test, r in sorted(e.get("tests", {}).items()):
         if not isinstance(r, dict) or "decision" not in r:
             continue
         k = f'{ms},test="{_esc(test)}",{wl}'
-        for name, v in (("statistic", r.get("statistic")), ("p_value", r.get("p_value")),
-                        ("rejected", 1.0 if r.get("decision") == "miscalibrated" else 0.0),
-                        ("insufficient_data", 1.0 if r.get("decision") == "insufficient data" else 0.0)):
-            sink.add(model, "tests", fams[f"calmon_test_{name}"], k, v)
+        decision = r.get("decision")
+        tests["calmon_test_statistic"].append((k, r.get("statistic")))
+        tests["calmon_test_p_value"].append((k, r.get("p_value")))
+        tests["calmon_test_rejected"].append((k, 1.0 if decision == "miscalibrated" else 0.0))
+        tests["calmon_test_insufficient_data"].append((k, 1.0 if decision == "insufficient data" else 0.0))
         if r.get("evaluated_at") is not None:
-            sink.add(model, "tests", fams[AGE], k, 0.0)  # counted here, rendered per scrape
+            tests[AGE].append((k, 0.0))  # counted here, rendered per scrape
             ages.append((model, k, float(r["evaluated_at"])))
-    _estimates(sink, fams, e, win)
+    if "predictions" in e:
+        core["calmon_window_predictions"].append((key, e["predictions"]))
+    _estimates(tiers["estimates"], e, key)
     if budget.reliability_for(e["window"]) and e.get("reliability"):
         sink.defer(model, key, e["reliability"])
 
 
-def _reliability(sink: _Sink, fams: Mapping[str, _Family], kept: Mapping[str, set[str]], families: set[str]) -> None:
-    """Format the reliability lines the budget kept (building them all first costs more than the rest together)."""
+def _reliability(sink: _Sink, kept: Mapping[str, set[str]], families: set[str]) -> None:
+    """Collect the reliability rows the budget kept (building them all first costs more than the rest together)."""
+    events, score, outcome = (name in families for name in (REL_EVENTS, REL_SCORE, REL_OUTCOME))
+    bin_labels: dict[Any, str] = {}  # the diagrams share their few bin edges
     for model, key, points in sink.reliability:
         if "reliability" not in kept[model]:
             continue
+        rel = sink.tiers(model)["reliability"]
         for point in points:
-            b = f'bin="{point["bin"]:.2f}",{key}'
-            if REL_EVENTS in families:
-                sink.add(model, "reliability", fams[REL_EVENTS], b, point.get("events", 0))
+            lo = point["bin"]
+            bl = bin_labels.get(lo) if lo else None  # (not 0: 0.0 and -0.0 are one key but two labels)
+            if bl is None:
+                bl = bin_labels[lo] = f'bin="{lo:.2f}",'
+            b = bl + key
+            if events:
+                rel[REL_EVENTS].append((b, point.get("events", 0)))
             if point.get("events"):
-                for name, fld in ((REL_SCORE, "mean_score"), (REL_OUTCOME, "mean_outcome")):
-                    if name in families:
-                        sink.add(model, "reliability", fams[name], b, point.get(fld))
+                if score:
+                    rel[REL_SCORE].append((b, point.get("mean_score")))
+                if outcome:
+                    rel[REL_OUTCOME].append((b, point.get("mean_outcome")))
 
 
-def _estimates(sink: _Sink, fams: Mapping[str, _Family], e: Mapping[str, Any], win: tuple[str, str, str]) -> None:
-    model = e["model"]
-    key = _labels(WIN, win)
-    if "predictions" in e:
-        sink.add(model, "core", fams["calmon_window_predictions"], key, e["predictions"])
+def _estimates(rows: dict[str, _Rows], e: Mapping[str, Any], key: str) -> None:
     for m, bounds in (e.get("estimated") or {}).items():
+        names = _ESTIMATED_NAMES.get(m, _NO_NAMES)
         for b, v in bounds.items():
-            name = f"calmon_estimated_{m}" + {"value": "", "lo": "_lower", "hi": "_upper"}.get(b, "?")
-            if name in fams:
-                sink.add(model, "estimates", fams[name], key, v)
+            name = names.get(b)
+            if name is not None:
+                rows[name].append((key, v))
+    errors = rows["calmon_estimation_error"]
     for m, v in sorted((e.get("estimation_error") or {}).items()):
-        sink.add(model, "estimates", fams["calmon_estimation_error"], _labels((*WIN, "metric"), (*win, m)), v)
+        errors.append((f'metric="{_esc(m)}",{key}', v))  # metric < model: first in sorted label order
     drift = e.get("score_drift")
     if drift:
-        sink.add(model, "estimates", fams["calmon_score_drift_psi"], key, drift.get("psi"))
-        sink.add(model, "estimates", fams["calmon_score_drift_p_value"], key, drift.get("p_value"))
+        rows["calmon_score_drift_psi"].append((key, drift.get("psi")))
+        rows["calmon_score_drift_p_value"].append((key, drift.get("p_value")))
 
 
 def _keep(sink: _Sink, budget: SeriesBudget) -> tuple[dict[str, set[str]], set[str], dict[str, int]]:
@@ -258,7 +293,7 @@ def _keep(sink: _Sink, budget: SeriesBudget) -> tuple[dict[str, set[str]], set[s
     dropped = {"model_cap": 0, "total_cap": 0}
     kept: dict[str, set[str]] = {}
     per_family: dict[str, int] = {}
-    for model in {**sink.lines, **sink.deferred}:
+    for model in {**sink.rows, **sink.deferred}:
         used = 0
         kept[model] = set()
         for tier in TIERS:
@@ -296,12 +331,12 @@ class RoundPart:
     def build(cls, st: Mapping[str, Any], budget: SeriesBudget) -> RoundPart:
         """Render the round's families from ``st`` (the keys of :func:`calmon.agent.views.round_state`)."""
         sink = _Sink()
-        fams = _families(sink)
+        _families(sink)
         ages: list[tuple[str, str, float]] = []
         for e in st.get("evaluations", []):
-            _window(sink, fams, e, budget, ages)
+            _window(sink, e, budget, ages)
         kept, families, dropped = _keep(sink, budget)
-        _reliability(sink, fams, kept, families)
+        _reliability(sink, kept, families)
         fixed = _fixed(st)
         out = [f.text() for f in fixed]
         series = sum(len(f.lines) for f in fixed)
@@ -309,11 +344,13 @@ class RoundPart:
             if name == AGE:
                 continue
             out.append(head)
-            for model, tiers in sink.lines.items():
-                if tier in kept[model] and name in families:
-                    lines = tiers.get(tier, {}).get(name, ())
-                    series += len(lines)
-                    out.extend(lines)
+            if name not in families:
+                continue
+            for model, tiers in sink.rows.items():
+                if tier in kept[model]:
+                    rows = tiers[tier][name]
+                    series += len(rows)
+                    out.extend(_lines(name, rows))
         age_labels = tuple((k, at) for m, k, at in ages if "tests" in kept[m] and AGE in families)
         return cls("".join(out).encode(), age_labels, dropped, series + len(age_labels))
 
