@@ -7,12 +7,15 @@ sample, (b) Monte Carlo on the fine 4096-cell grid -- the script reports the rej
 * ``single``: T-Cal at one scale, the dyadic number of bins nearest to Theorem 3's m* (s = 1), R draws;
 * ``minp``: adaptive T-Cal, levels 2..2^12, max-type (min-p) combination over the joint null;
 * ``bonf``: adaptive T-Cal with Bonferroni (Algorithm 2), R >= 20 L / alpha, curtailed;
-* ``cantelli``: adaptive T-Cal with the exact Cantelli bound (no simulation).
+* ``cantelli``: adaptive T-Cal with the exact Cantelli bound (no simulation);
+* ``screened``: ``bonf`` with the default screens, as the agent runs it (the Cantelli reject screen and the
+  approximate accept screen first; Monte Carlo only where neither decides).
 
 Usage::
 
     python scripts/tcal_level.py --reps 1000                 # the full table (slow)
     python scripts/tcal_level.py --reps 200 --n 1000 10000   # reduced
+    python scripts/tcal_level.py --tests screened --methods mc-grid --mc 1000   # the agent's configuration
 """
 
 from __future__ import annotations
@@ -83,6 +86,8 @@ def main() -> None:
                                           max_level=12, **kw)
                         elif test == "bonf":
                             r = tcal_test(**src, method=method, mc=args.mc, max_level=12, **kw)
+                        elif test == "screened":
+                            r = tcal_test(**src, method=method, mc=args.mc, max_level=12, **{**kw, "screen": True})
                         else:
                             r = tcal_test(**src, method="cantelli", max_level=12, **kw)
                         rej += r["decision"] == "miscalibrated"

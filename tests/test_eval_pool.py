@@ -76,3 +76,46 @@ def test_agent_with_a_process_pool_publishes_every_result_with_its_age(tmp_path)
     ages = {(s.labels["model"], s.labels["window"], s.labels["test"]) for s in fams["calmon_test_age_seconds"]}
     assert len(ages) == 3 * 2 * 3 and all(s.value >= 0 for s in fams["calmon_test_age_seconds"])
     assert not fams.get("calmon_reliability_events")
+
+
+def _needs_simulation(seeds: range) -> list[BucketStats]:
+    """Windows on which T-Cal's screens do not decide (its Monte Carlo runs), and one they decide."""
+    from calmon.testers import screen_tester
+
+    out = []
+    for seed in seeds:
+        rng = np.random.default_rng(seed)
+        p = rng.beta(2, 2, 500)
+        z = 1 / (1 + np.exp(-(np.log(p) - np.log1p(-p)) / 0.9))  # slightly overconfident: near the boundary
+        b = BucketStats(2, bins=1024, reservoir=64)
+        b.update(z, None, (rng.uniform(size=500) < p).astype(np.int64))
+        if screen_tester("tcal", b.stats.calibration_data(), mc=200, seed=0) is None:
+            out.append(b)
+    return out
+
+
+def test_tcal_simulations_go_to_the_pool_and_give_the_inline_result():
+    from calmon.agent.evaluation import Evaluator, simulation_cost
+    from calmon.agent.state import WindowSnapshot
+    from calmon.config import EvaluationConfig, TesterConfig
+    from calmon.testers import screen_tester
+
+    open_ = _needs_simulation(range(12))[:3]
+    assert open_, "no window left undecided by the screens"
+    decided = window(2)
+    assert screen_tester("tcal", decided.stats.calibration_data(), mc=200, seed=0) is not None
+    buckets = [*open_, decided]
+    snap = [WindowSnapshot(f"m{i}", "all", "1h", b, (1, 0.0)) for i, b in enumerate(buckets)]
+    pool = TesterPool("thread", 2)
+    try:
+        ev = Evaluator(EvaluationConfig(tests=[TesterConfig("tcal")], mc=200, budget=120.0, min_events=10), pool=pool)
+        res = ev.run(snap, {})
+    finally:
+        pool.close()
+    assert not res.overrun and res.work["in_flight"] == 0 and res.work["ran"] == res.work["simulations"] == len(open_)
+    assert simulation_cost("tcal") in res.work["costs"]  # the simulations' cost is kept apart from the screens'
+    for e, b in zip(res.evaluations, buckets):
+        got = {k: v for k, v in e["tests"]["tcal"].items() if k != "evaluated_at"}
+        want = json.loads(json.dumps(run_tester("tcal", b.stats.calibration_data(), mc=200, seed=0).to_dict()))
+        assert got == want  # bit for bit the inline call, whether screened or simulated in the pool
+    assert sum(e["tests"]["tcal"].get("mc_draws", 0) > 0 for e in res.evaluations) == len(open_)

@@ -46,7 +46,7 @@ from calmon.algorithms.ece import reliability, summary
 from calmon.config import ConfigError, EstimationConfig, EvaluationConfig
 from calmon.jsonio import clean
 from calmon.stats.grid import ScoreGrid
-from calmon.testers import TESTERS, TestResult, check_params, run_tester
+from calmon.testers import TESTERS, TestResult, check_params, has_screen, run_tester, screen_tester
 from calmon.verdict import summarize
 
 log = logging.getLogger("calmon.agent")
@@ -164,6 +164,17 @@ def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, 
     return assemble(base, bucket, tests, cfg.alpha), skipped
 
 
+def _screen(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any], where: str
+            ) -> TestResult | None:
+    """The tester's answer without simulating (:func:`calmon.testers.screen_tester`), else ``None``."""
+    try:
+        res = screen_tester(name, data, alpha=cfg.alpha, mc=cfg.mc, seed=cfg.seed, **params)
+    except Exception as exc:  # noqa: BLE001 - as in _run
+        log.warning("tester %s failed on %s: %s", name, where, exc)
+        return TestResult.failed(name, exc)
+    return res
+
+
 def _run(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any], where: str) -> TestResult:
     try:
         return run_tester(name, data, alpha=cfg.alpha, mc=cfg.mc, seed=cfg.seed, **params)
@@ -192,7 +203,7 @@ class RoundResult:
     #: The alert engine's state after the round (checkpointed by the ingestion thread).
     alert_doc: dict[str, Any] | None = None
     #: What the work-item scheduler did (:class:`WorkInfo`).
-    work: WorkInfo = field(default_factory=lambda: WorkInfo(round=0, ran=0, queued=0, in_flight=0,
+    work: WorkInfo = field(default_factory=lambda: WorkInfo(round=0, ran=0, queued=0, in_flight=0, simulations=0,
                                                             bound_rounds=None, costs={}))
 
 
@@ -205,13 +216,23 @@ class WorkInfo(TypedDict):
     #: Candidates left for later rounds.
     queued: int
     in_flight: int
+    #: Cheap testers' simulations sent to the pool this round (their screens did not decide).
+    simulations: int
     #: Every window gets every scheduled tester at least every this many rounds (``None``: the budget is too small).
     bound_rounds: int | None
     #: Measured seconds per call, per tester.
     costs: dict[str, float]
 
 
-_Job = tuple["Future[JobResult]", Stamp, int]
+#: A tester call in the pool: its future, the statistics it runs on, the round that started it, its cost key.
+_Job = tuple["Future[JobResult]", Stamp, int, str]
+#: Between rounds, seconds to wait for more results once one arrived before republishing them together.
+SETTLE_GATHER = 2.0
+
+
+def simulation_cost(name: str) -> str:
+    """Cost-model key of a cheap tester's simulations (sent to the pool when its screens do not decide)."""
+    return f"{name}:simulation"
 
 
 class Evaluator:
@@ -262,6 +283,8 @@ class Evaluator:
         self._done_at: dict[int, float] = {}
         self._stop = threading.Event()
         self._live: list[tuple[WindowSnapshot, WindowEntry]] = []
+        self._params = {t.name: t.params for t in cfg.tests}
+        self._simulations = 0
 
     @property
     def busy(self) -> bool:
@@ -278,6 +301,8 @@ class Evaluator:
                 break
             done, not_done = wait(pending, timeout=min(left, 0.25), return_when=FIRST_COMPLETED)
             if done:
+                # republishing is a pass over every window: gather what else finishes soon into the same one
+                wait(not_done, timeout=min(max(0.0, until - self.monotonic()), SETTLE_GATHER))
                 break
             pending = list(not_done)
         if not self._harvest():
@@ -305,6 +330,8 @@ class Evaluator:
         queued, bound = self._schedule(live, deadline)
         self._wait(t0 + FILL * self.cfg.budget)
         ran += self._harvest()
+        # a cheap tester's simulation still running: that window has no fresh result this round
+        overrun |= any(job[3] != key[1] for key, job in self.inflight.items())
         self._live = live
         evaluations = [self._assemble(w, e) for w, e in live]
         states: list[AlertState] = []
@@ -319,8 +346,8 @@ class Evaluator:
         if self.recalibrator is not None and self.recalibrator.due():
             cals = self.recalibrator.run(snap, cals)
         duration = self.monotonic() - t0
-        work = WorkInfo(round=self.round, ran=ran, queued=queued, in_flight=len(self.inflight), bound_rounds=bound,
-                        costs=dict(self.costs.seconds))
+        work = WorkInfo(round=self.round, ran=ran, queued=queued, in_flight=len(self.inflight),
+                        simulations=self._simulations, bound_rounds=bound, costs=dict(self.costs.seconds))
         return RoundResult(evaluations, states, cals, duration, overrun or duration > self.cfg.budget,
                            self.clock(), alerts, alert_doc, work)
 
@@ -334,6 +361,7 @@ class Evaluator:
         overrun = False
         entries: dict[WindowKey, WindowEntry] = {}
         self._inline = {}
+        self._simulations = 0
         for w in snap:
             key = (w.model, w.segment, w.window)
             e = entries[key] = self.entries.get(key) or WindowEntry()
@@ -380,13 +408,30 @@ class Evaluator:
             if self.monotonic() > deadline:
                 skipped = True
                 continue
+            key = (w.model, w.segment, w.window)
+            if (key, t.name) in self.inflight:
+                continue  # its simulation from an earlier round is still running; the next round follows up
             data = data or w.bucket.stats.calibration_data()
             t1 = self.cpu_clock()
-            result = _run(t.name, data, self.cfg, t.params, f"{w.model}/{w.segment}/{w.window}").to_dict()
+            where = "/".join(key)
+            res = (_screen(t.name, data, self.cfg, t.params, where) if has_screen(t.name)
+                   else _run(t.name, data, self.cfg, t.params, where))
             spent, calls = self._inline.get(t.name, (0.0, 0))
             self._inline[t.name] = (spent + self.cpu_clock() - t1, calls + 1)
-            e.record(t.name, TestRecord(result, self.clock(), w.stamp, self.round))
+            if res is None:
+                self._submit(key, t.name, data, w.stamp, simulation_cost(t.name))
+                self._simulations += 1
+            else:
+                e.record(t.name, TestRecord(res.to_dict(), self.clock(), w.stamp, self.round))
         return skipped
+
+    def _submit(self, key: WindowKey, name: str, data: Any, stamp: Stamp, cost: str) -> Future[JobResult]:
+        """Start one tester call in the pool (its result is recorded by :meth:`_harvest`)."""
+        fut = self.pool.submit(name, data, alpha=self.cfg.alpha, mc=self.cfg.mc, seed=self.cfg.seed,
+                               params=self._params[name])
+        fut.add_done_callback(lambda f: self._done_at.__setitem__(id(f), self.clock()))
+        self.inflight[(key, name)] = (fut, stamp, self.round, cost)
+        return fut
 
     # -- the scheduled part: work items in the pool --------------------------------------------------
     def _candidates(self, live: Sequence[tuple[WindowSnapshot, WindowEntry]]
@@ -415,20 +460,18 @@ class Evaluator:
         cands, counts = self._candidates(live)
         workers = self.pool.workers
         snaps = {(w.model, w.segment, w.window): w for w, _ in live}
-        params = {t.name: t.params for t in self.cfg.tests}
+        busy = sum(self.costs.estimate(job[3]) for job in self.inflight.values() if not job[0].done())
         started = 0
         for c in order(cands):
-            busy = sum(self.costs.estimate(k[1]) for k, job in self.inflight.items() if not job[0].done())
             left = (deadline - self.monotonic()) * workers * FILL - busy
             if self._stop.is_set() or left <= 0:
                 break
-            if self.costs.estimate(c.test) > left:
+            cost = self.costs.estimate(c.test)
+            if cost > left:
                 continue
             w = snaps[c.key]
-            fut = self.pool.submit(c.test, w.bucket.stats.calibration_data(), alpha=self.cfg.alpha, mc=self.cfg.mc,
-                                   seed=self.cfg.seed, params=params[c.test])
-            fut.add_done_callback(lambda f: self._done_at.__setitem__(id(f), self.clock()))
-            self.inflight[(c.key, c.test)] = (fut, w.stamp, self.round)
+            if not self._submit(c.key, c.test, w.bucket.stats.calibration_data(), w.stamp, c.test).done():
+                busy += cost  # an inline pool has already spent it on the clock
             started += 1
         cadence = max([1, *self.cfg.cadence.values()])
         bound = starvation_bound(counts, self.costs, self.cfg.budget * workers * FILL, cadence)
@@ -446,7 +489,7 @@ class Evaluator:
     def _harvest(self) -> int:
         """Record the results that arrived; returns how many."""
         got = 0
-        for (key, name), (fut, stamp, rnd) in list(self.inflight.items()):
+        for (key, name), (fut, stamp, rnd, cost) in list(self.inflight.items()):
             if not fut.done():
                 continue
             del self.inflight[(key, name)]
@@ -454,7 +497,7 @@ class Evaluator:
             if fut.cancelled():
                 continue
             res = fut.result()
-            self.costs.observe(name, res.seconds)
+            self.costs.observe(cost, res.seconds)
             e = self.entries.get(key)
             if e is not None:
                 e.record(name, TestRecord(res.doc, self.clock() if done_at is None else done_at, stamp, rnd))

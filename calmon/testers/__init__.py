@@ -38,11 +38,11 @@ from calmon.testers.ldtc import ldtc_tester
 from calmon.testers.lp import lp_tester
 from calmon.testers.result import DECISIONS, TESTER_DECISIONS, Decision, TestResult
 from calmon.testers.smce import smce_tester
-from calmon.testers.tcal import tcal_tester
+from calmon.testers.tcal import tcal_screen, tcal_tester
 
 __all__ = [
     "BUILTIN", "CalibrationData", "DECISIONS", "Decision", "TESTERS", "TESTER_DECISIONS", "TestResult", "Tester",
-    "check_params", "get_tester", "register_tester", "run_tester",
+    "SCREENS", "check_params", "get_tester", "has_screen", "register_tester", "run_tester", "screen_tester",
 ]
 
 #: ``fn(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator, **params) -> dict``.
@@ -56,6 +56,9 @@ BUILTIN: Mapping[str, Tester] = {
     "lp": lp_tester,
 }
 
+#: Testers with a fast answer for the data that need no simulation: ``fn(data, **same as the tester) -> dict``
+#: or ``None`` when only the full call can answer (see :func:`screen_tester`).
+SCREENS: Mapping[str, Callable[..., dict[str, Any] | None]] = {"tcal": tcal_screen}
 #: Every tester known to this process: :data:`BUILTIN` plus registered plugins.
 TESTERS: Registry[Tester] = Registry("tester")
 for _name, _fn in BUILTIN.items():
@@ -106,3 +109,25 @@ def run_tester(name: str, data: CalibrationData, *, alpha: float = 0.05, mc: int
     check_params(name, params)
     raw = fn(data, alpha=alpha, mc=mc, rng=np.random.default_rng(seed), **params)
     return TestResult.from_dict(name, raw)
+
+
+def has_screen(name: str) -> bool:
+    """Tester ``name`` can answer some data without simulating (:func:`screen_tester`)."""
+    return name in SCREENS and name in TESTERS and TESTERS.get(name) is BUILTIN.get(name)
+
+
+def screen_tester(name: str, data: CalibrationData, *, alpha: float = 0.05, mc: int = 2000, seed: int | None = 0,
+                  **params: Any) -> TestResult | None:
+    """:func:`run_tester`'s result when tester ``name`` can answer without simulating, else ``None``.
+
+    A tester without an entry in :data:`SCREENS` (or a plugin registered under a built-in's name)
+    always needs the full call.  Where this gives a result it is the one :func:`run_tester` gives.
+    """
+    fn = SCREENS.get(name)
+    if fn is None or not has_screen(name):
+        return None
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    check_params(name, params)
+    raw = fn(data, alpha=alpha, mc=mc, rng=np.random.default_rng(seed), **params)
+    return None if raw is None else TestResult.from_dict(name, raw)

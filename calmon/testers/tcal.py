@@ -6,21 +6,24 @@ The adapter only chooses the data source and the method; the statistics live in
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Sequence
 from typing import Any, Literal
 
 import numpy as np
 
 from calmon.algorithms.binomial_test import binomial_test, discrete_support, grid_discrete_support
-from calmon.algorithms.tcal import METHODS, insufficient_result, tcal_test
+from calmon.algorithms.tcal import METHODS, SimulationNeeded, insufficient_result, tcal_test
 from calmon.algorithms.tcal.multiclass import canonical_tcal_test
 from calmon.algorithms.tcal.views import classwise_tcal_test
 from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
 
-__all__ = ["tcal_tester"]
+__all__ = ["tcal_screen", "tcal_tester"]
 
 Source = Literal["raw", "grid", "reservoir"]
+#: ``False`` inside :func:`tcal_screen`: a call that would simulate raises :class:`SimulationNeeded` instead.
+_SIMULATE: contextvars.ContextVar[bool] = contextvars.ContextVar("tcal_simulate", default=True)
 
 
 def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
@@ -87,6 +90,8 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
         return top
     assert data.probs is not None and data.labels is not None  # checked by _multiclass
     source = "raw" if data.raw_is_complete else "reservoir"
+    if not _SIMULATE.get():
+        raise SimulationNeeded("the canonical multiclass test always simulates")
     canonical = canonical_tcal_test(data.probs, data.labels, alpha=alpha, mc=mc, rng=rng)
     classwise = classwise_tcal_test(data.probs, data.labels, alpha=alpha, mc=mc, rng=rng,
                                     max_classes=views_max_classes)
@@ -94,6 +99,33 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
     return {**canonical, "source": source, "notion": "canonical",
             "views": {"canonical": {**summary, "source": source}, "top_label": top,
                       "classwise": {**classwise, "source": source}}}
+
+
+def tcal_screen(data: CalibrationData, **kwargs: Any) -> dict[str, Any] | None:
+    """:func:`tcal_tester`'s result when it needs no Monte Carlo (a screen decides, the exact binomial test,
+    too little data), else ``None``.
+
+    The agent answers these windows in its round and sends the others, the full call, to its worker
+    pool: a ``None`` here and ``tcal_tester`` with the same arguments and seed give the result an
+    inline call would have given, bit for bit (the screens draw no random numbers).
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0); z = rng.uniform(size=3000); y = (rng.uniform(size=3000) < z) * 1.0
+    >>> g = ScoreGrid(); g.update(z, y)
+    >>> d = CalibrationData(n=3000, grid=g)
+    >>> yb = (rng.uniform(size=3000) < np.clip(1.5 * z - 0.25, 0, 1)) * 1.0
+    >>> gb = ScoreGrid(); gb.update(z, yb)
+    >>> tcal_screen(CalibrationData(n=3000, grid=gb), alpha=0.05, mc=300, rng=rng)["screen"]
+    'cantelli-reject'
+    """
+    token = _SIMULATE.set(False)
+    try:
+        return tcal_tester(data, **kwargs)
+    except SimulationNeeded:
+        return None
+    finally:
+        _SIMULATE.reset(token)
 
 
 def _multiclass(data: CalibrationData) -> bool:
@@ -127,7 +159,8 @@ def _top_label(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.G
     if method == "mc-raw" and not _has_raw(data):
         raise ValueError("method 'mc-raw' needs raw scores (full data or a reservoir)")
     out = tcal_test(data.z if use_z else None, data.y if use_z else None, None if use_z else grid,
-                    alpha=alpha, mc=mc, rng=rng, method=method, bins=bins, combine=combine, screen=screen)
+                    alpha=alpha, mc=mc, rng=rng, method=method, bins=bins, combine=combine, screen=screen,
+                    simulate=_SIMULATE.get())
     out["source"] = "grid" if not use_z else ("raw" if _complete(data) else "reservoir")
     return out
 

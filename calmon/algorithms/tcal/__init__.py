@@ -58,7 +58,7 @@ has more than ``alpha_b (R + 1) - 1`` exceedances); the reported p-value of such
 Besag-Clifford sequential p-value ``h / L``, which is valid, and the decision is identical to that of
 the full ``R``-draw test on the same random stream.  With ``screen=True`` the exact Cantelli bound is
 tried first (when it already rejects, no simulation is run), then the three-moment approximation: when it
-puts every level's p-value above ``accept_margin`` (4) times the level's alpha, the test accepts without
+puts every level's p-value above ``accept_margin`` (2) times the level's alpha, the test accepts without
 simulating.  Rejections therefore always come from an exact bound or the exact Monte Carlo test.
 
 References
@@ -80,7 +80,14 @@ top-label arrays).
 The tester ``"tcal"`` over these is :mod:`calmon.testers.tcal`.
 """
 
-from calmon.algorithms.tcal.adaptive import COMBINES, CRITICAL_VALUES, METHODS, insufficient_result, tcal_test
+from calmon.algorithms.tcal.adaptive import (
+    COMBINES,
+    CRITICAL_VALUES,
+    METHODS,
+    SimulationNeeded,
+    insufficient_result,
+    tcal_test,
+)
 from calmon.algorithms.tcal.atoms import simulate_null
 from calmon.algorithms.tcal.estimators import (
     ece2_grid,
@@ -98,8 +105,8 @@ from calmon.algorithms.tcal.tails import cantelli_pvalue, three_moment_pvalue
 from calmon.algorithms.tcal.views import classwise_tcal_test, top_label_arrays
 
 __all__ = [
-    "METHODS", "COMBINES", "CRITICAL_VALUES", "n_levels", "theorem3_bins", "theorem3_threshold", "ece2_raw",
-    "null_variance_raw", "ece2_multiclass_raw", "grid_cells", "ece2_grid", "null_variance_grid", "cantelli_pvalue",
-    "three_moment_pvalue", "simulate_null", "tcal_test", "insufficient_result", "canonical_tcal_test",
-    "classwise_tcal_test", "top_label_arrays",
+    "METHODS", "COMBINES", "CRITICAL_VALUES", "SimulationNeeded", "n_levels", "theorem3_bins", "theorem3_threshold",
+    "ece2_raw", "null_variance_raw", "ece2_multiclass_raw", "grid_cells", "ece2_grid", "null_variance_grid",
+    "cantelli_pvalue", "three_moment_pvalue", "simulate_null", "tcal_test", "insufficient_result",
+    "canonical_tcal_test", "classwise_tcal_test", "top_label_arrays",
 ]
