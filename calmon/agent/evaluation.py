@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, TypeVar
 
 from calmon.agent.buckets import BucketStats
 from calmon.agent.estimates import Predictor, window_estimates
@@ -50,6 +50,7 @@ from calmon.testers import TESTERS, TestResult, check_params, has_screen, run_te
 from calmon.verdict import summarize
 
 log = logging.getLogger("calmon.agent")
+_T = TypeVar("_T")
 
 __all__ = ["SUMMARY_KEYS", "Evaluator", "RoundResult", "WorkInfo", "assemble", "change_judgements", "check_testers",
            "evaluate_window", "window_base"]
@@ -160,24 +161,16 @@ def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, 
         elif clock() > deadline:
             skipped = True
         else:
-            tests[t.name] = _run(t.name, data, cfg, t.params, f"{model}/{segment}/{window}").to_dict()
+            tests[t.name] = _run(t.name, data, cfg, t.params, f"{model}/{segment}/{window}", run_tester).to_dict()
     return assemble(base, bucket, tests, cfg.alpha), skipped
 
 
-def _screen(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any], where: str
-            ) -> TestResult | None:
-    """The tester's answer without simulating (:func:`calmon.testers.screen_tester`), else ``None``."""
+def _run(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any], where: str,
+         call: Callable[..., _T]) -> _T | TestResult:
+    """``call`` (:func:`run_tester`, or :func:`screen_tester`: ``None`` where a simulation is needed) with the
+    round's settings; a tester's failure is a result too."""
     try:
-        res = screen_tester(name, data, alpha=cfg.alpha, mc=cfg.mc, seed=cfg.seed, **params)
-    except Exception as exc:  # noqa: BLE001 - as in _run
-        log.warning("tester %s failed on %s: %s", name, where, exc)
-        return TestResult.failed(name, exc)
-    return res
-
-
-def _run(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any], where: str) -> TestResult:
-    try:
-        return run_tester(name, data, alpha=cfg.alpha, mc=cfg.mc, seed=cfg.seed, **params)
+        return call(name, data, alpha=cfg.alpha, mc=cfg.mc, seed=cfg.seed, **params)
     except Exception as exc:  # noqa: BLE001 - a tester is numerical code on live data; one failure must not stop the round
         log.warning("tester %s failed on %s: %s", name, where, exc)
         return TestResult.failed(name, exc)
@@ -414,8 +407,7 @@ class Evaluator:
             data = data or w.bucket.stats.calibration_data()
             t1 = self.cpu_clock()
             where = "/".join(key)
-            res = (_screen(t.name, data, self.cfg, t.params, where) if has_screen(t.name)
-                   else _run(t.name, data, self.cfg, t.params, where))
+            res = _run(t.name, data, self.cfg, t.params, where, screen_tester if has_screen(t.name) else run_tester)
             spent, calls = self._inline.get(t.name, (0.0, 0))
             self._inline[t.name] = (spent + self.cpu_clock() - t1, calls + 1)
             if res is None:

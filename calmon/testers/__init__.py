@@ -103,12 +103,17 @@ def run_tester(name: str, data: CalibrationData, *, alpha: float = 0.05, mc: int
     whatever the tester raises on bad data); ``RuntimeError`` if the tester answers with no valid
     decision.
     """
+    raw = _call(get_tester(name), name, data, alpha, mc, seed, params)
+    return TestResult.from_dict(name, raw)
+
+
+def _call(fn: Callable[..., Any], name: str, data: CalibrationData, alpha: float, mc: int, seed: int | None,
+          params: Mapping[str, Any]) -> Any:
+    """``fn`` (tester ``name`` or its screen) on ``data`` after checking ``alpha`` and the parameters."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    fn = get_tester(name)
     check_params(name, params)
-    raw = fn(data, alpha=alpha, mc=mc, rng=np.random.default_rng(seed), **params)
-    return TestResult.from_dict(name, raw)
+    return fn(data, alpha=alpha, mc=mc, rng=np.random.default_rng(seed), **params)
 
 
 def has_screen(name: str) -> bool:
@@ -123,11 +128,7 @@ def screen_tester(name: str, data: CalibrationData, *, alpha: float = 0.05, mc: 
     A tester without an entry in :data:`SCREENS` (or a plugin registered under a built-in's name)
     always needs the full call.  Where this gives a result it is the one :func:`run_tester` gives.
     """
-    fn = SCREENS.get(name)
-    if fn is None or not has_screen(name):
+    if not has_screen(name):
         return None
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
-    check_params(name, params)
-    raw = fn(data, alpha=alpha, mc=mc, rng=np.random.default_rng(seed), **params)
+    raw = _call(SCREENS[name], name, data, alpha, mc, seed, params)
     return None if raw is None else TestResult.from_dict(name, raw)

@@ -84,14 +84,15 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
     >>> tcal_tester(CalibrationData(n=3000, grid=g), alpha=0.05, mc=300, rng=rng)["method"]
     'mc-grid'
     """
+    with_views = views and _multiclass(data)
+    if with_views and not _SIMULATE.get():  # before the top-label screen, whose answer would be discarded
+        raise SimulationNeeded("the canonical multiclass test always simulates")
     top = _top_label(data, alpha=alpha, mc=mc, rng=rng, method=method, combine=combine, levels=levels, bins=bins,
                      screen=screen, discrete=discrete, discrete_max_values=discrete_max_values, raw_max=raw_max)
-    if not (views and _multiclass(data)):
+    if not with_views:
         return top
     assert data.probs is not None and data.labels is not None  # checked by _multiclass
     source = "raw" if data.raw_is_complete else "reservoir"
-    if not _SIMULATE.get():
-        raise SimulationNeeded("the canonical multiclass test always simulates")
     canonical = canonical_tcal_test(data.probs, data.labels, alpha=alpha, mc=mc, rng=rng)
     classwise = classwise_tcal_test(data.probs, data.labels, alpha=alpha, mc=mc, rng=rng,
                                     max_classes=views_max_classes)
