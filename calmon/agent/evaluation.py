@@ -7,9 +7,13 @@ the runtime's scheduler thread runs it and publishes the :class:`RoundResult`.
 
 A round has a time budget.  Metrics and cheap testers run on every changed window; the expensive
 testers are work items submitted to a :class:`~calmon.agent.pool.TesterPool` stalest first while
-their measured cost fits the budget, and a call still running at the end of the round is collected
-by a later one.  An unchanged window keeps its results (each with its ``evaluated_at``).  Only
-cheap testers left undone, or a round longer than its budget, count as an overrun.
+their measured cost fits the budget.  The round waits for the simulations of its cheap testers (sent
+to the pool, ahead of everything else, when T-Cal's screens do not decide), not for the expensive
+testers: their results are published as they arrive, between rounds (:meth:`Evaluator.settle`) or
+by the next round -- except in a round that must be complete (the input is exhausted), which waits
+for them too, up to the budget.  An unchanged window keeps its results (each with its
+``evaluated_at``).  Only cheap testers left undone, or a round longer than its budget, count as an
+overrun.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any, TypedDict, TypeVar
 
 from calmon.agent.buckets import BucketStats
 from calmon.agent.estimates import Predictor, window_estimates
-from calmon.agent.pool import JobResult, TesterPool
+from calmon.agent.pool import BACKGROUND, URGENT, JobResult, TesterPool
 from calmon.agent.recalibrate import Recalibrator
 from calmon.agent.state import WindowSnapshot
 from calmon.agent.types import CalibratorInfo, Evaluation
@@ -295,7 +299,9 @@ class Evaluator:
             done, not_done = wait(pending, timeout=min(left, 0.25), return_when=FIRST_COMPLETED)
             if done:
                 # republishing is a pass over every window: gather what else finishes soon into the same one
-                wait(not_done, timeout=min(max(0.0, until - self.monotonic()), SETTLE_GATHER))
+                end = min(until, self.monotonic() + SETTLE_GATHER)
+                while not_done and not interrupted() and (left := end - self.monotonic()) > 0:
+                    not_done = wait(not_done, timeout=min(left, 0.25)).not_done
                 break
             pending = list(not_done)
         if not self._harvest():
@@ -308,12 +314,13 @@ class Evaluator:
 
     def run(self, snap: Sequence[WindowSnapshot], calibrators: Mapping[str, CalibratorInfo],
             previous_alerts: Sequence[dict[str, Any]] = (), changes: Mapping[str, Mapping[str, Any]] | None = None,
-            watermark: float | None = None) -> RoundResult:
+            watermark: float | None = None, complete: bool = False) -> RoundResult:
         """One round on ``snap``; ``calibrators`` are the ones in service (returned updated).
 
         ``changes`` is the change monitor's view (model -> events and per-signal detections) and
         ``watermark`` the newest event time, both taken with the snapshot: alert rules of kind
-        ``change_detected`` judge them.
+        ``change_detected`` judge them.  With ``complete`` the round also waits (within its budget)
+        for the expensive testers it started, as when no later round will come.
         """
         t0 = self.monotonic()
         deadline = t0 + self.cfg.budget
@@ -321,7 +328,7 @@ class Evaluator:
         ran = self._harvest()
         live, overrun = self._refresh_all(snap, deadline)
         queued, bound = self._schedule(live, deadline)
-        self._wait(t0 + FILL * self.cfg.budget)
+        self._wait(t0 + FILL * self.cfg.budget, everything=complete)
         ran += self._harvest()
         # a cheap tester's simulation still running: that window has no fresh result this round
         overrun |= any(job[3] != key[1] for key, job in self.inflight.items())
@@ -420,7 +427,7 @@ class Evaluator:
     def _submit(self, key: WindowKey, name: str, data: Any, stamp: Stamp, cost: str) -> Future[JobResult]:
         """Start one tester call in the pool (its result is recorded by :meth:`_harvest`)."""
         fut = self.pool.submit(name, data, alpha=self.cfg.alpha, mc=self.cfg.mc, seed=self.cfg.seed,
-                               params=self._params[name])
+                               params=self._params[name], priority=BACKGROUND if cost == name else URGENT)
         fut.add_done_callback(lambda f: self._done_at.__setitem__(id(f), self.clock()))
         self.inflight[(key, name)] = (fut, stamp, self.round, cost)
         return fut
@@ -469,9 +476,10 @@ class Evaluator:
         bound = starvation_bound(counts, self.costs, self.cfg.budget * workers * FILL, cadence)
         return len(cands) - started, bound
 
-    def _wait(self, until: float) -> None:
-        """Wait for the calls in flight until ``until`` (monotonic) or :meth:`stop`."""
-        pending = [job[0] for job in self.inflight.values()]
+    def _wait(self, until: float, everything: bool) -> None:
+        """Wait for the cheap testers' simulations in flight (with ``everything``, for every call) until
+        ``until`` (monotonic) or :meth:`stop`."""
+        pending = [job[0] for (_, name), job in self.inflight.items() if everything or job[3] != name]
         while pending and not self._stop.is_set():
             left = until - self.monotonic()
             if left <= 0:

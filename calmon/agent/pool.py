@@ -16,6 +16,14 @@ process) and ignore SIGINT/SIGTERM: shutdown is the agent's business, which stop
 and lets the jobs in flight finish (:meth:`TesterPool.close`), so a tester in flight never makes
 the exit status non-zero.
 
+Priorities
+----------
+An executor's queue is first in, first out.  A round waits for its T-Cal simulations (every window
+gets T-Cal every round) but not for the scheduled testers, whose calls take up to a second each and
+may still be queued from the previous round.  So jobs wait in the pool's own queue, most urgent
+first (:data:`URGENT` before :data:`BACKGROUND`, then in order of submission), and the executor is
+given one job per worker at a time: a simulation waits at most for the calls already running.
+
 Examples
 --------
 >>> import numpy as np
@@ -32,14 +40,17 @@ Examples
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import logging
 import multiprocessing
 import os
 import signal
+import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -52,12 +63,14 @@ from calmon.testers import BUILTIN, TestResult, run_tester
 
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["POOL_KINDS", "JobResult", "TesterPool", "decode_data", "encode_data", "run_job"]
+__all__ = ["BACKGROUND", "POOL_KINDS", "URGENT", "JobResult", "TesterPool", "decode_data", "encode_data", "run_job"]
 
 #: Niceness added to worker processes (lower CPU priority than the agent's ingestion).
 WORKER_NICE = 10
 #: ``inline``: in the calling thread (tests); ``thread``/``process``: two workers by default.
 POOL_KINDS = ("inline", "thread", "process")
+#: Job priorities: what the running round waits for, and the rest (smaller runs first).
+URGENT, BACKGROUND = 0, 1
 
 
 def encode_data(d: CalibrationData) -> str:
@@ -118,6 +131,60 @@ def _worker_init() -> None:
     os.nice(WORKER_NICE)
 
 
+class _Queue:
+    """Jobs waiting for a worker, most urgent first; the executor gets at most ``limit`` at a time.
+
+    A job is a function starting it on the executor (returning the executor's future) and the
+    future handed to the caller, which is cancelled if the job never started.
+    """
+
+    def __init__(self, executor: Executor, limit: int) -> None:
+        self._executor = executor
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._heap: list[tuple[int, int, Callable[[Executor], Future[Any]], Future[JobResult]]] = []
+        self._seq = itertools.count()
+        self._running = 0
+        self._closed = False
+
+    def put(self, priority: int, start: Callable[[Executor], Future[Any]], out: Future[JobResult]) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (priority, next(self._seq), start, out))
+        self._pump()
+
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed or self._running >= self._limit or not self._heap:
+                    return
+                _, _, start, out = heapq.heappop(self._heap)
+                self._running += 1
+            if out.cancelled():  # given up on while it waited
+                self._finished(None, pump=False)
+                continue
+            try:
+                inner = start(self._executor)
+            except Exception as exc:  # noqa: BLE001 - a broken or shut-down executor: the job's own error
+                self._finished(None, pump=False)
+                out.set_exception(exc)
+                continue
+            inner.add_done_callback(self._finished)
+
+    def _finished(self, _: Future[Any] | None, *, pump: bool = True) -> None:
+        with self._lock:
+            self._running -= 1
+        if pump:
+            self._pump()  # runs in the executor's callback thread: starting a job there is what it is for
+
+    def close(self) -> None:
+        """Start nothing more; jobs still waiting are cancelled."""
+        with self._lock:
+            self._closed = True
+            waiting, self._heap = self._heap, []
+        for *_, out in waiting:
+            out.cancel()
+
+
 class TesterPool:
     """Runs tester jobs and returns futures of :class:`JobResult` (``TestResult.to_dict()`` and seconds).
 
@@ -137,6 +204,7 @@ class TesterPool:
         self.kind = kind
         self.workers = 1 if kind == "inline" else max(1, int(workers))
         self._executor: Executor | None = None
+        self._queue: _Queue | None = None
         #: Plugin testers registered in this process only (a spawned worker does not know them) run here.
         self._threads: Executor | None = None
         if kind == "thread":
@@ -145,37 +213,60 @@ class TesterPool:
             self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=_worker_init)
             self._threads = ThreadPoolExecutor(1, thread_name_prefix="calmon-tester")
+        if self._executor is not None:
+            self._queue = _Queue(self._executor, self.workers)
 
     def submit(self, name: str, data: CalibrationData, *, alpha: float, mc: int, seed: int,
-               params: Mapping[str, Any]) -> Future[JobResult]:
-        """Start one tester call; the future's result is the result document."""
-        if self._executor is None:
+               params: Mapping[str, Any], priority: int = BACKGROUND) -> Future[JobResult]:
+        """Start one tester call (after every waiting job of a smaller ``priority``); the future's result is
+        the result document."""
+        if self._executor is None or self._queue is None:
             fut: Future[JobResult] = Future()
             fut.set_result(_run(name, data, alpha, mc, seed, params))
             return fut
-        if self._threads is not None and (self.kind == "thread" or name not in BUILTIN):
+        if self._threads is not None and self._threads is not self._executor and name not in BUILTIN:
             return self._threads.submit(_run, name, data, alpha, mc, seed, dict(params))
+        out: Future[JobResult] = Future()
+        if self.kind == "thread":
+            args = (name, data, alpha, mc, seed, dict(params))
+            self._queue.put(priority, lambda ex: _chained(ex.submit(_run, *args), out, name), out)
+            return out
         job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
                           "data": encode_data(data)})
-        out: Future[JobResult] = Future()
-        inner = self._executor.submit(run_job, job)
-        inner.add_done_callback(lambda f: _chain(f, out, name))
+        self._queue.put(priority, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
         return out
 
     def close(self, wait: bool = True) -> None:
         """Start no new job; with ``wait``, return once the jobs in flight have finished."""
+        if self._queue is not None:
+            self._queue.close()
         for ex in {id(e): e for e in (self._executor, self._threads) if e is not None}.values():
             ex.shutdown(wait=wait, cancel_futures=True)
         self._executor = self._threads = None
+        self._queue = None
 
 
-def _chain(inner: Future[str], out: Future[JobResult], name: str) -> None:
-    if inner.cancelled():
+def _chained(inner: Future[Any], out: Future[JobResult], name: str) -> Future[Any]:
+    inner.add_done_callback(lambda f: _chain(f, out, name))
+    return inner
+
+
+def _chain(inner: Future[Any], out: Future[JobResult], name: str) -> None:
+    """``out`` gets the job's result: a :class:`JobResult`, or a worker's JSON answer decoded."""
+    if out.done():  # cancelled by the caller
+        return
+    if inner.cancelled():  # at shutdown
         out.cancel()
         return
     exc = inner.exception()
-    if exc is None:
-        doc = json.loads(inner.result())
-        out.set_result(JobResult(doc["result"], float(doc["seconds"])))
-    else:  # a worker died (killed, out of memory): the window gets an error result, retried later
-        out.set_result(JobResult(clean(TestResult.failed(name, exc).to_dict()), 0.0))
+    if exc is not None:  # a worker died (killed, out of memory): the window gets an error result, retried later
+        res = JobResult(clean(TestResult.failed(name, exc).to_dict()), 0.0)
+    elif isinstance(got := inner.result(), JobResult):
+        res = got
+    else:
+        doc = json.loads(got)
+        res = JobResult(doc["result"], float(doc["seconds"]))
+    try:
+        out.set_result(res)
+    except InvalidStateError:  # cancelled by the caller meanwhile
+        pass

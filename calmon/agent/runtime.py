@@ -127,6 +127,10 @@ class Agent:
         self.ready = False
         self.done = False
         self._stop = threading.Event()
+        #: A round and the republishing between rounds use the evaluator one at a time; a round asked for
+        #: from another thread than the scheduler's (a benchmark, a test) interrupts the republishing.
+        self._evaluating = threading.Lock()
+        self._round_asked = threading.Event()
         self._sources_override = list(sources) if sources is not None else None
         self.sources: list[Source] = []
         self.dead_letter: DeadLetterSink | None = None
@@ -399,10 +403,17 @@ class Agent:
         """One scheduler round: snapshot, evaluate, publish, push alerts, run hooks."""
         if self.evaluator is None:
             return
+        self._round_asked.set()
+        with self._evaluating:
+            self._round_asked.clear()
+            self._evaluate_round(self.evaluator)
+
+    def _evaluate_round(self, evaluator: Evaluator) -> None:
         pub = self.published
         snap = self.state.snapshot()
         changes, watermark = self.state.change_view()
-        res = self.evaluator.run(snap, pub.calibrators, pub.alerts, changes, watermark)
+        # once the input is exhausted no later round comes: this one waits for the expensive testers too
+        res = evaluator.run(snap, pub.calibrators, pub.alerts, changes, watermark, complete=self.done)
         self.metrics.evaluation_duration.observe(res.duration)
         self._publish(res)
         if self.alertmanager is not None and res.alert_states:
@@ -416,13 +427,14 @@ class Agent:
 
     def _settle(self, until: float, interrupted: Callable[[], bool]) -> bool:
         """Between rounds (scheduler thread): publish tester results that arrive; True while some are running."""
-        if self.evaluator is None or not self.evaluator.busy:
-            return False
-        evaluations = self.evaluator.settle(until, interrupted)
-        if evaluations is not None:
-            self.published = dataclasses.replace(self.published, evaluations=tuple(evaluations))
-            self.metrics.prepare(round_state(self.published))
-        return self.evaluator.busy
+        if self.evaluator is None or not self.evaluator.busy or self._round_asked.is_set():
+            return False  # (a round asked for elsewhere: it collects the results, no more settling this period)
+        with self._evaluating:
+            evaluations = self.evaluator.settle(until, lambda: interrupted() or self._round_asked.is_set())
+            if evaluations is not None:
+                self.published = dataclasses.replace(self.published, evaluations=tuple(evaluations))
+                self.metrics.prepare(round_state(self.published))
+            return self.evaluator.busy
 
     def _publish(self, res: RoundResult) -> None:
         old = self.published.scheduler
