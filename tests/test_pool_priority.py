@@ -16,6 +16,7 @@ from calmon.testers import TESTERS, register_tester
 ORDER: list[str] = []
 GATE = threading.Event()
 STARTED = threading.Event()
+LATE = threading.Event()
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -31,6 +32,8 @@ if "prio_gate" not in TESTERS:
     def _gate(data, *, alpha, mc, rng):  # holds its worker until the test opens the gate
         STARTED.set()
         GATE.wait(60)
+        if data.n == 201:  # the late one of two windows
+            LATE.wait(60)
         ORDER.append(f"gate{data.n}")
         return {"statistic": 0.0, "p_value": 0.5, "decision": "calibrated", "method": "prio_gate"}
 
@@ -117,4 +120,33 @@ def test_a_round_waits_for_its_simulations_not_for_scheduled_testers():
         assert sorted(ORDER) == ["gate500", "gate500"]
     finally:
         GATE.set()
+        pool.close()
+
+
+def test_republishing_gathers_longer_when_it_costs_more():
+    from calmon.agent.evaluation import SETTLE_GATHER, Evaluator
+    from calmon.agent.state import WindowSnapshot
+    from calmon.config import EvaluationConfig, TesterConfig
+
+    snap = [WindowSnapshot(f"m{i}", "all", "1h", b, (1, 0.0))
+            for i, b in enumerate(BucketStats(2, bins=64, reservoir=16) for _ in range(2))]
+    for i, w in enumerate(snap):
+        z = np.linspace(0.01, 0.99, 200 + i)
+        w.bucket.update(z, None, (z > 0.5).astype(np.int64))
+    cfg = EvaluationConfig(tests=[TesterConfig("prio_gate")], cheap=[], budget=120.0, min_events=10)
+    GATE.clear()
+    pool = TesterPool("thread", 2)
+    try:
+        ev = Evaluator(cfg, pool=pool)
+        ev.run(snap, {})
+        assert ev.busy and len(ev.inflight) == 2
+        first = ev.inflight[(("m0", "all", "1h"), "prio_gate")][0]
+        first.add_done_callback(lambda f: threading.Timer(3 * SETTLE_GATHER, LATE.set).start())
+        LATE.clear()
+        GATE.set()  # the window of 200 events answers now, the one of 201 some seconds later
+        got = ev.settle(time.monotonic() + 120, republish_cost=10.0)  # gathers for 40 s, not SETTLE_GATHER
+        assert got is not None and all("prio_gate" in e["tests"] for e in got) and not ev.busy
+    finally:
+        GATE.set()
+        LATE.set()
         pool.close()

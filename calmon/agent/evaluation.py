@@ -223,8 +223,11 @@ class WorkInfo(TypedDict):
 
 #: A tester call in the pool: its future, the statistics it runs on, the round that started it, its cost key.
 _Job = tuple["Future[JobResult]", Stamp, int, str]
-#: Between rounds, seconds to wait for more results once one arrived before republishing them together.
+#: Between rounds, seconds to wait for more results once one arrived before republishing them together: at
+#: least this, and at least :data:`REPUBLISH_SHARE` times what the last republishing cost (at a thousand
+#: models a republishing is a second of the scheduler's thread, which shares the GIL with ingestion).
 SETTLE_GATHER = 2.0
+REPUBLISH_SHARE = 4.0
 
 
 def simulation_cost(name: str) -> str:
@@ -282,15 +285,20 @@ class Evaluator:
         self._live: list[tuple[WindowSnapshot, WindowEntry]] = []
         self._params = {t.name: t.params for t in cfg.tests}
         self._simulations = 0
+        self._assemble_cost = 0.0  # seconds the last republishing's assembling took
 
     @property
     def busy(self) -> bool:
         """Scheduled tester calls are still running."""
         return bool(self.inflight)
 
-    def settle(self, until: float, interrupted: Callable[[], bool] = lambda: False) -> list[Evaluation] | None:
+    def settle(self, until: float, interrupted: Callable[[], bool] = lambda: False,
+               republish_cost: float = 0.0) -> list[Evaluation] | None:
         """Between rounds: wait (until ``until``, monotonic) for calls in flight; the last round's evaluations
-        with the results that arrived, or ``None`` if none did.  The alert rules judge them in the next round."""
+        with the results that arrived, or ``None`` if none did.  The alert rules judge them in the next round.
+
+        Once a result arrived, more are gathered for ``max(SETTLE_GATHER, REPUBLISH_SHARE x republish_cost)``
+        seconds (the caller's cost of publishing the evaluations, plus this method's own assembling)."""
         pending = [job[0] for job in self.inflight.values()]
         while pending and not self._stop.is_set() and not interrupted():
             left = until - self.monotonic()
@@ -299,14 +307,18 @@ class Evaluator:
             done, not_done = wait(pending, timeout=min(left, 0.25), return_when=FIRST_COMPLETED)
             if done:
                 # republishing is a pass over every window: gather what else finishes soon into the same one
-                end = min(until, self.monotonic() + SETTLE_GATHER)
+                gather = max(SETTLE_GATHER, REPUBLISH_SHARE * (republish_cost + self._assemble_cost))
+                end = min(until, self.monotonic() + gather)
                 while not_done and not interrupted() and (left := end - self.monotonic()) > 0:
                     not_done = wait(not_done, timeout=min(left, 0.25)).not_done
                 break
             pending = list(not_done)
         if not self._harvest():
             return None
-        return [self._assemble(w, e) for w, e in self._live]
+        t0 = self.monotonic()
+        out = [self._assemble(w, e) for w, e in self._live]
+        self._assemble_cost = self.monotonic() - t0
+        return out
 
     def stop(self) -> None:
         """Stop waiting for scheduled testers (shutdown): the running round publishes what it has."""

@@ -131,6 +131,7 @@ class Agent:
         #: from another thread than the scheduler's (a benchmark, a test) interrupts the republishing.
         self._evaluating = threading.Lock()
         self._round_asked = threading.Event()
+        self._prepare_cost = 0.0  # seconds the last republishing's /metrics preparation took
         self._sources_override = list(sources) if sources is not None else None
         self.sources: list[Source] = []
         self.dead_letter: DeadLetterSink | None = None
@@ -430,10 +431,13 @@ class Agent:
         if self.evaluator is None or not self.evaluator.busy or self._round_asked.is_set():
             return False  # (a round asked for elsewhere: it collects the results, no more settling this period)
         with self._evaluating:
-            evaluations = self.evaluator.settle(until, lambda: interrupted() or self._round_asked.is_set())
+            evaluations = self.evaluator.settle(until, lambda: interrupted() or self._round_asked.is_set(),
+                                                self._prepare_cost)
             if evaluations is not None:
                 self.published = dataclasses.replace(self.published, evaluations=tuple(evaluations))
+                t0 = time.monotonic()
                 self.metrics.prepare(round_state(self.published))
+                self._prepare_cost = time.monotonic() - t0
             return self.evaluator.busy
 
     def _publish(self, res: RoundResult) -> None:
