@@ -26,6 +26,7 @@ ValueError: tester 'tcal' has no parameter 'bogus' (known: bins, combine, discre
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -83,16 +84,26 @@ def check_params(name: str, params: Mapping[str, Any]) -> None:
 
     A tester whose signature has ``**kwargs`` accepts any name here and validates at run time.
     """
-    fn = get_tester(name)
-    sig = inspect.signature(fn)
-    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
-    known = sorted(p.name for p in sig.parameters.values()
-                   if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _RESERVED)
+    if not params:
+        get_tester(name)  # unknown tester: ValueError
+        return
+    accepts_any, known = _keywords(get_tester(name))
     for key in params:
         if key in _RESERVED:
             raise ValueError(f"tester {name!r}: parameter {key!r} is set by the evaluation settings, not per tester")
         if not accepts_any and key not in known:
             raise ValueError(f"tester {name!r} has no parameter {key!r} (known: {', '.join(known) or 'none'})")
+
+
+@functools.lru_cache(maxsize=256)
+def _keywords(fn: Callable[..., Any]) -> tuple[bool, list[str]]:
+    """Whether ``fn`` takes ``**kwargs``, and its keyword-only parameters a configuration may set (a
+    signature is costly to inspect, and a round checks the same testers on thousands of windows)."""
+    sig = inspect.signature(fn)
+    accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values())
+    known = sorted(p.name for p in sig.parameters.values()
+                   if p.kind is inspect.Parameter.KEYWORD_ONLY and p.name not in _RESERVED)
+    return accepts_any, known
 
 
 def run_tester(name: str, data: CalibrationData, *, alpha: float = 0.05, mc: int = 2000, seed: int | None = 0,
