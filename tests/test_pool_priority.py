@@ -150,3 +150,24 @@ def test_republishing_gathers_longer_when_it_costs_more():
         GATE.set()
         LATE.set()
         pool.close()
+
+
+def test_a_killed_worker_process_gives_an_error_result_and_new_workers_take_the_next_jobs():
+    import os
+    import signal
+
+    from calmon.agent.pool import decode_data, encode_data
+
+    big = decode_data(encode_data(data(20_000)))
+    pool = TesterPool("process", 1)
+    try:
+        kw = {"alpha": 0.05, "seed": 0, "params": {}}
+        assert pool.submit("tcal", data(300), mc=50, **kw).result(120).doc["decision"] != "error"  # the worker is up
+        (worker,) = pool._queue.executor._processes.values()  # type: ignore[union-attr]
+        running = pool.submit("smce", big, mc=100_000, **kw)  # long enough to be killed mid-call
+        os.kill(worker.pid, signal.SIGKILL)
+        assert running.result(120).doc["decision"] == "error"  # the window gets an error result, retried later
+        after = pool.submit("tcal", data(300), mc=50, **kw).result(120)  # the pool started new workers
+        assert after.doc["decision"] in ("calibrated", "miscalibrated")
+    finally:
+        pool.close()

@@ -50,7 +50,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, Future, InvalidStateError, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import (
+    BrokenExecutor,
+    Executor,
+    Future,
+    InvalidStateError,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+)
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -135,21 +142,24 @@ class _Queue:
     """Jobs waiting for a worker, most urgent first; the executor gets at most ``limit`` at a time.
 
     A job is a function starting it on the executor (returning the executor's future) and the
-    future handed to the caller, which is cancelled if the job never started.
+    future handed to the caller, which is cancelled if the job never started.  An executor that
+    broke (a worker process was killed: every later submission would fail) is replaced by a new one
+    from ``make``; the jobs it held get error results, and the scheduler retries them in later rounds.
     """
 
-    def __init__(self, executor: Executor, limit: int) -> None:
-        self._executor = executor
+    def __init__(self, make: Callable[[], Executor], limit: int) -> None:
+        self._make = make
+        self.executor = make()
         self._limit = limit
         self._lock = threading.Lock()
-        self._heap: list[tuple[int, int, Callable[[Executor], Future[Any]], Future[JobResult]]] = []
+        self._heap: list[tuple[int, int, str, Callable[[Executor], Future[Any]], Future[JobResult]]] = []
         self._seq = itertools.count()
         self._running = 0
         self._closed = False
 
-    def put(self, priority: int, start: Callable[[Executor], Future[Any]], out: Future[JobResult]) -> None:
+    def put(self, priority: int, name: str, start: Callable[[Executor], Future[Any]], out: Future[JobResult]) -> None:
         with self._lock:
-            heapq.heappush(self._heap, (priority, next(self._seq), start, out))
+            heapq.heappush(self._heap, (priority, next(self._seq), name, start, out))
         self._pump()
 
     def _pump(self) -> None:
@@ -157,18 +167,32 @@ class _Queue:
             with self._lock:
                 if self._closed or self._running >= self._limit or not self._heap:
                     return
-                _, _, start, out = heapq.heappop(self._heap)
+                _, _, name, start, out = heapq.heappop(self._heap)
                 self._running += 1
             if out.cancelled():  # given up on while it waited
                 self._finished(None, pump=False)
                 continue
             try:
-                inner = start(self._executor)
-            except Exception as exc:  # noqa: BLE001 - a broken or shut-down executor: the job's own error
+                inner = self._start(start)
+            except Exception as exc:  # noqa: BLE001 - a shut-down executor, or a new one that broke at once
                 self._finished(None, pump=False)
-                out.set_exception(exc)
+                _settle(out, JobResult(clean(TestResult.failed(name, exc).to_dict()), 0.0))
                 continue
             inner.add_done_callback(self._finished)
+
+    def _start(self, start: Callable[[Executor], Future[Any]]) -> Future[Any]:
+        ex = self.executor
+        try:
+            return start(ex)
+        except BrokenExecutor:
+            with self._lock:
+                if self._closed:
+                    raise
+                if self.executor is ex:
+                    log.warning("tester pool broken (a worker died): starting new workers")
+                    self.executor = self._make()
+                    ex.shutdown(wait=False, cancel_futures=True)
+            return start(self.executor)
 
     def _finished(self, _: Future[Any] | None, *, pump: bool = True) -> None:
         with self._lock:
@@ -176,13 +200,15 @@ class _Queue:
         if pump:
             self._pump()  # runs in the executor's callback thread: starting a job there is what it is for
 
-    def close(self) -> None:
-        """Start nothing more; jobs still waiting are cancelled."""
+    def close(self, wait: bool) -> None:
+        """Start nothing more: jobs still waiting are cancelled; with ``wait``, return once the running
+        ones have finished."""
         with self._lock:
             self._closed = True
             waiting, self._heap = self._heap, []
         for *_, out in waiting:
             out.cancel()
+        self.executor.shutdown(wait=wait, cancel_futures=True)
 
 
 class TesterPool:
@@ -203,47 +229,44 @@ class TesterPool:
             raise ValueError(f"pool kind must be one of {POOL_KINDS}, got {kind!r}")
         self.kind = kind
         self.workers = 1 if kind == "inline" else max(1, int(workers))
-        self._executor: Executor | None = None
         self._queue: _Queue | None = None
         #: Plugin testers registered in this process only (a spawned worker does not know them) run here.
         self._threads: Executor | None = None
+        n = self.workers
         if kind == "thread":
-            self._executor = self._threads = ThreadPoolExecutor(self.workers, thread_name_prefix="calmon-tester")
+            self._queue = _Queue(lambda: ThreadPoolExecutor(n, thread_name_prefix="calmon-tester"), n)
         elif kind == "process":
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_worker_init)
+            spawn = multiprocessing.get_context("spawn")
+            self._queue = _Queue(lambda: ProcessPoolExecutor(n, mp_context=spawn, initializer=_worker_init), n)
             self._threads = ThreadPoolExecutor(1, thread_name_prefix="calmon-tester")
-        if self._executor is not None:
-            self._queue = _Queue(self._executor, self.workers)
 
     def submit(self, name: str, data: CalibrationData, *, alpha: float, mc: int, seed: int,
                params: Mapping[str, Any], priority: int = BACKGROUND) -> Future[JobResult]:
         """Start one tester call (after every waiting job of a smaller ``priority``); the future's result is
         the result document."""
-        if self._executor is None or self._queue is None:
+        if self._queue is None:
             fut: Future[JobResult] = Future()
             fut.set_result(_run(name, data, alpha, mc, seed, params))
             return fut
-        if self._threads is not None and self._threads is not self._executor and name not in BUILTIN:
+        if self._threads is not None and name not in BUILTIN:
             return self._threads.submit(_run, name, data, alpha, mc, seed, dict(params))
         out: Future[JobResult] = Future()
         if self.kind == "thread":
             args = (name, data, alpha, mc, seed, dict(params))
-            self._queue.put(priority, lambda ex: _chained(ex.submit(_run, *args), out, name), out)
+            self._queue.put(priority, name, lambda ex: _chained(ex.submit(_run, *args), out, name), out)
             return out
         job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
                           "data": encode_data(data)})
-        self._queue.put(priority, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
+        self._queue.put(priority, name, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
         return out
 
     def close(self, wait: bool = True) -> None:
         """Start no new job; with ``wait``, return once the jobs in flight have finished."""
         if self._queue is not None:
-            self._queue.close()
-        for ex in {id(e): e for e in (self._executor, self._threads) if e is not None}.values():
-            ex.shutdown(wait=wait, cancel_futures=True)
-        self._executor = self._threads = None
-        self._queue = None
+            self._queue.close(wait)
+        if self._threads is not None:
+            self._threads.shutdown(wait=wait, cancel_futures=True)
+        self._queue = self._threads = None
 
 
 def _chained(inner: Future[Any], out: Future[JobResult], name: str) -> Future[Any]:
@@ -266,6 +289,10 @@ def _chain(inner: Future[Any], out: Future[JobResult], name: str) -> None:
     else:
         doc = json.loads(got)
         res = JobResult(doc["result"], float(doc["seconds"]))
+    _settle(out, res)
+
+
+def _settle(out: Future[JobResult], res: JobResult) -> None:
     try:
         out.set_result(res)
     except InvalidStateError:  # cancelled by the caller meanwhile
