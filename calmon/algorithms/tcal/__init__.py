@@ -70,7 +70,8 @@ Westfall, Young. Resampling-based multiple testing (1993): min-p combinations ov
 
 Layout
 ------
-:mod:`~calmon.algorithms.tcal.estimators` (plug-in / debiased estimates, null variance, scale rules),
+:mod:`~calmon.algorithms.tcal.estimators` (plug-in / debiased estimates, null variance, scale rules, cell sums of
+every level at once),
 :mod:`~calmon.algorithms.tcal.tails` (Cantelli bound, three-moment approximation),
 :mod:`~calmon.algorithms.tcal.atoms` (the Monte Carlo engine),
 :mod:`~calmon.algorithms.tcal.adaptive` (:func:`tcal_test`, one function per critical-value method),

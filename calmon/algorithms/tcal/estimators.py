@@ -11,6 +11,7 @@ JMLR 24 (2023): eqs. (5)-(7), Algorithm 1, Theorem 3.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -20,8 +21,12 @@ from calmon.stats.grid import ScoreGrid, cell_index
 
 __all__ = [
     "check_binary", "check_bins", "check_grid", "n_levels", "theorem3_bins", "theorem3_threshold", "ece2_raw",
-    "null_variance_raw", "ece2_multiclass_raw", "grid_cells", "ece2_grid", "null_variance_grid",
+    "null_variance_raw", "ece2_multiclass_raw", "grid_cells", "ece2_grid", "null_variance_grid", "level_cell_sums",
+    "single_tail", "level_sums", "grid_level_cells",
 ]
+
+#: Elements (levels x atoms) of the tiled atoms summed per ``reduceat`` by :func:`level_cell_sums`.
+_TILE_ELEMENTS = 1 << 16
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -359,3 +364,59 @@ def null_variance_grid(grid: ScoreGrid, bins: int | None = None) -> float:
     if n == 0:
         raise ValueError("grid is empty")
     return float(2.0 / n**2 * (np.maximum(c["V"] ** 2 - c["W"], 0.0) / c["N"] ** 2).sum())
+
+
+# ----------------------------------------------------------------------------------------------------------
+# cell sums of every level at once (the Monte Carlo engine's atoms, :meth:`Atoms.add_levels`)
+# ----------------------------------------------------------------------------------------------------------
+def level_cell_sums(X: np.ndarray, level: np.ndarray, start: np.ndarray, cells: np.ndarray) -> np.ndarray:
+    """``(rows, cells)``: rows of ``X`` (atoms) summed over every level's cells, bit for bit one ``reduceat`` per
+    level (the atoms tiled once per level, a few levels at a time on many atoms).  Trailing levels whose cells
+    are single atoms (the grid's own cells, fine levels of raw data) are the atoms themselves."""
+    A = X.shape[1]
+    L = cells.size - single_tail(cells, A)[1]
+    per = max(1, _TILE_ELEMENTS // A)
+    parts = []
+    first = 0
+    for lo in range(0, L, per):
+        hi = min(lo + per, L)
+        last = first + int(cells[lo:hi].sum())
+        parts.append(np.add.reduceat(np.tile(X, (1, hi - lo)), (level[first:last] - lo) * A + start[first:last],
+                                     axis=1))
+        first = last
+    if L < cells.size:
+        parts.append(np.tile(X, (1, cells.size - L)))
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+
+
+def single_tail(cells: np.ndarray, atoms: int) -> tuple[int, int]:
+    """Cells before the trailing levels whose cells are single atoms, and how many such levels."""
+    L = cells.size
+    while L and cells[L - 1] == atoms:
+        L -= 1
+    return int(cells[:L].sum()), cells.size - L
+
+
+def level_sums(v: np.ndarray, level: np.ndarray, levels: int) -> np.ndarray:
+    """``(rows, levels)``: each row of ``v`` summed over the entries of each level (``level``: non-decreasing),
+    bit for bit ``v[:, level == j].sum(axis=1)`` -- a zero ahead of each level's entries: ``ndarray.sum`` starts
+    from it."""
+    pad = np.zeros((v.shape[0], level.size + levels))
+    pad[:, np.arange(1, level.size + 1) + level] = v  # after the zeros of its own and the earlier levels
+    firsts = np.arange(levels)
+    return np.add.reduceat(pad, level.searchsorted(firsts) + firsts, axis=1)
+
+
+@functools.lru_cache(maxsize=64)
+def grid_level_cells(fine: int, ms: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    """Every cell of levels ``ms`` of a grid of ``fine`` cells: its first fine cell and one past its last
+    (``(2, cells)``), and its level."""
+    bad = [m for m in ms if fine % m]
+    if bad:
+        raise ValueError(f"level with {bad[0]} bins does not divide the grid's {fine} cells")
+    lo = np.concatenate([np.arange(m) * (fine // m) for m in ms])
+    bounds = np.stack([lo, lo + np.repeat([fine // m for m in ms], ms)])
+    lev = np.repeat(np.arange(len(ms)), ms)
+    bounds.setflags(write=False)
+    lev.setflags(write=False)
+    return bounds, lev
