@@ -54,12 +54,12 @@ def clean(x: Any) -> Any:
     {'1': [0.5, None, 'a', None, True, {'b': None}]}
     """
     t = type(x)
-    if t is dict:
+    if t is dict:  # floats tested first: most leaves of a document are
         return {k if type(k) is str else _key(k):
-                v if (tv := type(v)) in _PLAIN or (tv is float and v - v == 0.0) else clean(v)
+                v if ((tv := type(v)) is float and v - v == 0.0) or tv in _PLAIN else clean(v)
                 for k, v in x.items()}
     if t is list:
-        return [v if (tv := type(v)) in _PLAIN or (tv is float and v - v == 0.0) else clean(v) for v in x]
+        return [v if ((tv := type(v)) is float and v - v == 0.0) or tv in _PLAIN else clean(v) for v in x]
     if t is float:
         return x if x - x == 0.0 else None
     if t in _PLAIN:

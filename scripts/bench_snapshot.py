@@ -1,26 +1,36 @@
 """Benchmark: the cost of one round's snapshot of every window sum (``AgentState.snapshot``) at M binary models.
 
 Builds an agent as ``scripts/bench_models.py`` does (M models x 3 rings, the default tiers and windows, replay
-traffic of ``--events`` labeled events over 8 days), then ``--rounds`` times: ingests one more minute of events of
-every model ``--minutes`` later (as between two evaluation rounds; 5: every round enters a new tier-0 bucket, so
-every stable sum is recomputed -- the expensive rounds) and times ``state.snapshot()`` alone.  With
-``--compare`` every round snapshots twice, interleaved: once by the reference path (``windowsums.REFERENCE``:
-:meth:`~calmon.agent.windowsums.Plan.run_reference`'s pairwise merges and full bucket copies, as before) and
-once by the default path, and checks that both give the same statistics (pending folds are aggregated before,
-so that neither pays them).  Prints min/median seconds per path and the load.
+traffic of ``--events`` labeled events over 8 days) and times the very first snapshot (it also aggregates the folds
+pending from the ingest).  Then, per path, ``--first`` snapshots from scratch (an empty reuse cache, as after a
+restart) and ``--rounds`` later ones: before each, one more minute of events of every model ``--minutes`` later
+(as between two evaluation rounds; 5: every round enters a new tier-0 bucket, so every stable sum is recomputed --
+the expensive rounds).  The paths run interleaved, each from the same kept sums, on the same state (pending folds
+are aggregated first, so that none pays them): ``new`` (this tree); with ``--compare`` ``reference``
+(``windowsums.REFERENCE``: :meth:`~calmon.agent.windowsums.Plan.run_reference`'s pairwise merges and full bucket
+copies); with ``--baseline DIR`` ``baseline``: the snapshot code of a tree exported by
+``git archive HEAD calmon | tar -x -C DIR`` (its ``AgentState.snapshot``, ``windowsums``, ``BucketStats.summed``
+and ``read_copy``, ``ModelStats.summed`` and ``copy``, ``Reservoir.merged`` and ``sample_copy``).  Every path's
+windows are checked equal to ``new``'s.  Prints per path and kind min/median wall seconds, the snapshot thread's
+CPU seconds (steadier on a loaded machine), the seconds spent in garbage collection, the ratios, and the load.
 
     nice -n 5 python scripts/bench_snapshot.py --models 100 --events 1e6 --rounds 5 --compare
-    nice -n 5 python scripts/bench_snapshot.py --models 1000 --events 1e6 --rounds 3 --compare
+    mkdir -p /tmp/h3_base && git archive HEAD calmon | tar -x -C /tmp/h3_base
+    nice -n 5 python scripts/bench_snapshot.py --models 1000 --events 1e6 --rounds 4 --compare --baseline /tmp/h3_base
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import importlib.util
 import os
 import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -46,22 +56,125 @@ def _flush_all(state: Any) -> None:
                     b.stats  # noqa: B018  (the property aggregates pending folds)
 
 
+class _GcTimer:
+    """Seconds spent in garbage collection and full collections, from ``gc.callbacks``."""
+
+    def __init__(self) -> None:
+        self.seconds, self.full, self._t = 0.0, 0, 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._t
+            self.full += info["generation"] == 2
+
+    def read(self) -> tuple[float, int]:
+        return self.seconds, self.full
+
+
+def _load_baseline(root: Path) -> dict[tuple[type, str], Any]:
+    """The methods the snapshot runs, as the tree ``root`` (``git archive HEAD calmon | tar -x -C root``) has them.
+
+    Its modules are loaded under other names; the classes they define are then replaced by the installed ones
+    (so that their objects mix), and the methods are returned per (installed class, name) to be swapped in.
+    """
+    from calmon.agent.buckets import BucketStats
+    from calmon.agent.state import AgentState
+    from calmon.stats.model import ModelStats
+    from calmon.stats.reservoir import Reservoir
+
+    mods: dict[str, Any] = {}
+    for rel in ("stats/reservoir", "stats/model", "agent/buckets", "agent/windowsums", "agent/state"):
+        name = "baseline_" + rel.replace("/", "_")
+        spec = importlib.util.spec_from_file_location(name, root / "calmon" / f"{rel}.py")
+        assert spec is not None and spec.loader is not None
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = mod  # dataclasses look their module up
+        spec.loader.exec_module(mod)
+        mods[rel] = mod
+    out: dict[tuple[type, str], Any] = {}
+    for rel, cls, names in (("stats/reservoir", Reservoir, ("merged", "sample_copy")),
+                            ("stats/model", ModelStats, ("summed", "copy")),
+                            ("agent/buckets", BucketStats, ("summed", "read_copy")),
+                            ("agent/state", AgentState, ("snapshot",))):
+        mod = mods[rel]
+        for name in names:
+            out[(cls, name)] = getattr(mod, cls.__name__).__dict__[name]
+        setattr(mod, cls.__name__, cls)  # the baseline's methods build installed objects
+    mods["agent/state"].capture = mods["agent/windowsums"].capture
+    mods["agent/state"].RingSums = mods["agent/windowsums"].RingSums
+    return out
+
+
+@contextmanager
+def _path(path: str, baseline: dict[tuple[type, str], Any] | None) -> Iterator[None]:
+    """Run the snapshot by ``path``: "new" (this tree), "reference" (its pairwise path) or "baseline"."""
+    from calmon.agent import windowsums
+    from calmon.agent.buckets import BucketStats
+
+    saved = {(cls, name): cls.__dict__[name] for cls, name in (baseline or {})}
+    read_copy = BucketStats.read_copy
+    try:
+        if path == "reference":  # the bucket copies as before, generator included
+            windowsums.REFERENCE = True
+            BucketStats.read_copy = BucketStats.copy  # type: ignore[method-assign]
+        elif path == "baseline":
+            assert baseline is not None
+            for (cls, name), fn in baseline.items():
+                setattr(cls, name, fn)
+        yield
+    finally:
+        windowsums.REFERENCE = False
+        BucketStats.read_copy = read_copy  # type: ignore[method-assign]
+        for (cls, name), fn in saved.items():
+            setattr(cls, name, fn)
+
+
+def _timed(state: Any, path: str, baseline: Any, gct: _GcTimer, times: dict[str, list[tuple[float, float, float]]],
+           kind: str) -> Any:
+    """One snapshot by ``path``; appends (wall s, this thread's CPU s, gc s) to ``times[path]``."""
+    with _path(path, baseline):
+        g0 = gct.read()[0]
+        t, c = time.perf_counter(), time.thread_time()
+        got = state.snapshot()
+        times[f"{kind} {path}"].append((time.perf_counter() - t, time.thread_time() - c, gct.read()[0] - g0))
+    return got
+
+
+def _report(times: dict[str, list[tuple[float, float, float]]]) -> None:
+    for key, ts in times.items():
+        if ts:
+            wall, cpu, gcs = ([x[i] for x in ts] for i in range(3))
+            print(f"{key}: wall min {min(wall):.3f} / median {statistics.median(wall):.3f} s, thread CPU min "
+                  f"{min(cpu):.3f} / median {statistics.median(cpu):.3f} s, in gc median "
+                  f"{statistics.median(gcs):.3f} s over {len(ts)} snapshots")
+    for kind in ("first", "later"):
+        for other in ("baseline", "reference"):
+            a, b = times.get(f"{kind} {other}"), times.get(f"{kind} new")
+            if a and b:
+                print(f"{kind}: ratio {other}/new (median) wall "
+                      f"{statistics.median(x[0] for x in a) / statistics.median(x[0] for x in b):.2f}, thread CPU "
+                      f"{statistics.median(x[1] for x in a) / statistics.median(x[1] for x in b):.2f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", type=int, default=100)
     ap.add_argument("--events", type=float, default=1e6)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--first", type=int, default=2, help="from-scratch snapshots per path (empty reuse cache)")
     ap.add_argument("--minutes", type=int, default=5,
                     help="event-time minutes between rounds (5: every round enters a new 5-minute tier-0 bucket)")
     ap.add_argument("--compare", action="store_true", help="interleave the reference path and check equality")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="a tree exported by `git archive HEAD calmon | tar -x -C DIR`: interleave its snapshot too")
     args = ap.parse_args(argv)
     import bench_models as bm
 
-    from calmon.agent import windowsums
-    from calmon.agent.buckets import BucketStats
-
-    read_copy = BucketStats.read_copy
-
+    baseline = None if args.baseline is None else _load_baseline(args.baseline.resolve())
+    paths = ["new"] + (["reference"] if args.compare else []) + (["baseline"] if baseline else [])
     m, ev = args.models, int(args.events)
     cfg = bm.bench_config(tempfile.mkdtemp(), m, 30.0)
     src = bm.MemorySource("replay", bm.Traffic("replay", m, ev, 0).records())
@@ -70,43 +183,42 @@ def main(argv: list[str] | None = None) -> int:
     bm._ingest_all(agent, src, None)
     print(f"ingested {ev} events of {m} models in {time.perf_counter() - t:.1f} s", flush=True)
     state = agent.state
-    state.snapshot()  # the first snapshot sums every window from scratch (as after a restart)
-    times: dict[str, list[float]] = {"new": [], "reference": []}
+    gct = _GcTimer()
+    times: dict[str, list[tuple[float, float, float]]] = {f"{k} {p}": [] for k in ("first", "later") for p in paths}
+    t, c = time.perf_counter(), time.thread_time()
+    state.snapshot()  # the very first: aggregates the folds pending from the ingest, then sums from scratch
+    print(f"first snapshot after the ingest (new, folds pending): wall {time.perf_counter() - t:.3f} s, "
+          f"thread CPU {time.thread_time() - c:.3f} s", flush=True)
+    for rep in range(args.first):  # from scratch (as after a restart), every path, interleaved
+        got: dict[str, Any] = {}
+        for path in paths[rep % len(paths):] + paths[:rep % len(paths)]:
+            state._snap_cache = {}
+            got[path] = _timed(state, path, baseline, gct, times, "first")
+        _check(f"first {rep}", got, times, "first")
     for minute in range(args.rounds):
         bm._ingest_all(agent, bm._more(m, max(1000, ev // 100), 1 + minute, args.minutes * minute), None)
-        if args.compare:  # neither path should pay the aggregation of the folds pending from the ingest
-            _flush_all(state)
-        paths = ["reference", "new"] if args.compare and minute % 2 == 0 else ["new", "reference"]
-        got: dict[str, Any] = {}
-        for path in paths if args.compare else ["new"]:
-            cache = dict(state._snap_cache)  # both paths start from the same kept sums
-            windowsums.REFERENCE = path == "reference"
-            if path == "reference":  # the bucket copies as before, generator included
-                BucketStats.read_copy = BucketStats.copy  # type: ignore[method-assign]
-            try:
-                t = time.perf_counter()
-                got[path] = state.snapshot()
-                times[path].append(time.perf_counter() - t)
-            finally:
-                windowsums.REFERENCE = False
-                BucketStats.read_copy = read_copy  # type: ignore[method-assign]
-            if path == paths[0] and args.compare:
-                state._snap_cache = cache
-        if args.compare:
-            bad = sum(not _same(a.bucket, b.bucket) for a, b in zip(got["new"], got["reference"]))
-            print(f"round {minute}: " + ", ".join(f"{p} {times[p][-1]:.3f} s" for p in paths)
-                  + f", windows differing: {bad} of {len(got['new'])}", flush=True)
-        else:
-            print(f"round {minute}: new {times['new'][-1]:.3f} s", flush=True)
-    for path, ts in times.items():
-        if ts:
-            print(f"{path}: min {min(ts):.3f} s, median {statistics.median(ts):.3f} s over {len(ts)} snapshots")
-    if args.compare:
-        ratio = statistics.median(times["reference"]) / statistics.median(times["new"])
-        print(f"ratio reference/new (median): {ratio:.2f}")
-    print("load:", os.getloadavg())
+        _flush_all(state)  # no path should pay the aggregation of the folds pending from the ingest
+        order = paths[minute % len(paths):] + paths[:minute % len(paths)]
+        cache = dict(state._snap_cache)  # every path starts from the same kept sums
+        got = {}
+        for path in order:
+            state._snap_cache = dict(cache)
+            got[path] = _timed(state, path, baseline, gct, times, "later")
+        _check(f"round {minute}", got, times, "later")
+    _report(times)
+    print("full collections in the run:", gct.full, "; load:", os.getloadavg())
     agent.close()
     return 0
+
+
+def _check(label: str, got: dict[str, Any], times: dict[str, list[tuple[float, float, float]]], kind: str) -> None:
+    new = got["new"]
+    parts = [f"{p} {times[f'{kind} {p}'][-1][0]:.3f} s" for p in got]
+    for p, snap in got.items():
+        if p != "new":
+            bad = sum(not _same(a.bucket, b.bucket) for a, b in zip(new, snap)) + abs(len(new) - len(snap))
+            parts.append(f"{p} windows differing: {bad} of {len(new)}")
+    print(f"{label}: " + ", ".join(parts), flush=True)
 
 
 if __name__ == "__main__":

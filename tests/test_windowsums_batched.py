@@ -166,3 +166,86 @@ def test_cached_seeding_gives_default_rng_streams() -> None:
         assert gen.permutation(50).tolist() == ref.permutation(50).tolist()
         gen.bit_generator.state = _seeded_state(n)  # the cached state was not changed by its use
         assert gen.integers(2**63) == np.random.default_rng(n).integers(2**63)
+
+
+def _merged_by_hand(a: Reservoir, b: Reservoir, seed: int) -> tuple[Reservoir, dict[str, Any]]:
+    """``a.merged(b, default_rng(seed))`` as the documented draws, in full (and the generator's state after)."""
+    g = np.random.default_rng(seed)
+    out = Reservoir(max(a.capacity, b.capacity), a.width)
+    out._seed = int(g.integers(2**63))
+    out.seen = a.seen + b.seen
+    take = min(out.capacity, out.seen)
+    if take:
+        k_a = int(g.hypergeometric(a.seen, b.seen, take)) if a.seen and b.seen else (take if a.seen else 0)
+        rows = np.concatenate([a.rows[g.permutation(len(a.rows))[:k_a]],
+                               b.rows[g.permutation(len(b.rows))[:take - k_a]]])[g.permutation(take)]
+        out._data = rows
+    return out, dict(g.bit_generator.state)
+
+
+@pytest.mark.parametrize(("n_a", "n_b", "cap"), [(0, 0, 8), (0, 5, 8), (5, 0, 8), (3, 4, 8), (4, 4, 8), (20, 0, 8),
+                                                 (20, 5, 8), (5, 20, 8), (300, 900, 256), (100, 100, 256),
+                                                 (2, 9, 1), (1, 1, 1)])
+def test_reservoir_merged_takes_the_documented_draws(n_a: int, n_b: int, cap: int) -> None:
+    rng = np.random.default_rng(n_a * 1000 + n_b)
+    a, b = Reservoir(cap, 2, seed=1), Reservoir(cap, 2, seed=2)
+    a.update(rng.random((n_a, 2)))
+    b.update(rng.random((n_b, 2)))
+    for seed in (0, 7, 12345, 2**40 + 3):
+        gen = np.random.default_rng(seed)
+        got = a.merged(b, gen)
+        want, state = _merged_by_hand(a, b, seed)
+        assert (got._seed, got.seen, got.capacity) == (want._seed, want.seen, want.capacity)
+        assert got.rows.shape == want.rows.shape and np.array_equal(got.rows, want.rows)
+        assert gen.bit_generator.state == state  # the same draws were taken, no more
+
+
+def _state(tiers: list[dict[str, Any]]) -> Any:
+    from calmon.agent.state import AgentState
+    from calmon.config import build_config
+
+    return AgentState(build_config({
+        "sources": [{"path": "x.jsonl"}],
+        "windows": {"names": ["2m", "30m", "2h", "all"], "tiers": tiers, "allowed_lateness": "2h"},
+        "models": {"default": {"bins": 64, "reservoir": 16, "segments": ["web"]}}}, env={}))
+
+
+def test_snapshot_equals_the_definition_over_rounds_with_an_evicted_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Several snapshots with new events in between (rolls and late events), a busy model with many buckets, a
+    sparse one with few, and a model evicted then seen again: every window equals the definition, bit for bit,
+    and the garbage collector is paused while the sums run (and restored after)."""
+    import gc
+
+    st = _state([{"width": "1m", "count": 5}, {"width": "10m", "count": 3}, {"width": "1h", "count": 2}])
+    lengths = st.windows
+    rng = np.random.default_rng(11)
+    paused: list[bool] = []
+    run = windowsums.Plan.run
+
+    def spy(plan: Any) -> Any:
+        paused.append(not gc.isenabled())
+        return run(plan)
+
+    monkeypatch.setattr(windowsums.Plan, "run", spy)
+    now = 20_000.0
+    for rnd in range(12):
+        now += float(rng.choice([10.0, 45.0, 61.0, 700.0]))
+        with st.lock:
+            for name, p in (("busy", 1.0), ("sparse", 0.25), ("gone", 0.6)):
+                if rng.random() < p:
+                    _add(st.windows_of(name, 2), rng, now)
+            if rnd == 6:
+                del st.models["gone"]  # evicted: its windows and kept sums go
+        snaps = st.snapshot()
+        assert gc.isenabled()
+        names = sorted(st.models)
+        assert sorted({s.model for s in snaps}) == names
+        assert len(snaps) == sum(len(st.models[n].rings) for n in names) * len(lengths)
+        for s in snaps:
+            ring = st.models[s.model].rings[s.segment]
+            want = _by_definition(ring, lengths, ring.watermark)[s.window]
+            assert s.bucket.to_dict() == want.to_dict(), (rnd, s.model, s.segment, s.window)
+        assert set(st._snap_cache) == {(n, seg) for n in names for seg in st.models[n].rings}
+    assert paused and all(paused)
+    buckets = {n: sum(len(t) for t in st.models[n].rings["all"].buckets) for n in ("busy", "sparse")}
+    assert buckets["busy"] > buckets["sparse"] >= 1

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from calmon.agent.buckets import BucketStats
-from calmon.algorithms.estimate import estimate_performance, estimation_error
+from calmon.algorithms.estimate import estimated, estimation_error
 from calmon.algorithms.scoredrift import score_drift
 from calmon.config import EstimationConfig
 from calmon.stats.grid import ScoreGrid
@@ -46,22 +46,15 @@ def window_estimates(bucket: BucketStats, reference: ScoreGrid | None, cfg: Esti
     count = pred.count
     out: dict[str, Any] = {"predictions": count}
     threshold = 0.0 if top_label else cfg.threshold  # top-label: every prediction is a "positive" (correct or not)
-    est = estimate_performance(pred, threshold=threshold, calibrator=predictor, level=cfg.level)
+    est = estimated(pred, threshold=threshold, calibrator=predictor, level=cfg.level)
     if est:
-        out["estimated"] = {m: e.to_dict() for m, e in est.items()}
-    labelled = _labelled_grid(bucket, min_events)
-    if labelled is not None:
-        # expected (no interval needed here) minus realised, from one read of the labelled cells
-        out["estimation_error"] = estimation_error(labelled, threshold=threshold, calibrator=predictor)
-    if reference is not None and count >= min_events and reference.count >= min_events:
-        out["score_drift"] = score_drift(reference, pred, bins=cfg.drift_bins).to_dict()
-    return out
-
-
-def _labelled_grid(bucket: BucketStats, min_events: int) -> ScoreGrid | None:
-    """The labelled events' scores and outcomes on the prediction grid's resolution (coarsened fine grid), or
-    ``None`` with fewer than ``min_events`` (and at least one) of them."""
+        out["estimated"] = est
     fine = bucket.stats.fine
-    if fine.count < max(min_events, 1):
-        return None
-    return fine.coarsen(min(fine.bins, bucket.pred.bins))
+    if fine.count >= max(min_events, 1):
+        # expected (no interval needed here) minus realised, from one read of the labelled cells on the
+        # prediction grid's resolution (the coarsened fine grid)
+        out["estimation_error"] = estimation_error(fine, threshold=threshold, calibrator=predictor,
+                                                   bins=min(fine.bins, pred.bins))
+    if reference is not None and count >= min_events and (nr := reference.count) >= min_events:
+        out["score_drift"] = score_drift(reference, pred, bins=cfg.drift_bins, counts=(nr, count)).to_dict()
+    return out

@@ -7,11 +7,19 @@ outcome (label, or top-label correctness).  The l2-ECE estimators use the scalar
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
 
-from calmon.stats.grid import ScoreGrid, cell_index
+from calmon.stats.grid import QUANTUM_BITS, ScoreGrid, cell_index
+
+#: ``ndarray.sum`` without its wrappers (the same reduction)
+_sum = np.add.reduce
+_SCALE = float(2**QUANTUM_BITS)
+#: Below this many events a fine grid's float field sums, and its Brier sum, are exact (scores in [0, 1],
+#: outcomes in {0, 1}: every cell value and partial sum is a multiple of 2**-28 below 2**25)
+_EXACT_EVENTS = 2**23
 
 
 def ece_l1(grid: ScoreGrid) -> float:
@@ -145,13 +153,13 @@ def reliability(grid: ScoreGrid, bins: int | None = None) -> list[dict[str, Any]
     >>> [(p["bin"], p["events"]) for p in reliability(g, 2)]
     [(0.0, 1), (0.5, 1)]
     """
-    g = grid if bins is None or bins == grid.bins else grid.coarsen(bins)
-    # plain Python values, already JSON-clean: one tolist() per field, and the cell means as Python
+    b = grid.bins if bins is None else bins
+    # plain Python values, already JSON-clean: one read of the grid, one tolist(), and the cell means as Python
     # divisions (IEEE division: the same double as numpy's ``sum_z / n``, i.e. :attr:`ScoreGrid.mean_z`)
-    edges = _edges(g.bins)
+    ns, s_z, s_y = grid.fields(b)[0][:3].tolist()
     return [{"bin": lo, "hi": hi, "events": int(n), "mean_score": None if n == 0 else sz / n,
              "mean_outcome": None if n == 0 else sy / n}
-            for (lo, hi), n, sz, sy in zip(edges, g.n.tolist(), g.sum_z.tolist(), g.sum_y.tolist())]
+            for (lo, hi), n, sz, sy in zip(_edges(b), ns, s_z, s_y)]
 
 
 _EDGES: dict[int, tuple[tuple[float, float], ...]] = {}
@@ -189,22 +197,30 @@ def summary(stats: Any, l2_bins: int | None = None, top_label: bool = False) -> 
     ``l2_bins`` dyadic bins; default :func:`default_l2_bins`), ``l2_bins`` and, for K > 2, ``classwise_ece``.
     """
     fine: ScoreGrid = stats.fine
-    n = fine.count
+    totals = fine.totals()
+    n = totals[0]  # fine.count
     out: dict[str, Any] = {"count": n, "classes": stats.classes}
     if n == 0:
         return out
     if l2_bins is None:
-        l2_bins = default_l2_bins(n, fine.bins)
-    # each field of the fine grid read once (a read converts the whole field); the formulas are those of
-    # brier(), l2_ece_squared() and ece_l1(), term for term, so the floats are the same.  The accuracy's two
-    # cells come from the small l2 grid (integer sums: the same cells whichever grid they are summed from).
-    g = fine if l2_bins == fine.bins else fine.coarsen(l2_bins)
-    fy, fz, fzz, fzy = fine.sum_y, fine.sum_z, fine.sum_zz, fine.sum_zy
-    fine_brier = float((fzz - 2.0 * fzy + fy).sum() / n)
-    sum_y = float(fy.sum())
+        l2_bins = _default_l2_bins(n, fine.bins)
+    # every field of the l2 grid (and of the fine grid, if needed) from one read (each field property converts
+    # a whole field); the formulas are those of brier(), l2_ece_squared() and ece_l1(), term for term, on
+    # arrays of the same values and layout, so the floats are the same; the accuracy's two halves are summed
+    # counts (exact)
+    if n < _EXACT_EVENTS:
+        # the fine grid's float sums below are exact (multiples of 2**-28 below 2**25, every partial sum too),
+        # so they are its integer totals converted once: the same floats without reading its cells
+        g = fine.fields(l2_bins)[0]
+        _, tz, ty, tzz, tzy, _ = totals
+        fine_sum_z, sum_y = tz / _SCALE, ty / _SCALE
+        fine_brier = float((tzz - 2 * tzy + ty) / _SCALE / n)
+    else:
+        f, g = fine.fields(fine.bins, l2_bins) if l2_bins != fine.bins else fine.fields() * 2
+        fine_sum_z, sum_y = _sum(f[1]), float(_sum(f[2]))
+        fine_brier = float(_sum(f[3] - 2.0 * f[4] + f[2]) / n)
     if stats.classes == 2 and not top_label:
-        upper = (g if g.bins % 2 == 0 else fine).coarsen(2)  # cell 1 holds exactly the scores >= 0.5
-        (y0, y1), n0 = upper.sum_y.tolist(), upper.n.tolist()[0]
+        y0, y1, n0 = _halves(g, fine)  # cell 1 of the 2-cell grid holds exactly the scores >= 0.5
         correct = y1 + (n0 - y0)
         out["accuracy"] = correct / n
         out["base_rate"] = sum_y / n
@@ -217,30 +233,57 @@ def summary(stats: Any, l2_bins: int | None = None, top_label: bool = False) -> 
         out["brier"] = brier_multiclass(stats.classwise)
         out["top_label_brier"] = fine_brier
         out["classwise_ece"] = classwise_ece(stats.classwise)
-    out["mean_confidence"] = float(fz.sum() / n)
-    out["ece"] = ece_l1(stats.ece)
+    out["mean_confidence"] = float(fine_sum_z / n)
+    out["ece"] = _ece_l1(stats.ece)
     out["l2_bins"] = l2_bins
-    gy, gz, gzz, gzy = (fy, fz, fzz, fzy) if g is fine else (g.sum_y, g.sum_z, g.sum_zz, g.sum_zy)
-    out["ece_l2_plugin"], out["ece_l2_debiased"] = _l2_both(g.n, gy - gz, gy - 2.0 * gzy + gzz)
+    gy = g[2]
+    out["ece_l2_plugin"], out["ece_l2_debiased"] = _l2_both(g[0], gy - g[1], gy - 2.0 * g[4] + g[3])
     return out
+
+
+def _halves(g: np.ndarray, fine: ScoreGrid) -> tuple[float, float, float]:
+    """``coarsen(2)``'s outcome sums and its first count, from the fields ``g`` of an even coarsening (else
+    read from ``fine``).  Python sums of counts, exact in any order (integers below 2**53, or multiples of
+    2**-28 below 2**25), so the floats of the integer sums the coarsening makes."""
+    if g.shape[1] % 2:
+        (y0, y1), (n0, _) = fine.fields(2)[0][[2, 0]].tolist()
+        return y0, y1, n0
+    h = g.shape[1] // 2
+    ys, ns = g[[2, 0]].tolist()
+    return sum(ys[:h]), sum(ys[h:]), sum(ns[:h])
+
+
+def _ece_l1(grid: ScoreGrid) -> float:
+    """:func:`ece_l1` from one read of the grid (the same operations on arrays of the same values)."""
+    n = grid.count
+    if not n:
+        return float("nan")
+    f = grid.fields()[0]
+    return float(_sum(np.abs(f[2] - f[1])) / n)
 
 
 def _l2_both(counts: np.ndarray, s: np.ndarray, q: np.ndarray) -> tuple[float, float]:
     """``(l2_ece_squared_sums(..., debiased=False), l2_ece_squared_sums(..., debiased=True))`` in one pass
     (the same operations on the same arrays: ``x - 0.0`` is ``x``, so the plug-in is the same float)."""
-    total = counts.sum()
+    total = _sum(counts)
     if total <= 0:
         return float("nan"), float("nan")
     nz = counts > 0
     ss = s[nz]
     sq, nn = ss * ss, counts[nz]
-    return float((sq / nn).sum() / total), float(((sq - q[nz]) / nn).sum() / total)
+    return float(_sum(sq / nn) / total), float(_sum((sq - q[nz]) / nn) / total)
 
 
 def brier_multiclass(classwise: ScoreGrid) -> float:
     """Multiclass Brier score ``mean sum_k (p_k - 1[y = k])^2`` from the class-wise grid."""
     n = classwise.n[0].sum()
     return float((classwise.sum_zz - 2.0 * classwise.sum_zy + classwise.sum_y).sum() / n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _default_l2_bins(n: int, grid_bins: int) -> int:
+    """:func:`default_l2_bins`, cached (windows' counts repeat across rounds)."""
+    return default_l2_bins(n, grid_bins)
 
 
 def default_l2_bins(n: int, grid_bins: int) -> int:

@@ -35,6 +35,7 @@ Examples
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -45,6 +46,9 @@ from calmon.stats.grid import ScoreGrid
 __all__ = ["ScoreDrift", "score_drift"]
 
 _FLOOR = 1e-4
+#: ``ndarray.sum`` without its wrappers (the same reduction)
+_sum = np.add.reduce
+_reduceat = np.add.reduceat
 
 
 @dataclass(frozen=True)
@@ -66,48 +70,76 @@ class ScoreDrift:
 _FIELDS = tuple(f.name for f in fields(ScoreDrift))
 
 
-def _interval_counts(ref: ScoreGrid, cur: ScoreGrid, bins: int) -> tuple[np.ndarray, np.ndarray]:
-    """Counts of both grids on ``bins`` intervals cut at the reference's quantiles (grid cell edges)."""
+def _interval_counts(ref: ScoreGrid, cur: ScoreGrid, bins: int, nr: int | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """Counts of both grids on ``bins`` intervals cut at the reference's quantiles (grid cell edges); ``nr``: the
+    reference's count when known (its counts' sum: integers, so the same float as numpy's sum)."""
     rn, cn = ref.n, cur.n
     if rn.shape != cn.shape:
         raise ValueError(f"grids differ in shape: {rn.shape} vs {cn.shape}")
-    cum = np.cumsum(rn) / rn.sum()
-    cuts = np.unique(np.searchsorted(cum, np.arange(1, bins) / bins, side="left") + 1)
-    cuts = cuts[(cuts > 0) & (cuts < rn.size)]
-    starts = np.concatenate(([0], cuts))
-    return np.add.reduceat(rn, starts), np.add.reduceat(cn, starts)
+    cum = np.cumsum(rn) / (_sum(rn) if nr is None else float(nr))
+    # np.unique of the (sorted) cut positions, those inside the grid, after a 0: a few Python ints
+    size = rn.size
+    starts = [0, *sorted({c for c in (np.searchsorted(cum, _levels(bins), side="left") + 1).tolist()
+                          if 0 < c < size})]
+    return _reduceat(rn, starts), _reduceat(cn, starts)
+
+
+@functools.lru_cache(maxsize=16)
+def _levels(bins: int) -> np.ndarray:
+    """``np.arange(1, bins) / bins`` (read-only, cached per ``bins``)."""
+    out = np.arange(1, bins) / bins
+    out.flags.writeable = False
+    return out
 
 
 def _merge_small(r: np.ndarray, c: np.ndarray, minimum: float = 5.0) -> tuple[np.ndarray, np.ndarray]:
     """Merge adjacent intervals until every expected count (pooled share x sample size) is >= ``minimum``."""
-    share = (r + c) / (r.sum() + c.sum())
-    need = minimum / max(min(r.sum(), c.sum()), 1.0)
-    groups, acc, gid = np.empty(r.size, np.int64), 0.0, 0
+    r, c, _ = _merge(r, c, _sum(r), _sum(c), minimum)
+    return r, c
+
+
+def _merge(r: np.ndarray, c: np.ndarray, rt: float, ct: float, minimum: float = 5.0
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """:func:`_merge_small` given the sums ``rt`` and ``ct`` of ``r`` and ``c`` (integer counts: the sample
+    sizes are the same floats); also returns, when nothing was merged, the pooled shares ``(r + c) / (rt + ct)``.
+    """
+    pooled = (r + c) / (rt + ct)
+    share = pooled.tolist()  # Python floats: the same sums as numpy's scalars, cheaper
+    need = minimum / max(min(rt, ct), 1.0)
+    groups, acc, gid = [0] * len(share), 0.0, 0
     for i, s in enumerate(share):
         groups[i] = gid
         acc += s
         if acc >= need:
             gid, acc = gid + 1, 0.0
     if acc > 0 and gid > 0:  # fold a small tail into the last full group
-        groups[groups == gid] = gid - 1
-    k = int(groups.max()) + 1
-    return np.bincount(groups, r, minlength=k), np.bincount(groups, c, minlength=k)
+        groups = [g - 1 if g == gid else g for g in groups]
+    k = max(groups) + 1
+    if k == len(groups):  # every interval its own group: bincount would copy the counts (all >= 0)
+        return r, c, pooled
+    return np.bincount(groups, r, minlength=k), np.bincount(groups, c, minlength=k), None
 
 
-def score_drift(reference: ScoreGrid, current: ScoreGrid, *, bins: int = 10) -> ScoreDrift:
-    """Compare the score distributions of two grids of the same resolution (see the module docstring)."""
-    nr, nc = reference.count, current.count
+def score_drift(reference: ScoreGrid, current: ScoreGrid, *, bins: int = 10, counts: tuple[int, int] | None = None
+                ) -> ScoreDrift:
+    """Compare the score distributions of two grids of the same resolution (see the module docstring).
+
+    ``counts``: the grids' event counts when the caller has them (``reference.count, current.count``).
+    """
+    nr, nc = counts if counts is not None else (reference.count, current.count)
     if nr == 0 or nc == 0:
         return ScoreDrift(float("nan"), float("nan"), 0, float("nan"), nr, nc)
-    r, c = _interval_counts(reference, current, bins)
+    r, c = _interval_counts(reference, current, bins, nr)
     rs, cs = np.maximum(r / nr, _FLOOR), np.maximum(c / nc, _FLOOR)
-    psi = float(np.sum((cs - rs) * np.log(cs / rs)))
-    r, c = _merge_small(r, c)
+    psi = float(_sum((cs - rs) * np.log(cs / rs)))
+    r, c, pooled = _merge(r, c, float(nr), float(nc))
     if r.size < 2:
         return ScoreDrift(psi, 0.0, 0, 1.0, nr, nc)
-    pooled = (r + c) / (nr + nc)
+    if pooled is None:
+        pooled = (r + c) / (nr + nc)
     er, ec = pooled * nr, pooled * nc
-    stat = float(np.sum((r - er) ** 2 / er) + np.sum((c - ec) ** 2 / ec))
+    stat = float(_sum((r - er) ** 2 / er) + _sum((c - ec) ** 2 / ec))
     df = int(r.size - 1)
     # chdtrc is what scipy.stats.chi2.sf evaluates (without its ~0.1 ms of argument handling)
     return ScoreDrift(psi, stat, df, float(special.chdtrc(df, stat)), nr, nc)

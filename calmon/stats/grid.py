@@ -88,6 +88,26 @@ def event_sums(z: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out
 
 
+def _floats(ints: np.ndarray) -> np.ndarray:
+    """Fields as the properties give them (counts as floats, sums in their units), C-ordered whatever the layout
+    of ``ints``: each row is contiguous, as a property's array is (a strided row would take other BLAS paths)."""
+    out = ints.astype(np.float64, order="C")  # the conversion ``ints / _SCALE`` makes, then the same division
+    out[1:] /= _SCALE
+    return out
+
+
+def _coarsen_ints(a: np.ndarray, at: int, b: int) -> np.ndarray:
+    """Dense integer sums on ``at`` cells per channel summed to ``b`` (as :meth:`ScoreGrid.coarsen`: exact), by
+    slice additions when few cells merge (a reduction over a short axis costs a call per output cell)."""
+    v = a.reshape(_F, -1, b, at // b)
+    if v.shape[-1] > 8:
+        return v.sum(axis=-1).reshape(_F, -1)
+    out = v[..., 0].copy()
+    for j in range(1, v.shape[-1]):
+        out += v[..., j]
+    return out.reshape(_F, -1)
+
+
 _NO_CELLS = np.zeros(0, dtype=np.int64)
 _NO_VALUES = np.zeros((_F, 0), dtype=np.int64)
 
@@ -226,6 +246,93 @@ class ScoreGrid:
         n = self.n
         with np.errstate(invalid="ignore", divide="ignore"):
             return np.where(n > 0, self.sum_y / np.where(n > 0, n, 1), np.nan)
+
+    def fields(self, *bins: int) -> list[np.ndarray]:
+        """Every field at once, on each of ``bins`` cell counts (default: the grid's own), from one read.
+
+        Per count a float64 ``(6, size)`` array (channels flattened) whose row ``i`` is bit for bit
+        ``coarsen(b).<FIELDS[i]>``: exact integer sums, then the properties' conversion (each of which converts
+        its whole field), in contiguous rows.
+
+        Examples
+        --------
+        >>> g = ScoreGrid(4); g.update(np.array([0.1, 0.9]), np.array([0, 1]))
+        >>> full, half = g.fields(4, 2)
+        >>> full[0].tolist(), half[2].tolist()
+        ([1.0, 0.0, 0.0, 1.0], [0.0, 1.0])
+        """
+        # integer sums: the same whichever grid they are summed from (the previous, coarser one when it can be)
+        dense, cells, vals, at = self._dense, self._cells, self._vals, self.bins
+        out = []
+        for b in bins or (self.bins,):
+            if b < 1 or self.bins % b:
+                raise ValueError(f"cannot coarsen {self.bins} cells to {b}: {b} must divide {self.bins}")
+            if at % b:
+                dense, cells, vals, at = self._dense, self._cells, self._vals, self.bins
+            if dense is not None:
+                if b != at:
+                    dense = _coarsen_ints(dense, at, b)
+                out.append(_floats(dense))
+            else:
+                if b != at:
+                    cells, vals = self._sparse_coarsen(cells, vals, at, b)
+                f = np.zeros((_F, b * (self.channels or 1)))
+                f[:, cells] = vals  # the int64 -> float64 conversion of astype
+                f[1:] /= _SCALE
+                out.append(f)
+            at = b
+        return out
+
+    def _sparse_coarsen(self, cells: np.ndarray, vals: np.ndarray, at: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sparse sums on ``at`` cells per channel coarsened to ``b``: the coarse cells of sorted cells are sorted,
+        so equal ones are runs summed in one ``reduceat`` (no sort, unlike :func:`sparse.aggregate`)."""
+        if cells.size == 0:
+            return cells, vals
+        factor = at // b
+        c = cells // factor if self.channels is None else cells // at * b + cells % at // factor
+        start = np.flatnonzero(np.concatenate(([True], c[1:] != c[:-1])))
+        if start.size == c.size:
+            return c, vals
+        return c[start], np.add.reduceat(vals, start, axis=1)
+
+    def totals(self) -> list[int]:
+        """Each field summed over every cell: exact integers (``n`` in events, the sums in units of ``2**-28``).
+
+        >>> g = ScoreGrid(128); g.update(np.array([0.25, 0.5]), np.array([0, 1]))
+        >>> g.totals()[:3] == [2, 3 * 2**QUANTUM_BITS // 4, 2**QUANTUM_BITS]
+        True
+        """
+        return (self._dense if self._dense is not None else self._vals).sum(axis=1).tolist()
+
+    def occupied(self, bins: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The occupied cells (``n > 0``) on ``bins`` cells (default: the grid's own) and their fields.
+
+        Returns the flat cell indices (ascending) and a float64 ``(6, cells)`` array: column ``j`` is bit for
+        bit ``coarsen(bins).<field>[cells[j]]`` (row order of :data:`FIELDS`).  A sparse grid is read
+        without materialising its empty cells.
+
+        Examples
+        --------
+        >>> g = ScoreGrid(128); g.update(np.array([0.1, 0.12, 0.9]), np.array([0, 1, 1]))
+        >>> cells, f = g.occupied(8)
+        >>> cells.tolist(), f[0].tolist(), f[2].tolist()
+        ([0, 7], [2.0, 1.0], [1.0, 1.0])
+        """
+        b = self.bins if bins is None else bins
+        if b < 1 or self.bins % b:
+            raise ValueError(f"cannot coarsen {self.bins} cells to {b}: {b} must divide {self.bins}")
+        if self._dense is not None:
+            d = self._dense if b == self.bins else _coarsen_ints(self._dense, self.bins, b)
+            cells = np.flatnonzero(d[0])
+            vals = d[:, cells]
+        else:
+            cells, vals = self._cells, self._vals
+            if b != self.bins:
+                cells, vals = self._sparse_coarsen(cells, vals, self.bins, b)
+            if not vals[0].all():
+                keep = vals[0] != 0
+                cells, vals = cells[keep], vals[:, keep]
+        return cells, _floats(vals)
 
     # -- updates -----------------------------------------------------------------------------
     def update(self, z: np.ndarray, y: np.ndarray) -> None:

@@ -161,25 +161,40 @@ class Reservoir:
 
         The draws from ``rng`` (the new seed, the split, three permutations) define the sample; the window
         sums merge thousands of reservoirs per round, so the result is built without the constructor's
-        empty arrays (the same rows, count and seed).
+        empty arrays (the same rows, count and seed), and two draws are taken in a cheaper form with the
+        same outcome: ``integers(2**63)`` is one raw 64-bit output shifted right by one (Lemire's bounded
+        draw never rejects for a range of ``2**63``), and a split that takes every row of both
+        (``hypergeometric(a, b, a + b)``) is ``a`` and draws nothing (``tests/test_windowsums_batched.py``).
         """
         if other.width != self.width:
             raise ValueError(f"cannot merge reservoirs of widths {self.width} and {other.width}")
         out = Reservoir.__new__(Reservoir)
         out.capacity, out.width = max(self.capacity, other.capacity), self.width
-        out._seed, out._gen, out._state, out._owed = int(rng.integers(2**63)), None, None, 0
-        total = self.seen + other.seen
+        bits = rng.bit_generator
+        if isinstance(bits, np.random.PCG64):
+            out._seed = int(bits.random_raw()) >> 1
+        else:  # random_raw() is the next 64-bit draw for PCG64; other generators take the documented call
+            out._seed = int(rng.integers(2**63))
+        out._gen, out._state, out._owed = None, None, 0
+        seen_a, seen_b = self.seen, other.seen
+        total = seen_a + seen_b
         take = min(out.capacity, total)
         out.seen = total
         if not take:
             out._data = np.zeros((0, self.width))
             return out
-        k_a = int(rng.hypergeometric(self.seen, other.seen, take)) if self.seen and other.seen else (
-            take if self.seen else 0)
-        mine, theirs = self.rows, other.rows
-        a = mine[rng.permutation(len(mine))[:k_a]]
-        b = theirs[rng.permutation(len(theirs))[: take - k_a]]
-        out._data = np.concatenate([a, b])[rng.permutation(take)]
+        if not (seen_a and seen_b):
+            k_a = take if seen_a else 0
+        elif take == total:  # every row of both: hypergeometric() would return seen_a and draw nothing
+            k_a = seen_a
+        else:
+            k_a = int(rng.hypergeometric(seen_a, seen_b, take))
+        mine = self._data[: min(seen_a, self.capacity)]
+        theirs = other._data[: min(seen_b, other.capacity)]
+        # take(): the rows fancy indexing gives, for a fraction of its cost on arrays this small
+        a = mine.take(rng.permutation(len(mine))[:k_a], axis=0)
+        b = theirs.take(rng.permutation(len(theirs))[: take - k_a], axis=0)
+        out._data = np.concatenate([a, b]).take(rng.permutation(take), axis=0)
         return out
 
     def to_dict(self) -> dict[str, Any]:
