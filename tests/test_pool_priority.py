@@ -171,3 +171,42 @@ def test_a_killed_worker_process_gives_an_error_result_and_new_workers_take_the_
         assert after.doc["decision"] in ("calibrated", "miscalibrated")
     finally:
         pool.close()
+
+
+def test_results_of_calls_the_last_round_did_not_wait_for_are_in_the_final_status(tmp_path):
+    import json
+
+    from calmon.agent.runtime import Agent
+    from calmon.config import build_config
+
+    rng = np.random.default_rng(0)
+    lines = [json.dumps({"model": "m", "ts": 1767225600 + i, "score": float(z), "label": int(rng.uniform() < z)})
+             for i, z in enumerate(rng.uniform(size=400))]
+    (tmp_path / "ev.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = build_config({"state_dir": str(tmp_path / "state"), "sources": [{"path": str(tmp_path / "ev.jsonl")}],
+                        "exporter": {"enabled": False}, "windows": {"names": ["all"]},
+                        "evaluation": {"min_events": 50, "budget": "2s", "pool": "thread", "cheap": [],
+                                       "tests": [{"name": "prio_gate"}]},
+                        "ingest": {"exit_when_done": True}}, env={})
+    agent = Agent(cfg)
+    seen: list[set[str]] = []
+
+    def release_once_the_scheduler_stopped():  # i.e. in Agent.close, before it closes the pool
+        deadline = time.monotonic() + 60
+        while agent.scheduler is not None and agent.scheduler.alive() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        GATE.set()
+
+    def hook(evaluations):  # after the last round: its budget ran out before the gated call answered
+        seen.append(set(evaluations[0]["tests"]))
+        threading.Thread(target=release_once_the_scheduler_stopped, daemon=True).start()
+
+    agent.round_hooks.append(hook)
+    GATE.clear()
+    try:
+        assert agent.run() == 0
+    finally:
+        GATE.set()
+    assert seen and "prio_gate" not in seen[-1]
+    (e,) = agent.status()["evaluations"]
+    assert e["tests"]["prio_gate"]["decision"] == "calibrated"  # finished while the agent closed, and published

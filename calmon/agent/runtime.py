@@ -221,6 +221,8 @@ class Agent:
         if self.pool is not None:
             self.pool.close(wait=True)  # calls in flight finish (a worker killed mid-call would be an error)
             self.pool = None
+            if self.scheduler is None or not self.scheduler.alive():  # (a round still running publishes its own)
+                self._settle(time.monotonic(), lambda: True)  # ... and their results are in the last status
         if self.http is not None:
             self.http.stop()
             self.http = None
