@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import numpy as np
 
@@ -106,26 +107,57 @@ class Columns:
 
 
 def columns_of(f: EventFields) -> Columns:
+    """The columns the checks read. Each has a C-speed route for the common batch (one event type, string
+    ids, every score present, no probs) gated by an exact test, and the per-event route otherwise; the
+    fields hold JSON values (``None``, numbers, strings, lists), so the ``None``/string comparisons are exact."""
     scores = f.score
     probs = f.probs
+    n = len(scores)
     label_f = np.array(f.label, dtype=np.float64)  # None -> NaN
     has_label = ~np.isnan(label_f)
     with np.errstate(invalid="ignore"):
         label = np.where(has_label, label_f, -1).astype(np.int64)
-    kind = np.array([-1 if t is None else _KIND_CODE.get(t, -2) for t in f.type], dtype=np.int8)
-    ids = np.array(["" if i is None else i if i.__class__ is str else str(i) for i in f.id], dtype=object)
-    return Columns(kind, ids, label, label_f, np.array([x is not None for x in scores], dtype=bool),
-                    np.array([x is not None for x in probs], dtype=bool), has_label, scores, probs)
+    facts = f.facts
+    all_scores = facts.scores if facts is not None else None not in scores
+    has_score = np.ones(n, bool) if all_scores else np.array([x is not None for x in scores], dtype=bool)
+    has_probs = (np.zeros(n, bool) if probs.count(None) == n
+                 else np.array([x is not None for x in probs], dtype=bool))
+    ids = facts.id_array if facts is not None and facts.ids_str else _ids(f.id)
+    return Columns(_kinds(f.type, None if facts is None else facts.one_type), ids, label, label_f, has_score,
+                   has_probs, has_label, scores, probs)
+
+
+def _kinds(types: Sequence[Any], one: bool | None = None) -> np.ndarray:
+    """Event type codes: -1 where omitted, -2 where unknown (``one``: whether every type is the first, a string,
+    if known)."""
+    n = len(types)
+    t0 = types[0] if n else None
+    if n and (one if one is not None else t0.__class__ is str and types.count(t0) == n):  # one type for the batch
+        return np.full(n, _KIND_CODE.get(str(t0), -2), dtype=np.int8)  # t0 is a str here
+    return np.array([-1 if t is None else _KIND_CODE.get(t, -2) for t in types], dtype=np.int8)
+
+
+def _ids(ids: Sequence[Any]) -> np.ndarray:
+    """Ids as strings (``""`` where absent, integers in decimal)."""
+    out = np.empty(len(ids), dtype=object)
+    if set(map(type, ids)) <= {str}:  # only strings: taken as they are
+        out[:] = ids
+    else:
+        out[:] = ["" if i is None else i if i.__class__ is str else str(i) for i in ids]
+    return out
 
 
 
-def check_ids(ids: np.ndarray, v: Verdicts, max_bytes: int) -> None:
-    """Reject ids longer than ``max_bytes`` in UTF-8 (characters first: a character is at most 4 bytes)."""
-    chars = np.fromiter(map(len, ids), dtype=np.int64, count=ids.size)
-    for j in np.flatnonzero(chars * 4 > max_bytes).tolist():
+def check_ids(ids: np.ndarray, v: Verdicts, max_bytes: int, chars: int | None = None) -> None:
+    """Reject ids longer than ``max_bytes`` in UTF-8 (characters first: a character is at most 4 bytes;
+    ``chars``: the longest id's characters, if known)."""
+    if not ids.size or (chars if chars is not None else max(map(len, ids))) * 4 <= max_bytes:  # every id short
+        return
+    lens = np.fromiter(map(len, ids), dtype=np.int64, count=ids.size)
+    for j in np.flatnonzero(lens * 4 > max_bytes).tolist():
         s = ids[j]
-        if chars[j] > max_bytes or len(s.encode("utf-8", "surrogatepass")) > max_bytes:
-            v.reject_one(j, "id_too_long", f"id of {chars[j]} characters exceeds {max_bytes} bytes")
+        if lens[j] > max_bytes or len(s.encode("utf-8", "surrogatepass")) > max_bytes:
+            v.reject_one(j, "id_too_long", f"id of {lens[j]} characters exceeds {max_bytes} bytes")
 
 
 def check_structure(c: Columns, v: Verdicts, has_model: bool | np.ndarray) -> None:
@@ -210,7 +242,7 @@ def timestamps(f: EventFields, v: Verdicts, slow: np.ndarray | None = None) -> n
         for j in np.flatnonzero(slow).tolist():
             ts[j] = _one_time(ts_col[j], f, v, j)
         return ts
-    if slow is None and not any(t.__class__ is str for t in ts_col):
+    if slow is None and str not in set(map(type, ts_col)):
         return _numeric_times(f, v, None)
     ts = np.full(len(ts_col), np.nan)
     for j, t in enumerate(ts_col):

@@ -5,6 +5,8 @@
 json module raise for one record (invalid UTF-8, nesting beyond the recursion limit, numbers out of
 range, wrong types) becomes that record's reason code. Clean chunks are decoded by one msgspec list
 comprehension; only a chunk holding a bad or oversized record is re-read record by record.
+:func:`parse_columns` does the same and hands over the fields as columns (what the decoder reads), taken
+chunk by chunk with the :class:`BatchFacts` that let its checks take their batch-wide routes.
 
 Reason codes decided here: ``too_large`` (longer than ``max_record_bytes``; ``len(record)`` is
 checked before anything is parsed), ``bad_encoding`` (JSON, but a string holds invalid UTF-8),
@@ -27,9 +29,10 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec
+import numpy as np
 
-__all__ = ["OversizedRecord", "Rejection", "InvalidEvent", "EventFields", "parse_records", "fields_of_events",
-           "PREFIX_BYTES"]
+__all__ = ["OversizedRecord", "Rejection", "InvalidEvent", "EventFields", "BatchFacts", "ParsedColumns",
+           "parse_records", "parse_columns", "fields_of_events", "PREFIX_BYTES"]
 
 #: Bytes of an oversized record kept for its dead letter.
 PREFIX_BYTES = 4096
@@ -80,6 +83,40 @@ class EventFields:
     ts_iso: bool = False
     ts_unit: str = "seconds"
     rejects: list[tuple[int, str, str]] = field(default_factory=list)
+    facts: BatchFacts | None = None
+
+
+@dataclass
+class BatchFacts:
+    """What the decoder's checks need to know of whole columns, gathered by :func:`parse_columns` chunk by chunk
+    while the chunk's values are in the CPU cache (each later pass over a batch's values missed it value by
+    value). Every fact is exact: the checks take their batch-wide route only on it."""
+
+    ids_str: bool = True  # every id is a string
+    id_chars: int = 0  # the longest id, in characters (with ids_str)
+    one_type: bool = True  # every type equals the first record's, a string
+    scores: bool = True  # every record has a score
+    segments: bool = True  # every record has a segment
+    ts_str: bool = False  # some time is a string
+    one_model: bool = True  # every model equals the first record's
+    segment_names: set[Any] = field(default_factory=set)  # the distinct segments
+    #: the ids and segments as object arrays, filled chunk by chunk (valid with ids_str, with segments)
+    id_array: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    segment_array: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+
+    def add(self, t: list[Any], i: list[Any], ts: list[Any], sc: list[Any], seg: list[Any], mod: list[Any],
+            first_type: Any, first_model: Any) -> None:
+        """Take in one chunk's columns."""
+        n = len(t)
+        if self.ids_str:
+            self.ids_str = set(map(type, i)) <= {str}
+            self.id_chars = max(self.id_chars, max(map(len, i), default=0)) if self.ids_str else 0
+        self.one_type = self.one_type and first_type.__class__ is str and t.count(first_type) == n
+        self.scores = self.scores and None not in sc
+        self.segments = self.segments and None not in seg
+        self.segment_names.update(seg)
+        self.ts_str = self.ts_str or str in set(map(type, ts))
+        self.one_model = self.one_model and mod.count(first_model) == n
 
 
 def fields_of_events(evs: list[_Event]) -> EventFields:
@@ -144,11 +181,12 @@ def parse_records(records: list[bytes], max_bytes: float = math.inf) -> tuple[li
     events: list[_Event | None] = []
     rejected: list[Rejection] = []
     dec = _struct_decoder.decode
+    fit = not records or max(map(len, records)) <= max_bytes  # every record within the limit: no check per chunk
     for start in range(0, len(records), _CHUNK):
         chunk = records[start:start + _CHUNK]
-        if chunk and max(map(len, chunk)) <= max_bytes:
+        if chunk and (fit or max(map(len, chunk)) <= max_bytes):
             try:
-                events.extend([dec(rec) for rec in chunk])
+                events.extend(list(map(dec, chunk)))  # the whole chunk or nothing
                 continue
             except (ValueError, TypeError, RecursionError):  # DecodeError and UnicodeDecodeError are ValueErrors
                 pass
@@ -159,6 +197,65 @@ def parse_records(records: list[bytes], max_bytes: float = math.inf) -> tuple[li
                 events.append(None)
                 rejected.append(Rejection(i, e.reason, e.detail))
     return events, rejected
+
+
+#: An event with every field absent: a rejected record's place in the columns of :func:`parse_columns`.
+_ABSENT = _Event()
+
+
+@dataclass
+class ParsedColumns:
+    """The canonical fields of a batch's records as columns, ``None`` where absent or the record was rejected."""
+
+    fields: EventFields
+    model: list[str | None]
+
+
+def parse_columns(records: list[bytes], max_bytes: float = math.inf) -> tuple[ParsedColumns, list[Rejection]]:
+    """:func:`parse_records` and :func:`fields_of_events` in one pass: each chunk's fields are taken while its
+    events are still in the CPU cache (a batch of events is several megabytes; reading each field of all of
+    them in turn missed the cache field by field), and the events are let go chunk by chunk."""
+    cols: list[list[Any]] = [[], [], [], [], [], [], [], []]
+    ty, ids, ts, sc, pr, lab, seg, mod = cols
+    rejected: list[Rejection] = []
+    n = len(records)
+    facts = BatchFacts(id_array=np.empty(n, dtype=object), segment_array=np.empty(n, dtype=object))
+    first_type: Any = None
+    first_model: Any = None
+    dec = _struct_decoder.decode
+    fit = not records or max(map(len, records)) <= max_bytes  # every record within the limit: no check per chunk
+    for start in range(0, len(records), _CHUNK):
+        chunk = records[start:start + _CHUNK]
+        evs: list[_Event] | None = None
+        if chunk and (fit or max(map(len, chunk)) <= max_bytes):
+            try:
+                evs = list(map(dec, chunk))
+            except (ValueError, TypeError, RecursionError):  # DecodeError and UnicodeDecodeError are ValueErrors
+                pass
+        if evs is None:
+            evs = []
+            for i, rec in enumerate(chunk, start):
+                try:
+                    evs.append(_parse_one(rec, max_bytes))
+                except InvalidEvent as e:
+                    evs.append(_ABSENT)
+                    rejected.append(Rejection(i, e.reason, e.detail))
+        t_c, i_c, ts_c, sc_c, seg_c, m_c = ([e.type for e in evs], [e.id for e in evs], [e.ts for e in evs],
+                                            [e.score for e in evs], [e.segment for e in evs], [e.model for e in evs])
+        if not start:
+            first_type, first_model = t_c[0], m_c[0]
+        facts.add(t_c, i_c, ts_c, sc_c, seg_c, m_c, first_type, first_model)
+        facts.id_array[start:start + len(evs)] = i_c  # while the chunk's values are in the cache
+        facts.segment_array[start:start + len(evs)] = seg_c
+        ty += t_c
+        ids += i_c
+        ts += ts_c
+        sc += sc_c
+        pr += [e.probs for e in evs]
+        lab += [e.label for e in evs]
+        seg += seg_c
+        mod += m_c
+    return ParsedColumns(EventFields(ty, ids, ts, sc, pr, lab, seg, facts=facts), mod), rejected
 
 
 def _parse_one(rec: bytes | str, max_bytes: float) -> _Event:

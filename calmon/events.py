@@ -62,12 +62,13 @@ from calmon.eventchecks import (
     timestamps,
 )
 from calmon.eventparse import (
+    BatchFacts,
     EventFields,
     InvalidEvent,
     OversizedRecord,
+    ParsedColumns,
     Rejection,
-    fields_of_events,
-    parse_records,
+    parse_columns,
 )
 from calmon.schema import Mapping
 from calmon.schema_decode import MappedReader
@@ -239,7 +240,7 @@ class Decoder:
         self.names.update(self.models, (str(n) for n in d.get("names", ())))
 
     # -- decoding --------------------------------------------------------------------------
-    def decode(self, records: list[bytes], origins: list[str] | None = None,
+    def decode(self, records: list[bytes], origins: Sequence[str] | None = None,
                meta: list[RecordMeta] | None = None) -> DecodedBatch:
         """Decode and validate ``records`` (bytes or str, one JSON object each).
 
@@ -254,26 +255,31 @@ class Decoder:
         """
         now = self.clock()
         reader = self.reader
-        if reader is None:
-            events, rejected = parse_records(records, self.max_record_bytes)
-            names = None
-        else:
-            events, rejected = reader.parse(records, self.max_record_bytes)
-            names = reader.models(events, meta)  # None: the rows' ``model`` attribute has it
         self._changes = {}
         out: dict[str, ModelBatch] = {}
         present: Sequence[int]
-        if names is None:  # a record is None exactly when it was rejected
-            present = range(len(events)) if not rejected else [i for i, ev in enumerate(events) if ev is not None]
-            evs = events if not rejected else [events[i] for i in present]
-            models = [ev.model for ev in evs]  # type: ignore[union-attr]  # no None left
+        f: EventFields | None = None
+        one_model: bool | None = None
+        if reader is None:
+            parsed, rejected = parse_columns(records, self.max_record_bytes)
+            present, f, models = _accepted(parsed, rejected, len(records))
+            one_model = None if f.facts is None else f.facts.one_model
         else:
-            present = range(len(names)) if None not in names else [i for i, n in enumerate(names) if n is not None]
-            evs = events if len(present) == len(events) else [events[i] for i in present]
-            models = names if len(present) == len(names) else [names[i] for i in present]
+            events, rejected = reader.parse(records, self.max_record_bytes)
+            names = reader.models(events, meta)  # None: the rows' ``model`` attribute has it
+            if names is None:  # a record is None exactly when it was rejected
+                present = range(len(events)) if not rejected else [i for i, ev in enumerate(events) if ev is not None]
+                evs = events if not rejected else [events[i] for i in present]
+                models = [ev.model for ev in evs]  # no None left
+            else:
+                present = range(len(names)) if None not in names else [i for i, n in enumerate(names) if n is not None]
+                evs = events if len(present) == len(events) else [events[i] for i in present]
+                models = names if len(present) == len(names) else [names[i] for i in present]
         if present:
-            f = fields_of_events(evs) if reader is None else reader.fields(evs, present, meta)  # type: ignore[arg-type]  # no None left
-            out = self._validate(_Rows.of(models, present), f, now, rejected, meta)
+            if f is None:
+                assert reader is not None
+                f = reader.fields(evs, present, meta)
+            out = self._validate(_Rows.of(models, present, one_model), f, now, rejected, meta)
         rejected.sort(key=lambda r: r.index)
         if origins is not None:
             for r in rejected:
@@ -293,21 +299,24 @@ class Decoder:
         for k in bad:
             v.reject(g.codes == k, "bad_type", f"model name {g.models[k][:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
         c = columns_of(f)
+        facts = f.facts
         check_structure(c, v, has_model=g.codes != g.orphan)
-        check_ids(c.ids, v, self.max_id_bytes)
+        check_ids(c.ids, v, self.max_id_bytes, facts.id_chars if facts is not None and facts.ids_str else None)
         if c.has_probs.any():  # whatever the model's classes, so the reason never depends on batch boundaries
             lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
             v.reject(lens > self.max_classes, "too_many_classes", f"more than {self.max_classes} classes")
         self._admit(g, v)
         score, probs, classes = self._payloads(g, c, v)
-        ts = timestamps(f, v, slow=g.any_of(_str_mask(f.ts)))
+        no_str = facts is not None and not facts.ts_str
+        ts = timestamps(f, v, slow=g.any_of(np.zeros(len(f.ts), bool) if no_str else _str_mask(f.ts)))
         if meta is not None:  # no ts in the record: the transport's (a Kafka record's create/append time)
             meta_ts = np.array([math.nan if m is None or m.timestamp_ms is None else m.timestamp_ms / 1000.0
                                 for m in meta])
             ts = np.where(np.isnan(ts), meta_ts[g.index], ts)
         self._check_time(ts, v, now)
-        segment = np.array(["" if s is None else s for s in f.segment], dtype=object)
-        self._check_segments(g, segment, v)
+        segment = facts.segment_array if facts is not None and facts.segments else _segments(f.segment)
+        if not self._segments_known(g, facts):
+            self._check_segments(g, segment, v)
         rejected.extend(v.rejections(g.index))
         return g.split(v.ok, classes, c, ts, segment, score, probs)
 
@@ -345,8 +354,8 @@ class Decoder:
         is_binary = np.array([m != "" and classes[k] == 2 for k, m in enumerate(g.models)])
         binary = np.flatnonzero(is_binary[g.codes])
         if binary.size:
-            score[binary] = _on_rows(binary, c, v, lambda cc, vv: binary_scores(
-                cc, vv, [g.models[k] for k in g.codes[binary].tolist()], self.prob_tolerance))
+            names = g.models[0] if len(g.models) == 1 else np.array(g.models, dtype=object)[g.codes[binary]].tolist()
+            score[binary] = _on_rows(binary, c, v, lambda cc, vv: binary_scores(cc, vv, names, self.prob_tolerance))
         for k in multi:
             rows = np.flatnonzero(g.codes == k)
             at = int(np.searchsorted(rows, known_from[k]))  # the position within the model's rows
@@ -405,12 +414,26 @@ class Decoder:
             v.reject(ts < now - self.past_horizon, "past_timestamp",
                      f"ts is more than {self.past_horizon:g} s behind the wall clock")
 
+    def _segments_known(self, g: _Rows, facts: BatchFacts | None) -> bool:
+        """Whether the batch's distinct segments (``facts``) show that :meth:`_check_segments` has nothing to do:
+        one model, every named segment known to it (made known to the state as that method would)."""
+        if facts is None or not facts.one_model or g.orphan >= 0 or not facts.segments:
+            return False
+        names = facts.segment_names - {""}
+        if not names:
+            return True  # no named segment
+        return self.segments.setdefault(g.models[0], set()).issuperset(names)
+
     def _check_segments(self, g: _Rows, segment: np.ndarray, v: Verdicts) -> None:
         """Admit new segment names of each model up to ``max_segments``, in record order."""
         named = (segment != "") & (g.codes != g.orphan)
         if not named.any():
             return
-        known = [self.segments.setdefault(m, set()) if h else set() for m, h in zip(g.models, g.has(named).tolist())]
+        has = g.has(named).tolist()
+        known = [self.segments.setdefault(m, set()) if h else set() for m, h in zip(g.models, has)]
+        if sum(has) == 1:  # the common case: one model with segments, all of them known already
+            if known[has.index(True)].issuperset((segment if named.all() else segment[named]).tolist()):
+                return
         rows = np.flatnonzero(named & v.ok)
         codes, segs = g.codes[rows].tolist(), segment[rows].tolist()
         if all(s in known[k] for k, s in set(zip(codes, segs))):  # the common case: every segment known
@@ -439,10 +462,14 @@ class _Rows:
     orphan: int
 
     @classmethod
-    def of(cls, names: list[str | None], present: Sequence[int]) -> _Rows:
-        """The rows of models ``names`` (``None`` or ``""``: no model) at record indices ``present``."""
+    def of(cls, names: list[str | None], present: Sequence[int], one: bool | None = None) -> _Rows:
+        """The rows of models ``names`` (``None`` or ``""``: no model) at record indices ``present`` (``one``:
+        whether every name is the first, if known)."""
         pos: dict[str, int] = {}
-        code = {key: pos.setdefault(key or "", len(pos)) for key in dict.fromkeys(names)}  # first appearance
+        if one is None:  # one model: found without hashing every name
+            one = bool(names) and names.count(names[0]) == len(names)
+        distinct = names[:1] if one else dict.fromkeys(names)
+        code = {key: pos.setdefault(key or "", len(pos)) for key in distinct}  # first appearance
         n = len(names)
         codes = (np.zeros(n, dtype=np.int64) if len(code) == 1
                  else np.fromiter(map(code.__getitem__, names), np.int64, n))
@@ -473,9 +500,14 @@ class _Rows:
         if not okpos.size:
             return {}
         oc = self.codes[okpos]
-        order = okpos[np.argsort(oc, kind="stable")]
+        cols = (c.kind, c.ids, ts, segment, c.label, score, self.index)
         ends = np.cumsum(np.bincount(oc, minlength=len(self.models))).tolist()
-        kind, ids, t, seg, lab, sc, idx = (a[order] for a in (c.kind, c.ids, ts, segment, c.label, score, self.index))
+        if len(self.models) == 1 and okpos.size == ok.size:  # every row, in order: the columns themselves
+            order = okpos
+            kind, ids, t, seg, lab, sc, idx = cols
+        else:
+            order = okpos[np.argsort(oc, kind="stable")]
+            kind, ids, t, seg, lab, sc, idx = (a[order] for a in cols)
         out: dict[str, ModelBatch] = {}
         last = [] if self.orphan < 0 else [self.orphan]
         for k in [k for k in range(len(self.models)) if k != self.orphan] + last:
@@ -494,6 +526,19 @@ class _Rows:
 
 
 _T = TypeVar("_T")
+
+
+def _accepted(parsed: ParsedColumns, rejected: list[Rejection], n: int
+              ) -> tuple[Sequence[int], EventFields, list[str | None]]:
+    """The record indices, fields and models of the records :func:`parse_columns` did not reject."""
+    if not rejected:
+        return range(n), parsed.fields, parsed.model
+    bad = {r.index for r in rejected}
+    present = [i for i in range(n) if i not in bad]
+    f = parsed.fields
+    t, ids, ts, sc, pr, lab, seg = ([col[i] for i in present]
+                                    for col in (f.type, f.id, f.ts, f.score, f.probs, f.label, f.segment))
+    return present, EventFields(t, ids, ts, sc, pr, lab, seg), [parsed.model[i] for i in present]
 
 
 def _class_probs(c: Columns, v: Verdicts, *, model: str, classes: int, tol: float, at: int) -> np.ndarray:
@@ -515,8 +560,15 @@ def _on_rows(rows: np.ndarray, c: Columns, v: Verdicts, check: Callable[[Columns
     return out
 
 
+def _segments(col: Sequence[Any]) -> np.ndarray:
+    """Segment names as an object array, ``""`` where absent."""
+    out = np.empty(len(col), dtype=object)
+    out[:] = col if None not in col else ["" if s is None else s for s in col]  # no None: no copy element by element
+    return out
+
+
 def _str_mask(col: Sequence[Any]) -> np.ndarray:
     """Where a column holds strings."""
-    if not any(t.__class__ is str for t in col):  # the common case: no string, no mask built element by element
+    if str not in set(map(type, col)):  # the common case: no string, no mask built element by element
         return np.zeros(len(col), bool)
     return np.fromiter((t.__class__ is str for t in col), bool, len(col))

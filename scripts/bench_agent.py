@@ -9,6 +9,13 @@ the decoder alone on the same records, since decoding is the largest share of th
 
     python scripts/bench_agent.py                      # 1e5 and 1e6 events
     python scripts/bench_agent.py --sizes 1e5,1e6,1e7  # the full table (generating 1e7 takes minutes)
+
+With ``--baseline DIR`` (a tree holding another version's ``calmon`` and ``connectors`` packages, e.g.
+``git archive HEAD calmon connectors | tar -x -C /tmp/base``) each size is run ``--rounds`` times for
+both trees, interleaved (baseline, current, baseline, ...), and a second table gives both rates (min and
+median over the rounds) and their ratio, with the load average before and after:
+
+    python scripts/bench_agent.py --sizes 1e5,1e6 --baseline /tmp/base --rounds 5
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,9 +32,12 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+if "--code" in sys.argv:  # a child running another tree's packages (--baseline)
+    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
 
 SPAN = 2 * 86400.0
 
@@ -60,18 +71,21 @@ def child(path: str, tests: str, bins: int) -> None:
     agent.open()
     stop = threading.Event()
     scrapes = [0]
+    assert agent.http is not None  # the exporter is configured above
+    url = f"{agent.http.url}/metrics"
 
     def scraper() -> None:
         while not stop.wait(1.0):
-            urllib.request.urlopen(f"{agent.http.url}/metrics", timeout=10).read()
+            urllib.request.urlopen(url, timeout=10).read()
             scrapes[0] += 1
 
     threading.Thread(target=scraper, daemon=True).start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     n = 0
     while agent.poll_once():
         pass
     ingest = time.perf_counter() - t0
+    cpu = time.thread_time() - c0  # the ingesting thread's CPU time: less sensitive to a busy machine
     n = sum(agent.state.counters.events.values())
     state_bytes = sum(mw.nbytes() for mw in agent.models.values())
     buckets = sum(r.bucket_count() for mw in agent.models.values() for r in mw.rings.values())
@@ -80,7 +94,10 @@ def child(path: str, tests: str, bins: int) -> None:
     ck = time.perf_counter() - t1
     stop.set()
     agent.close()
-    print(json.dumps({"events": n, "ingest_seconds": ingest, "rate": n / ingest, "state_bytes": state_bytes,
+    import calmon
+
+    print(json.dumps({"code": calmon.__file__, "events": n, "ingest_seconds": ingest, "rate": n / ingest,
+                      "cpu_rate": n / cpu, "state_bytes": state_bytes,
                       "buckets": buckets, "checkpoint_seconds": ck, "scrapes": scrapes[0],
                       "evaluations": agent.sched_info["evaluations"],
                       "maxrss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
@@ -93,11 +110,56 @@ def decode_rate(path: Path, m: int = 65536) -> float:
         lines = [f.readline().rstrip(b"\n") for _ in range(m)]
     dec = Decoder()
     best = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
+    for _ in range(5):
+        t = time.thread_time()  # CPU time: less sensitive to a busy machine
         dec.decode(lines)
-        best = max(best, len(lines) / (time.perf_counter() - t))
+        best = max(best, len(lines) / (time.thread_time() - t))
     return best
+
+
+def run_child(path: Path, args: argparse.Namespace, code: str | None = None, decode: bool = False
+              ) -> dict[str, Any]:
+    """One measurement in a fresh process (``code``: the tree whose packages it imports)."""
+    cmd = [sys.executable, __file__, "--child", str(path), "--tests", args.tests, "--bins", str(args.bins)]
+    if decode:
+        cmd.append("--decode")
+    if code:
+        cmd += ["--code", code]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise RuntimeError(out.stderr)
+    r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    return r
+
+
+def compare(paths: dict[int, Path], args: argparse.Namespace) -> None:
+    """Interleaved rounds of the baseline tree and this one: rates (min, median) and their ratio."""
+    load0 = os.getloadavg()
+    rates: dict[tuple[int, str, str], list[float]] = {}
+    for rnd in range(args.rounds):
+        for size, path in paths.items():
+            for name, code in (("base", args.baseline), ("new", args.new)):
+                r = run_child(path, args, code)
+                rates.setdefault((size, name, "agent"), []).append(r["rate"])
+                rates.setdefault((size, name, "cpu"), []).append(r["cpu_rate"])
+                rates.setdefault((size, name, "decode"), []).append(
+                    run_child(path, args, code, decode=True)["decode_rate"])
+        print(f"round {rnd + 1}/{args.rounds} done (load {os.getloadavg()[0]:.1f})", file=sys.stderr, flush=True)
+    load1 = os.getloadavg()
+    print(f"\nbaseline {args.baseline} vs {args.new or 'this tree'}, {args.rounds} interleaved rounds; "
+          "load average (1, 5, 15 min) "
+          f"{load0[0]:.1f} {load0[1]:.1f} {load0[2]:.1f} before, {load1[0]:.1f} {load1[1]:.1f} {load1[2]:.1f} after, "
+          f"{os.cpu_count()} CPUs\n")
+    print("| events | what | baseline min | baseline median | new min | new median | ratio of medians | "
+          "ratio of bests |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for size in paths:
+        for what, label in (("agent", "agent events/s"), ("cpu", "agent events per CPU second of ingestion"),
+                            ("decode", "decoder alone events/s")):
+            b, n = rates[(size, "base", what)], rates[(size, "new", what)]
+            print(f"| {size:,} | {label} | "
+                  f"{min(b):,.0f} | {statistics.median(b):,.0f} | {min(n):,.0f} | {statistics.median(n):,.0f} | "
+                  f"{statistics.median(n) / statistics.median(b):.2f} | {max(n) / max(b):.2f} |")
 
 
 def main() -> int:
@@ -105,27 +167,35 @@ def main() -> int:
     ap.add_argument("--sizes", default="1e5,1e6", help="comma-separated event counts (default 1e5,1e6)")
     ap.add_argument("--tests", default="", help="testers evaluated every 5 s during the replay (e.g. tcal)")
     ap.add_argument("--bins", type=int, default=1024)
+    ap.add_argument("--baseline", default=None, help="a tree with another version's calmon and connectors")
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds with --baseline (default 5)")
+    ap.add_argument("--new", default=None, help="with --baseline: the tree compared with it (default this one)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--decode", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--code", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--workdir", default=None)
     args = ap.parse_args()
     if args.child:
-        child(args.child, args.tests, args.bins)
+        if args.decode:
+            print(json.dumps({"decode_rate": decode_rate(Path(args.child))}))
+        else:
+            child(args.child, args.tests, args.bins)
         return 0
     work = Path(args.workdir or tempfile.mkdtemp(prefix="calmon-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    paths: dict[int, Path] = {}
     for size in [int(float(s)) for s in args.sizes.split(",")]:
-        path = work / f"labeled-{size}.jsonl"
+        paths[size] = path = work / f"labeled-{size}.jsonl"
         if not path.exists():
             t = time.time()
             generate(path, size)
             print(f"generated {size} events in {time.time() - t:.0f} s", file=sys.stderr, flush=True)
-        out = subprocess.run([sys.executable, __file__, "--child", str(path), "--tests", args.tests,
-                              "--bins", str(args.bins)], capture_output=True, text=True, cwd=ROOT)
-        if out.returncode:
-            print(out.stderr, file=sys.stderr)
-            return 1
-        r = json.loads(out.stdout.strip().splitlines()[-1])
+    if args.baseline:
+        compare(paths, args)
+        return 0
+    rows = []
+    for path in paths.values():
+        r = run_child(path, args)
         r["decode_rate"] = decode_rate(path)
         rows.append(r)
     load = os.getloadavg()[0]

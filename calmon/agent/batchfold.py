@@ -96,7 +96,7 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
     :func:`bucket_cells` and sort them by (ring, bucket) once, then land each ring's buckets with one
     :meth:`TieredRing.add` (a bucket's events are a contiguous slice of the sorted batch: no gather per bucket)."""
     slots, ev, width = _entries(group, segment)
-    by_slot = np.argsort(slots, kind="stable")
+    by_slot = _stable_argsort(slots)
     ss = slots[by_slot]
     heads = [0, *(np.flatnonzero(ss[1:] != ss[:-1]) + 1).tolist()]
     rings: list[TieredRing[BucketStats]] = []
@@ -113,7 +113,7 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
     rid = np.repeat(np.arange(len(rings)), np.diff([*heads, ss.size]))  # dense ring index, in sorted order
     ev = ev[by_slot]
     tier, key, code = bucket_cells(first.tiers, ts[ev], first.bounds())
-    order = np.lexsort((code, rid))  # stable: each (ring, bucket) keeps its events in batch order
+    order = _by_ring_then_code(rid, code, [*heads, ss.size])  # each (ring, bucket) keeps its events in batch order
     sr, sc = rid[order], code[order]
     cut = (np.flatnonzero((sr[1:] != sr[:-1]) | (sc[1:] != sc[:-1])) + 1).tolist()
     starts, ends = [0, *cut], [*cut, order.size]
@@ -125,6 +125,25 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
         groups[r].append((t, k, pos[a:b]))
     for ring, g in zip(rings, groups):
         ring.add(None, sorted_batch.fold_into, watermark, groups=g)
+
+
+#: Rings up to which the events are sorted by bucket ring by ring rather than by one lexsort of the batch.
+_RING_SORTS = 32
+
+
+def _stable_argsort(a: np.ndarray) -> np.ndarray:
+    """``np.argsort(a, kind="stable")``; small non-negative integers as int16, which numpy radix-sorts."""
+    if a.size and 0 <= int(a.min()) and int(a.max()) < 1 << 15:
+        return np.argsort(a.astype(np.int16), kind="stable")
+    return np.argsort(a, kind="stable")
+
+
+def _by_ring_then_code(rid: np.ndarray, code: np.ndarray, bounds: list[int]) -> np.ndarray:
+    """``np.lexsort((code, rid))`` for ``rid`` sorted (ring ``r`` holds the entries ``bounds[r]:bounds[r + 1]``):
+    a stable sort of each ring's codes, which arrive nearly sorted (events in time order), for a few rings."""
+    if len(bounds) - 1 > _RING_SORTS:
+        return np.lexsort((code, rid))
+    return np.concatenate([a + np.argsort(code[a:b], kind="stable") for a, b in zip(bounds, bounds[1:])])
 
 
 def _through(fold: Callable[[BucketStats, np.ndarray], None], rows: np.ndarray

@@ -121,7 +121,10 @@ class Ingestor:
             if sel.size:
                 mw = st.windows_of(name, mb.classes)
                 if mw.classes == 2 and mb.score is not None:
-                    labs.queue(mw, mb.ts[sel], mb.segment[sel], mb.score[sel], mb.label[sel])
+                    if sel.size == len(mb):  # every event (the common batch): no gathers
+                        labs.queue(mw, mb.ts, mb.segment, mb.score, mb.label)
+                    else:
+                        labs.queue(mw, mb.ts[sel], mb.segment[sel], mb.score[sel], mb.label[sel])
                 else:
                     mw.add(mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
                            None if mb.probs is None else mb.probs[sel], watermark, predictions=estimation)
@@ -193,8 +196,11 @@ class _Folds:
         if not self.parts:
             return
         sizes = np.cumsum([p[1].size for p in self.parts]).tolist()
-        cols = [np.concatenate([p[i] for p in self.parts]) for i in (1, 2, 3)]  # ts, segment, score
-        labels = None if self.parts[0][4] is None else np.concatenate([p[4] for p in self.parts])
+        if len(self.parts) == 1:  # one model: its columns as they are (fold_binary only reads them)
+            cols, labels = list(self.parts[0][1:4]), self.parts[0][4]
+        else:
+            cols = [np.concatenate([p[i] for p in self.parts]) for i in (1, 2, 3)]  # ts, segment, score
+            labels = None if self.parts[0][4] is None else np.concatenate([p[4] for p in self.parts])
         parts = [(p[0], np.arange(a, b)) for p, a, b in zip(self.parts, [0, *sizes], sizes)]
         fold_binary(parts, cols[0], cols[1], cols[2], labels, watermark, predictions)
         self.parts = []
