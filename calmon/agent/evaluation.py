@@ -230,6 +230,11 @@ SETTLE_GATHER = 2.0
 REPUBLISH_SHARE = 4.0
 
 
+def _simulation(name: str, job: _Job) -> bool:
+    """The call is a cheap tester's simulation (the round waits for it), not a scheduled tester's."""
+    return job[3] != name
+
+
 def simulation_cost(name: str) -> str:
     """Cost-model key of a cheap tester's simulations (sent to the pool when its screens do not decide)."""
     return f"{name}:simulation"
@@ -343,7 +348,7 @@ class Evaluator:
         self._wait(t0 + FILL * self.cfg.budget, everything=complete)
         ran += self._harvest()
         # a cheap tester's simulation still running: that window has no fresh result this round
-        overrun |= any(job[3] != key[1] for key, job in self.inflight.items())
+        overrun |= any(_simulation(name, job) for (_, name), job in self.inflight.items())
         self._live = live
         evaluations = [self._assemble(w, e) for w, e in live]
         states: list[AlertState] = []
@@ -491,7 +496,7 @@ class Evaluator:
     def _wait(self, until: float, everything: bool) -> None:
         """Wait for the cheap testers' simulations in flight (with ``everything``, for every call) until
         ``until`` (monotonic) or :meth:`stop`."""
-        pending = [job[0] for (_, name), job in self.inflight.items() if everything or job[3] != name]
+        pending = [job[0] for (_, name), job in self.inflight.items() if everything or _simulation(name, job)]
         while pending and not self._stop.is_set():
             left = until - self.monotonic()
             if left <= 0:
