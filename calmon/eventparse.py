@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -176,26 +176,36 @@ class OversizedRecord(bytes):
         return self.size
 
 
-def parse_records(records: list[bytes], max_bytes: float = math.inf) -> tuple[list[_Event | None], list[Rejection]]:
-    """msgspec-decode every record; ``None`` and a :class:`Rejection` for each rejected one."""
-    events: list[_Event | None] = []
-    rejected: list[Rejection] = []
+def _decoded_chunks(records: list[bytes], max_bytes: float, absent: Any, rejected: list[Rejection]
+                    ) -> Iterator[tuple[int, list[Any]]]:
+    """Each chunk of records decoded: the whole chunk at once when it can be, else record by record, with
+    ``absent`` in a rejected record's place and its :class:`Rejection` appended to ``rejected``."""
     dec = _struct_decoder.decode
     fit = not records or max(map(len, records)) <= max_bytes  # every record within the limit: no check per chunk
     for start in range(0, len(records), _CHUNK):
         chunk = records[start:start + _CHUNK]
         if chunk and (fit or max(map(len, chunk)) <= max_bytes):
             try:
-                events.extend(list(map(dec, chunk)))  # the whole chunk or nothing
+                yield start, list(map(dec, chunk))  # the whole chunk or nothing
                 continue
             except (ValueError, TypeError, RecursionError):  # DecodeError and UnicodeDecodeError are ValueErrors
                 pass
+        evs: list[Any] = []
         for i, rec in enumerate(chunk, start):
             try:
-                events.append(_parse_one(rec, max_bytes))
+                evs.append(_parse_one(rec, max_bytes))
             except InvalidEvent as e:
-                events.append(None)
+                evs.append(absent)
                 rejected.append(Rejection(i, e.reason, e.detail))
+        yield start, evs
+
+
+def parse_records(records: list[bytes], max_bytes: float = math.inf) -> tuple[list[_Event | None], list[Rejection]]:
+    """msgspec-decode every record; ``None`` and a :class:`Rejection` for each rejected one."""
+    events: list[_Event | None] = []
+    rejected: list[Rejection] = []
+    for _, evs in _decoded_chunks(records, max_bytes, None, rejected):
+        events.extend(evs)
     return events, rejected
 
 
@@ -222,24 +232,7 @@ def parse_columns(records: list[bytes], max_bytes: float = math.inf) -> tuple[Pa
     facts = BatchFacts(id_array=np.empty(n, dtype=object), segment_array=np.empty(n, dtype=object))
     first_type: Any = None
     first_model: Any = None
-    dec = _struct_decoder.decode
-    fit = not records or max(map(len, records)) <= max_bytes  # every record within the limit: no check per chunk
-    for start in range(0, len(records), _CHUNK):
-        chunk = records[start:start + _CHUNK]
-        evs: list[_Event] | None = None
-        if chunk and (fit or max(map(len, chunk)) <= max_bytes):
-            try:
-                evs = list(map(dec, chunk))
-            except (ValueError, TypeError, RecursionError):  # DecodeError and UnicodeDecodeError are ValueErrors
-                pass
-        if evs is None:
-            evs = []
-            for i, rec in enumerate(chunk, start):
-                try:
-                    evs.append(_parse_one(rec, max_bytes))
-                except InvalidEvent as e:
-                    evs.append(_ABSENT)
-                    rejected.append(Rejection(i, e.reason, e.detail))
+    for start, evs in _decoded_chunks(records, max_bytes, _ABSENT, rejected):
         t_c, i_c, ts_c, sc_c, seg_c, m_c = ([e.type for e in evs], [e.id for e in evs], [e.ts for e in evs],
                                             [e.score for e in evs], [e.segment for e in evs], [e.model for e in evs])
         if not start:
