@@ -21,22 +21,8 @@ splitting alone runs at several million lines per second on JSONL (see ``scripts
 
 Positions
 ---------
-:meth:`FileSource.position` returns a JSON-serialisable dict::
-
-    {"version": 1, "kind": "files", "source": NAME,
-     "files": [{"path": P, "dev": D, "ino": I, "offset": BYTES, "line": NEXT_LINE_NUMBER,
-                "fp": SHA1_HEX, "fp_len": N, "done": BOOL}, ...]}
-
-A whole file's entry adds ``"whole"`` (``gzip``, ``zstd``, ``bzip2``, ``xz`` or ``table``) and ``"unit"``: for a
-compressed file ``offset`` is the **decompressed** byte offset (``unit: decompressed``; a restart decompresses the
-file again and skips that many bytes), for a table the index of the next row (``unit: row``); ``fp``
-fingerprints the file's first bytes.
-
-``offset`` is the byte offset just after the last newline whose line has been returned by
-:meth:`FileSource.read`; ``fp`` is the SHA-1 of the first ``fp_len`` (at most 1024) bytes of the
-file, used to reject a reused inode. :meth:`FileSource.seek` finds each file again by inode (at
-its recorded path, or, after a rotation by rename, elsewhere in the same directory), so a restart
-continues exactly after the last record of the checkpoint, without losing or repeating a line.
+:meth:`FileSource.position` and :meth:`FileSource.seek`: the position format, and how a restart finds each
+file again (by inode and fingerprint, also after a rotation), are described in :mod:`connectors.filepositions`.
 
 References
 ----------
@@ -56,16 +42,15 @@ from calmon.csvobjects import CsvObjects
 from calmon.csvrows import CsvConverter
 from calmon.parquetio import IncompleteTable, TableError
 from connectors.base import Batch
+from connectors.filepositions import POSITION_VERSION, check_position, position_of, restore_entries
 from connectors.filescan import FORMATS, FileSpecs
-from connectors.filetrack import BOM, FP_MAX, LineSkip, TrackedFile, csv_header, locate, skip_to_end
+from connectors.filetrack import BOM, FP_MAX, LineSkip, TrackedFile, csv_header, skip_to_end
 from connectors.filewhole import CompressedLines, open_reader
 from connectors.lineorigins import LineOrigins
 
 __all__ = ["FileSource", "CsvConverter", "POSITION_VERSION"]
 
 log = logging.getLogger(__name__)
-
-POSITION_VERSION = 2
 
 
 class FileSource:
@@ -527,15 +512,7 @@ class FileSource:
     # ------------------------------------------------------------------ positions
     def position(self) -> dict[str, Any]:
         """The position just after the last record returned by :meth:`read` (JSON-serialisable)."""
-        files = []
-        for f in self._order:
-            fp, fp_len = f.fingerprint()
-            entry = {"path": f.path, "dev": f.dev, "ino": f.ino, "offset": f.offset, "line": f.line,
-                     "fp": fp, "fp_len": fp_len, "done": f.done}
-            if f.whole:
-                entry.update(whole=f.whole, unit="row" if f.whole == "table" else "decompressed")
-            files.append(entry)
-        return {"version": POSITION_VERSION, "kind": "files", "source": self.name, "files": files}
+        return position_of(self.name, self._order)
 
     def seek(self, position: Mapping[str, Any]) -> None:
         """Continue right after ``position`` (as returned by :meth:`position`).
@@ -550,49 +527,18 @@ class FileSource:
         position
             A dict returned by :meth:`position` (possibly after a JSON round trip).
         """
-        if not isinstance(position, Mapping) or position.get("kind") != "files" or "files" not in position:
-            raise ValueError(f"FileSource {self.name!r}: not a file-source position: {position!r:.200}")
-        if int(position.get("version", 0)) > POSITION_VERSION:
-            raise ValueError(f"FileSource {self.name!r}: position version {position.get('version')} is newer "
-                             f"than supported ({POSITION_VERSION})")
+        at_offset = check_position(position, self.name)  # version 1 fingerprinted the first bytes
         for f in self._files.values():
             f.close()
         self._files = {}
         self.lost = []
-        at_offset = int(position.get("version", 0)) >= 2  # version 1 fingerprinted the first bytes
-        for e in position["files"]:
-            try:
-                loc = locate(e, at_offset)
-            except (KeyError, TypeError, ValueError) as exc:
-                raise ValueError(f"FileSource {self.name!r}: bad position entry {e!r}: {exc}") from exc
-            if loc is None and e.get("done") and not self.follow:
-                continue  # a finished file that was removed since: nothing left to read
-            if loc is None:
+        for got in restore_entries(position["files"], at_offset, self.follow, self.name):
+            if isinstance(got, dict):
                 log.warning("%s: %s (inode %s) not found, %s bytes after offset %s may be lost",
-                            self.name, e["path"], e["ino"], "the", e["offset"])
-                self.lost.append(dict(e))
-                continue
-            p, fd = loc
-            st = os.fstat(fd)
-            f = TrackedFile(p, st.st_dev, st.st_ino, "?", offset=int(e["offset"]), line=int(e.get("line", 1)),
-                            done=bool(e.get("done", False)), size=st.st_size)
-            if e.get("whole"):
-                if f.done:  # a finished whole file stays finished (never read twice)
-                    f.whole, f.head = str(e["whole"]), os.pread(fd, FP_MAX, 0)
-                    self._files[f.key()] = f
-                    os.close(fd)
-                    continue
-            elif f.offset <= st.st_size:
-                f.fd = fd
-                f.load_tail()
-                f.fd = None
-            os.close(fd)
-            if f.done and not self.follow:
-                self._files[f.key()] = f
-                continue
-            f.done = False
-            if self._open(f):
-                self._files[f.key()] = f
+                            self.name, got["path"], got["ino"], "the", got["offset"])
+                self.lost.append(got)
+            elif got.done or self._open(got):  # a done file stays closed
+                self._files[got.key()] = got
         self._seeked = True
         self._scanned = False
         self._exhausted = False

@@ -125,9 +125,9 @@ def test_tcal_pvalues_from_the_kernel_equal_reference_ranks():
 
 def test_unfolded_weights_path_equals_reference(monkeypatch):
     """Where the CSR kernel fuses multiply-adds, g = k (1 - 2p) is formed and summed: same numbers."""
-    from calmon.algorithms.tcal import atoms as atoms_module
+    from calmon.algorithms.tcal import simulator
 
-    monkeypatch.setattr(atoms_module, "_FOLD", False)
+    monkeypatch.setattr(simulator, "_FOLD", False)
     for name, atoms in list(_cases())[::2]:
         for m in (2, 16, 128, 1024):
             if atoms.fine_bins is None or atoms.fine_bins % m == 0:
