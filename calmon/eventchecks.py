@@ -8,7 +8,7 @@ check of each event in :class:`Verdicts`, which names its reason from :data:`REA
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -180,9 +180,10 @@ def check_structure(c: Columns, v: Verdicts, has_model: bool | np.ndarray) -> No
              "label must be a non-negative class index")
 
 
-def binary_scores(c: Columns, v: Verdicts, model: str | Sequence[str], tol: float) -> np.ndarray:
+def binary_scores(c: Columns, v: Verdicts, model: str | Sequence[str] | Mapping[int, str], tol: float) -> np.ndarray:
     """P(y = 1) of binary models' events (from ``score`` or a ``probs`` pair), validated; ``model``: the
-    model's name, or one per event (the events of several binary models checked at once)."""
+    model's name, or one per event (the events of several binary models checked at once: at least those with
+    ``probs``, by position)."""
     score = np.array(c.scores, dtype=np.float64)  # None -> NaN
     for j in np.flatnonzero(c.has_probs).tolist():
         p = c.probs[j] or []

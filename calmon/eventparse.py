@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import count
 from typing import Annotated, Any
 
 import msgspec
@@ -103,6 +105,10 @@ class BatchFacts:
     #: the ids and segments as object arrays, filled chunk by chunk (valid with ids_str, with segments)
     id_array: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
     segment_array: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=object))
+    #: once a second model is seen: each record's model numbered in order of first appearance (rejected records
+    #: count as ``None``), and the distinct models in that order
+    model_codes: np.ndarray | None = None
+    model_names: list[Any] = field(default_factory=list)
 
     def add(self, t: list[Any], i: list[Any], ts: list[Any], sc: list[Any], seg: list[Any], mod: list[Any],
             first_type: Any, first_model: Any) -> None:
@@ -232,12 +238,19 @@ def parse_columns(records: list[bytes], max_bytes: float = math.inf) -> tuple[Pa
     facts = BatchFacts(id_array=np.empty(n, dtype=object), segment_array=np.empty(n, dtype=object))
     first_type: Any = None
     first_model: Any = None
+    numbered: defaultdict[Any, int] | None = None
+    codes = np.zeros(0, dtype=np.int64)
     for start, evs in _decoded_chunks(records, max_bytes, _ABSENT, rejected):
         t_c, i_c, ts_c, sc_c, seg_c, m_c = ([e.type for e in evs], [e.id for e in evs], [e.ts for e in evs],
                                             [e.score for e in evs], [e.segment for e in evs], [e.model for e in evs])
         if not start:
             first_type, first_model = t_c[0], m_c[0]
         facts.add(t_c, i_c, ts_c, sc_c, seg_c, m_c, first_type, first_model)
+        if not facts.one_model:  # many models: numbered while the chunk's names are in the cache
+            if numbered is None:  # every record before this chunk has the first model
+                numbered = defaultdict(count(1).__next__, {first_model: 0})
+                codes = facts.model_codes = np.zeros(n, dtype=np.int64)
+            codes[start:start + len(evs)] = np.fromiter(map(numbered.__getitem__, m_c), np.int64, len(m_c))
         facts.id_array[start:start + len(evs)] = i_c  # while the chunk's values are in the cache
         facts.segment_array[start:start + len(evs)] = seg_c
         ty += t_c
@@ -248,6 +261,8 @@ def parse_columns(records: list[bytes], max_bytes: float = math.inf) -> tuple[Pa
         lab += [e.label for e in evs]
         seg += seg_c
         mod += m_c
+    if numbered is not None:
+        facts.model_names = list(numbered)
     return ParsedColumns(EventFields(ty, ids, ts, sc, pr, lab, seg, facts=facts), mod), rejected
 
 

@@ -37,9 +37,11 @@ import copy
 import math
 import re
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import count, repeat
 from typing import Any, TypeVar
 
 import numpy as np
@@ -279,7 +281,12 @@ class Decoder:
             if f is None:
                 assert reader is not None
                 f = reader.fields(evs, present, meta)
-            out = self._validate(_Rows.of(models, present, one_model), f, now, rejected, meta)
+            facts = f.facts
+            if facts is not None and facts.model_codes is not None and not rejected:  # numbered by the parser
+                rows = _Rows.numbered(facts.model_names, facts.model_codes, np.arange(len(records), dtype=np.int64))
+            else:
+                rows = _Rows.of(models, present, one_model)
+            out = self._validate(rows, f, now, rejected, meta)
         rejected.sort(key=lambda r: r.index)
         if origins is not None:
             for r in rejected:
@@ -354,10 +361,12 @@ class Decoder:
         is_binary = np.array([m != "" and classes[k] == 2 for k, m in enumerate(g.models)])
         binary = np.flatnonzero(is_binary[g.codes])
         if binary.size:
-            names = g.models[0] if len(g.models) == 1 else np.array(g.models, dtype=object)[g.codes[binary]].tolist()
+            names: str | dict[int, str] = g.models[0]
+            if len(g.models) > 1:  # the model of each row a message may name (one with probs), not of every row
+                named = np.flatnonzero(c.has_probs[binary])
+                names = dict(zip(named.tolist(), np.array(g.models, dtype=object)[g.codes[binary[named]]].tolist()))
             score[binary] = _on_rows(binary, c, v, lambda cc, vv: binary_scores(cc, vv, names, self.prob_tolerance))
-        for k in multi:
-            rows = np.flatnonzero(g.codes == k)
+        for k, rows in zip(multi, g.rows_of(multi)):
             at = int(np.searchsorted(rows, known_from[k]))  # the position within the model's rows
             check = partial(_class_probs, model=g.models[k], classes=classes[k], tol=self.prob_tolerance, at=at)
             probs[k] = (rows, _on_rows(rows, c, v, check))
@@ -416,13 +425,20 @@ class Decoder:
 
     def _segments_known(self, g: _Rows, facts: BatchFacts | None) -> bool:
         """Whether the batch's distinct segments (``facts``) show that :meth:`_check_segments` has nothing to do:
-        one model, every named segment known to it (made known to the state as that method would)."""
-        if facts is None or not facts.one_model or g.orphan >= 0 or not facts.segments:
+        every model of the batch knows every named segment of the batch already (made known to the state as that
+        method would), checked per distinct model instead of per record."""
+        if facts is None:
             return False
-        names = facts.segment_names - {""}
+        names = facts.segment_names - {"", None}
         if not names:
             return True  # no named segment
-        return self.segments.setdefault(g.models[0], set()).issuperset(names)
+        segments = self.segments
+        if facts.one_model and g.orphan < 0 and facts.segments:  # the model has a named segment: it is made known
+            return segments.setdefault(g.models[0], set()).issuperset(names)
+        if len(names) * len(g.models) > g.index.size:  # more work than the record by record check
+            return False
+        # a model not in the state yet may have no named segment here: :meth:`_check_segments` decides
+        return all(m in segments and segments[m].issuperset(names) for m in g.models if m)
 
     def _check_segments(self, g: _Rows, segment: np.ndarray, v: Verdicts) -> None:
         """Admit new segment names of each model up to ``max_segments``, in record order."""
@@ -465,15 +481,25 @@ class _Rows:
     def of(cls, names: list[str | None], present: Sequence[int], one: bool | None = None) -> _Rows:
         """The rows of models ``names`` (``None`` or ``""``: no model) at record indices ``present`` (``one``:
         whether every name is the first, if known)."""
-        pos: dict[str, int] = {}
         if one is None:  # one model: found without hashing every name
             one = bool(names) and names.count(names[0]) == len(names)
-        distinct = names[:1] if one else dict.fromkeys(names)
-        code = {key: pos.setdefault(key or "", len(pos)) for key in distinct}  # first appearance
         n = len(names)
-        codes = (np.zeros(n, dtype=np.int64) if len(code) == 1
-                 else np.fromiter(map(code.__getitem__, names), np.int64, n))
         index = np.arange(n, dtype=np.int64) if isinstance(present, range) else np.asarray(present, dtype=np.int64)
+        if one:
+            return cls.numbered(names[:1], np.zeros(n, dtype=np.int64), index)
+        # one hash per name: each distinct name is numbered at its first appearance
+        seen: defaultdict[str | None, int] = defaultdict(count().__next__)
+        codes = np.fromiter(map(seen.__getitem__, names), np.int64, n)
+        return cls.numbered(list(seen), codes, index)
+
+    @classmethod
+    def numbered(cls, keys: list[str | None], codes: np.ndarray, index: np.ndarray) -> _Rows:
+        """The rows of models numbered already: ``codes`` index ``keys``, the distinct names in order of first
+        appearance (``None`` and ``""``, no model, become one code)."""
+        pos: dict[str, int] = {}
+        remap = [pos.setdefault(key or "", len(pos)) for key in keys]
+        if len(pos) < len(remap):
+            codes = np.array(remap, dtype=np.int64)[codes]
         return cls(list(pos), codes, index, pos.get("", -1))
 
     def has(self, mask: np.ndarray) -> np.ndarray:
@@ -483,6 +509,14 @@ class _Rows:
     def any_of(self, mask: np.ndarray) -> np.ndarray:
         """Per row: whether any row of its model is in ``mask``."""
         return self.has(mask)[self.codes] if mask.any() else mask
+
+    def rows_of(self, models: list[int]) -> list[np.ndarray]:
+        """The rows of each of ``models`` (codes), in order: one stable sort for many models, not a pass each."""
+        if len(models) < 4:
+            return [np.flatnonzero(self.codes == k) for k in models]
+        order = np.argsort(_sortable(self.codes, len(self.models)), kind="stable")
+        ends = np.cumsum(np.bincount(self.codes, minlength=len(self.models)))
+        return [order[(ends[k - 1] if k else 0):ends[k]] for k in models]
 
     def first(self, mask: np.ndarray) -> np.ndarray:
         """Per model: the position of its first row in ``mask``, -1 if none."""
@@ -501,27 +535,29 @@ class _Rows:
             return {}
         oc = self.codes[okpos]
         cols = (c.kind, c.ids, ts, segment, c.label, score, self.index)
-        ends = np.cumsum(np.bincount(oc, minlength=len(self.models))).tolist()
+        counts = np.bincount(oc, minlength=len(self.models))
         if len(self.models) == 1 and okpos.size == ok.size:  # every row, in order: the columns themselves
             order = okpos
             kind, ids, t, seg, lab, sc, idx = cols
         else:
-            order = okpos[np.argsort(oc, kind="stable")]
+            order = okpos[np.argsort(_sortable(oc, len(self.models)), kind="stable")]
             kind, ids, t, seg, lab, sc, idx = (a[order] for a in cols)
-        out: dict[str, ModelBatch] = {}
-        last = [] if self.orphan < 0 else [self.orphan]
-        for k in [k for k in range(len(self.models)) if k != self.orphan] + last:
-            a, b = (ends[k - 1] if k else 0), ends[k]
-            if b == a:
-                continue
-            m = self.models[k]
-            if k in probs:
-                rows, pr = probs[k]
-                out[m] = ModelBatch(m, classes[k], kind[a:b], ids[a:b], t[a:b], seg[a:b], lab[a:b], None,
-                                    pr[np.searchsorted(rows, order[a:b])], idx[a:b])
-            else:
-                out[m] = ModelBatch(m, classes[k], kind[a:b], ids[a:b], t[a:b], seg[a:b], lab[a:b], sc[a:b], None,
-                                    idx[a:b])
+        ends = np.cumsum(counts)
+        keep = np.flatnonzero(counts)  # the models with accepted rows, in code order
+        if self.orphan >= 0 and counts[self.orphan]:  # outcomes without a model last
+            keep = np.append(keep[keep != self.orphan], self.orphan)
+        spans = list(map(slice, (ends - counts)[keep].tolist(), ends[keep].tolist()))
+        # each column cut into its models' slices in one pass (the per-model cost is a slice, not a lookup)
+        kinds, idss, tss, segs, labs, scs, idxs = (list(map(a.__getitem__, spans)) for a in (kind, ids, t, seg, lab,
+                                                                                          sc, idx))
+        ks = keep.tolist()
+        names = [self.models[k] for k in ks]
+        batches = list(map(ModelBatch, names, [classes[k] for k in ks], kinds, idss, tss, segs, labs, scs,
+                           repeat(None), idxs))
+        for j in [j for j, k in enumerate(ks) if k in probs]:  # multiclass models: probabilities, no score
+            rows, pr = probs[ks[j]]
+            batches[j].score, batches[j].probs = None, pr[np.searchsorted(rows, order[spans[j]])]
+        out = dict(zip(names, batches))
         return out
 
 
@@ -539,6 +575,12 @@ def _accepted(parsed: ParsedColumns, rejected: list[Rejection], n: int
     t, ids, ts, sc, pr, lab, seg = ([col[i] for i in present]
                                     for col in (f.type, f.id, f.ts, f.score, f.probs, f.label, f.segment))
     return present, EventFields(t, ids, ts, sc, pr, lab, seg), [parsed.model[i] for i in present]
+
+
+def _sortable(codes: np.ndarray, n: int) -> np.ndarray:
+    """Model codes (``0 <= code < n``) in the narrowest type that sorts them: numpy's stable sort is a radix
+    sort on 16-bit integers, a merge sort on 64-bit ones (0.2 ms against 6 ms for a batch of 65,536)."""
+    return codes.astype(np.uint16) if n <= 1 << 16 else codes
 
 
 def _class_probs(c: Columns, v: Verdicts, *, model: str, classes: int, tol: float, at: int) -> np.ndarray:
