@@ -4,7 +4,7 @@ Positions
 ---------
 :meth:`connectors.files.FileSource.position` returns a JSON-serialisable dict::
 
-    {"version": 1, "kind": "files", "source": NAME,
+    {"version": 2, "kind": "files", "source": NAME,
      "files": [{"path": P, "dev": D, "ino": I, "offset": BYTES, "line": NEXT_LINE_NUMBER,
                 "fp": SHA1_HEX, "fp_len": N, "done": BOOL}, ...]}
 
@@ -14,8 +14,8 @@ file again and skips that many bytes), for a table the index of the next row (``
 fingerprints the file's first bytes.
 
 ``offset`` is the byte offset just after the last newline whose line has been returned by
-:meth:`connectors.files.FileSource.read`; ``fp`` is the SHA-1 of the first ``fp_len`` (at most 1024) bytes of
-the file, used to reject a reused inode. :meth:`connectors.files.FileSource.seek` finds each file again by
+:meth:`connectors.files.FileSource.read`; ``fp`` is the SHA-1 of the ``fp_len`` (at most 1024) bytes before the
+offset (version 1, still read: the first bytes of the file), used to reject a reused inode. :meth:`connectors.files.FileSource.seek` finds each file again by
 inode (at its recorded path, or, after a rotation by rename, elsewhere in the same directory), so a restart
 continues exactly after the last record of the checkpoint, without losing or repeating a line.
 """
