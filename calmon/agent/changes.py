@@ -19,7 +19,7 @@ Examples
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,6 +61,24 @@ class ChangeMonitor:
         else:
             raise ValueError("ChangeMonitor.update needs score or probs")
         self._detector(model).update(p, y, ts)
+
+    def update_many(self, models: Sequence[str], bounds: Sequence[int], score: np.ndarray, labels: np.ndarray,
+                    ts: np.ndarray) -> None:
+        """Feed binary models at once: ``models[i]`` gets the pairs ``bounds[i]:bounds[i + 1]`` (record order, at
+        least one each), the same as :meth:`update` model by model (issue #15: one vectorised pass a batch).
+
+        Detectors are created in the order of ``models``.
+        """
+        if not self.cfg.enabled or not models:
+            return
+        dets = [self._detector(m) for m in models]
+        CalibrationChangeDetector.update_many(dets, bounds, score, labels.astype(np.float64), ts)
+
+    def touch(self, models: Iterable[str]) -> None:
+        """Create the detectors of ``models`` in this order, if enabled (the order a checkpoint lists them in)."""
+        if self.cfg.enabled:
+            for m in models:
+                self._detector(m)
 
     def view(self) -> dict[str, dict[str, Any]]:
         """Per model: events seen and, per signal, detections and the last change (JSON)."""

@@ -20,11 +20,19 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from calmon.agent.batchapply import (
+    BinaryColumns,
+    apply_binary,
+    binary_columns,
+    changes_binary,
+    count_events,
+    is_binary,
+)
 from calmon.agent.batchfold import fold_binary
 from calmon.agent.buckets import ModelWindows
 from calmon.agent.join import JoinedBatch, event_watermarks
 from calmon.agent.state import AgentState
-from calmon.events import KINDS, LABELED, PREDICTION, DecodedBatch, ModelBatch
+from calmon.events import LABELED, PREDICTION, DecodedBatch, ModelBatch
 from connectors.base import Batch, ByteLagReporting, DeadLetterSink, LagReporting, Source
 
 log = logging.getLogger("calmon.agent")
@@ -69,9 +77,9 @@ class Ingestor:
             c.add_rejected(r.reason for r in decoded.rejected)
             c.add_records(batch.source, len(batch.records))
             info = st.source(batch.source)
-            newest = max((float(np.nanmax(mb.ts)) for mb in decoded.models.values() if mb.ts.size), default=None)
-            if newest is not None:
-                info.newest_event = max(newest, info.newest_event)
+            times = [mb.ts for mb in decoded.models.values() if mb.ts.size]
+            if times:  # one reduction for the batch (issue #15: not one per model)
+                info.newest_event = max(float(np.nanmax(np.concatenate(times))), info.newest_event)
             if isinstance(src, ByteLagReporting):
                 info.lag_bytes = src.lag_bytes()
             if lag_records is not None:
@@ -79,9 +87,11 @@ class Ingestor:
 
     def _fill_time(self, decoded: DecodedBatch, now: float) -> dict[str, np.ndarray]:
         """Fill missing event times with ``now``; return the watermark at each event (record order)."""
-        for mb in decoded.models.values():
-            if mb.ts.size and np.isnan(mb.ts).any():
-                mb.ts = np.where(np.isnan(mb.ts), now, mb.ts)
+        times = [mb.ts for mb in decoded.models.values() if mb.ts.size]
+        if times and np.isnan(np.concatenate(times)).any():  # rare: look model by model only then
+            for mb in decoded.models.values():
+                if mb.ts.size and np.isnan(mb.ts).any():
+                    mb.ts = np.where(np.isnan(mb.ts), now, mb.ts)
         return event_watermarks(decoded.models, self.state.joiner.watermark)
 
     def _apply(self, decoded: DecodedBatch, now: float) -> None:
@@ -91,46 +101,21 @@ class Ingestor:
             return
         joined = st.joiner.process(decoded.models, wms)  # advances the watermark in record order
         watermark = st.joiner.watermark
-        lateness = st.cfg.windows.allowed_lateness
-        estimation = st.cfg.estimation.enabled
+        count_events(st.counters, decoded.models)
+        # binary models are applied for the whole batch at once (issue #15, calmon.agent.batchapply); the rest
+        # model by model.  Each ring gets its predictions, then labeled events, then joined pairs.
+        fast = [name for name, mb in decoded.models.items() if name in wms and name and is_binary(mb)
+                and getattr(st.models.get(name), "classes", 2) == 2]
+        cols = binary_columns(decoded.models, wms, fast) if fast else None
+        lrows = apply_binary(st, cols, watermark) if cols is not None else _NONE
+        skip = set(fast)
         labeled: dict[str, tuple[np.ndarray, ModelBatch]] = {}
-        # binary models' events are folded for the whole batch at once (issue #15), in the order
-        # ModelWindows.add would see them: each ring gets its predictions, then labeled events, then joined pairs
         preds, labs, pairs = _Folds(), _Folds(), _Folds()
         for name, mb in decoded.models.items():
-            for k, cnt in enumerate(np.bincount(mb.kind, minlength=3).tolist()):
-                if cnt:
-                    st.counters.add_events(name or "", KINDS[k], cnt)
-            if not name or name not in wms:
-                continue
-            on_time = mb.ts >= wms[name] - lateness
-            lab = mb.kind == LABELED
-            late = lab & ~on_time
-            if late.any():
-                st.counters.add_late(name, int(late.sum()))
-            # labeled events reach the prediction-side grid through their bucket's update (one ring pass, not two)
-            psel = np.flatnonzero(on_time & (mb.kind == PREDICTION)) if estimation else _NONE
-            if psel.size:
-                mw = st.windows_of(name, mb.classes)
-                if mb.score is not None and mb.probs is None:
-                    preds.queue(mw, mb.ts[psel], mb.segment[psel], mb.score[psel], None)
-                else:
-                    mw.add_predictions(mb.ts[psel], mb.segment[psel], None if mb.score is None else mb.score[psel],
-                                       None if mb.probs is None else mb.probs[psel], watermark)
-            sel = np.flatnonzero(lab & on_time)
-            if sel.size:
-                mw = st.windows_of(name, mb.classes)
-                if mw.classes == 2 and mb.score is not None:
-                    if sel.size == len(mb):  # every event (the common batch): no gathers
-                        labs.queue(mw, mb.ts, mb.segment, mb.score, mb.label)
-                    else:
-                        labs.queue(mw, mb.ts[sel], mb.segment[sel], mb.score[sel], mb.label[sel])
-                else:
-                    mw.add(mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
-                           None if mb.probs is None else mb.probs[sel], watermark, predictions=estimation)
-                labeled[name] = (sel, mb)
+            if name not in skip:
+                self._apply_model(name, mb, wms, watermark, preds, labs, labeled)
         preds.fold(watermark)
-        labs.fold(watermark, predictions=estimation)
+        labs.fold(watermark, predictions=st.cfg.estimation.enabled)
         for name, jb in joined.items():
             mw = st.windows_of(name, jb.classes)
             if mw.classes == 2 and jb.score is not None:
@@ -138,14 +123,54 @@ class Ingestor:
             else:
                 mw.add(jb.ts, jb.segment, jb.label, jb.score, jb.probs, watermark)
         pairs.fold(watermark)
-        self._changes(labeled, joined)
+        self._changes(cols, lrows, labeled, joined)
 
-    def _changes(self, labeled: dict[str, tuple[np.ndarray, ModelBatch]], joined: dict[str, JoinedBatch]) -> None:
-        """Labeled pairs of each model to its change detector, merged in record order of their completing event."""
+    def _apply_model(self, name: str, mb: ModelBatch, wms: dict[str, np.ndarray], watermark: float, preds: _Folds,
+                     labs: _Folds, labeled: dict[str, tuple[np.ndarray, ModelBatch]]) -> None:
+        """One model's events of the batch (the models :func:`~calmon.agent.batchapply.apply_binary` does not take:
+        multiclass, score-less, and events without a model)."""
+        st = self.state
+        if not name or name not in wms:
+            return
+        estimation = st.cfg.estimation.enabled
+        on_time = mb.ts >= wms[name] - st.cfg.windows.allowed_lateness
+        lab = mb.kind == LABELED
+        late = lab & ~on_time
+        if late.any():
+            st.counters.add_late(name, int(late.sum()))
+        # labeled events reach the prediction-side grid through their bucket's update (one ring pass, not two)
+        psel = np.flatnonzero(on_time & (mb.kind == PREDICTION)) if estimation else _NONE
+        if psel.size:
+            mw = st.windows_of(name, mb.classes)
+            if mb.score is not None and mb.probs is None:
+                preds.queue(mw, mb.ts[psel], mb.segment[psel], mb.score[psel], None)
+            else:
+                mw.add_predictions(mb.ts[psel], mb.segment[psel], None if mb.score is None else mb.score[psel],
+                                   None if mb.probs is None else mb.probs[psel], watermark)
+        sel = np.flatnonzero(lab & on_time)
+        if sel.size:
+            mw = st.windows_of(name, mb.classes)
+            if mw.classes == 2 and mb.score is not None:
+                labs.queue(mw, mb.ts[sel], mb.segment[sel], mb.score[sel], mb.label[sel])
+            else:
+                mw.add(mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
+                       None if mb.probs is None else mb.probs[sel], watermark, predictions=estimation)
+            labeled[name] = (sel, mb)
+
+    def _changes(self, cols: BinaryColumns | None, lrows: np.ndarray,
+                 labeled: dict[str, tuple[np.ndarray, ModelBatch]], joined: dict[str, JoinedBatch]) -> None:
+        """Labeled pairs of each model to its change detector, merged in record order of their completing event:
+        binary models' in one pass (:func:`~calmon.agent.batchapply.changes_binary`), the others model by model."""
         mon = self.state.changes
         if not mon.cfg.enabled:
             return
-        for name in sorted(set(labeled) | set(joined)):
+        slow = {name for name, jb in joined.items() if not is_binary(jb)} | set(labeled)
+        names = set(joined) | set(labeled)
+        if cols is not None:
+            names.update(cols.names[i] for i in np.unique(cols.part[lrows]).tolist())
+        mon.touch(sorted(names))  # detectors in name order, whichever path feeds them
+        changes_binary(mon, cols, lrows, [jb for name, jb in joined.items() if name not in slow])
+        for name in sorted(slow):
             parts = []
             if name in labeled:
                 sel, mb = labeled[name]
@@ -156,10 +181,10 @@ class Ingestor:
                 assert jb.index is not None  # the Joiner always fills it
                 parts.append((jb.index, jb.ts, jb.label, jb.score, jb.probs))
             order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
-            cols = [_merge([p[i] for p in parts], order) for i in (1, 2, 3, 4)]
-            ts, labels = cols[0], cols[1]
+            cols_ = [_merge([p[i] for p in parts], order) for i in (1, 2, 3, 4)]
+            ts, labels = cols_[0], cols_[1]
             assert ts is not None and labels is not None
-            mon.update(name, cols[2], cols[3], labels.astype(np.int64), ts)
+            mon.update(name, cols_[2], cols_[3], labels.astype(np.int64), ts)
 
 
 _NONE = np.zeros(0, dtype=np.int64)

@@ -312,27 +312,33 @@ class Joiner:
                 self.classes[name] = mb.classes
         wms = event_watermarks(models, self.watermark) if watermarks is None else watermarks
         out: dict[str, list[tuple[float, str, int, Any, str, int]]] = {}
-        parts, which, rows = _record_order(models)
-        mbs = [(name, mb.kind.tolist(), mb.ts.tolist(), mb.ids.tolist(), mb.segment.tolist(), mb.label.tolist(),
-                None if mb.score is None else mb.score.tolist(), mb.probs, wms[name].tolist(),
-                ENTRY_OVERHEAD + (24 if mb.probs is None else 112 + 8 * int(mb.probs.shape[1])), mb.index.tolist())
-               for name, mb in parts]
         pending, early, by_model, order = self.pending, self.early, self._pending_by_model, self._pending_order.items
-        for w, r in zip(which.tolist(), rows.tolist()):
-            name, kind, tsl, ids, segs, labels, scores, probs, wml, cost, recs = mbs[w]
-            wm, key = wml[r], ids[r]
-            if wm >= self.next_sweep:
+        ttl, next_sweep = self.ttl, self.next_sweep
+        for name, kind, t, key, seg, label, payload, wm, cost, rec in zip(*_record_columns(models, wms)):
+            if wm >= next_sweep:
                 self._maybe_sweep(wm)
-            if kind[r] != PREDICTION:
-                self._on_outcome(name, key, tsl[r], labels[r], wm, out, recs[r])
+                next_sweep = self.next_sweep
+            if kind != PREDICTION:
+                prev = pending.get(key)
+                if prev is None or prev[1] + ttl < wm or (name and name != prev[0]):  # not a plain match
+                    self._on_outcome(name, key, t, label, wm, out, rec)
+                    continue
+                # the common case inlined (same as _on_outcome's match): this loop is the agent's hot path
+                del pending[key]
+                pname, pseg, ppay = prev[0], prev[2], prev[3]
+                self.nbytes -= _pending_cost(key, pseg, ppay) if type(ppay) is not float else (
+                    ENTRY_OVERHEAD + 24 + len(key) + len(pseg))
+                by_model[pname] -= 1
+                got = out.get(pname)
+                if got is None:
+                    got = out[pname] = []
+                got.append((prev[1], pseg, label, ppay, key, rec))
                 continue
-            payload = scores[r] if scores is not None else probs[r]
             if key in pending or key in early:  # a duplicate id or an early outcome: the slow path
-                self._on_prediction(name, key, tsl[r], segs[r], payload, wm, out, recs[r])
+                self._on_prediction(name, key, t, seg, payload, wm, out, rec)
                 continue
-            # the common case inlined (same as _add_pending + _bound): this loop is the agent's hot path
-            seg = segs[r]
-            pending[key] = entry = (name, tsl[r], seg, payload)
+            # the common case inlined (same as _add_pending + _bound)
+            pending[key] = entry = (name, t, seg, payload)
             order.append((key, entry))
             self.nbytes += cost + len(key) + len(seg)
             by_model[name] = by_model.get(name, 0) + 1
@@ -340,6 +346,9 @@ class Joiner:
                 self._bound()
         self._pending_order.compact(pending)
         self._early_order.compact(early)
+        joined = self.counters.joined
+        for name, items in out.items():  # every pair in ``out`` is one join (counted here, not per event)
+            joined[name] = joined.get(name, 0) + len(items)
         for arr in wms.values():
             if arr.size:
                 self.watermark = max(self.watermark, float(arr.max()))
@@ -357,8 +366,7 @@ class Joiner:
         if got is not None and got[0] in ("", name):
             self._drop_early(key)
             if got[1] + self.ttl >= wm:
-                out.setdefault(name, []).append((t, seg, got[2], payload, key, rec))
-                _inc(self.counters.joined, name)
+                out.setdefault(name, []).append((t, seg, got[2], payload, key, rec))  # counted by process
                 return
             self.counters.orphans += 1
         self._add_pending(key, (name, t, seg, payload))
@@ -370,8 +378,7 @@ class Joiner:
         if prev is not None and name in ("", prev[0]):
             self._drop_pending(key)
             if prev[1] + self.ttl >= wm:
-                out.setdefault(prev[0], []).append((prev[1], prev[2], label, prev[3], key, rec))
-                _inc(self.counters.joined, prev[0])
+                out.setdefault(prev[0], []).append((prev[1], prev[2], label, prev[3], key, rec))  # counted by process
                 return
             _inc(self.counters.expired, prev[0])
         if key in self.early:
@@ -388,12 +395,13 @@ class Joiner:
         if binary:
             items = [it for name in binary for it in out[name]]
             ends = np.cumsum([len(out[name]) for name in binary]).tolist()
-            ts = np.array([i[0] for i in items], dtype=np.float64)
-            seg = np.array([i[1] for i in items], dtype=object)
-            lab = np.array([i[2] for i in items], dtype=np.int64)
-            score = np.array([i[3] for i in items], dtype=np.float64)
-            ids = np.array([i[4] for i in items], dtype=object)
-            rec = np.array([i[5] for i in items], dtype=np.int64)
+            cols = list(zip(*items))  # one transposition instead of a comprehension per column
+            ts = np.array(cols[0], dtype=np.float64)
+            seg = np.array(cols[1], dtype=object)
+            lab = np.array(cols[2], dtype=np.int64)
+            score = np.array(cols[3], dtype=np.float64)
+            ids = np.array(cols[4], dtype=object)
+            rec = np.array(cols[5], dtype=np.int64)
             for name, a, b in zip(binary, [0, *ends], ends):
                 built[name] = JoinedBatch(name, 2, ts[a:b], seg[a:b], lab[a:b], score=score[a:b], ids=ids[a:b],
                                           index=rec[a:b])
@@ -466,20 +474,44 @@ class Joiner:
         return out
 
 
-def _record_order(models: dict[str, ModelBatch]) -> tuple[list[tuple[str, ModelBatch]], np.ndarray, np.ndarray]:
-    """The prediction and outcome events of every model, merged in record order as (model part, row) pairs."""
-    parts, sels = [], []
-    for name, mb in models.items():
-        sel = np.flatnonzero(mb.kind != LABELED)
-        if sel.size:
-            parts.append((name, mb))
-            sels.append(sel)
+def _record_columns(models: dict[str, ModelBatch], wms: dict[str, np.ndarray]) -> tuple[list[Any], ...]:
+    """The prediction and outcome events of every model merged in record order, as columns (lists): model, kind,
+    ts, id, segment, label, payload (binary score or probability row), watermark, the entry cost of a pending
+    prediction besides its id and segment, record index.
+
+    Built with one concatenation and one gather per column for the whole batch (issue #15: at a thousand
+    models a batch holds a few dozen events per model, so per-model conversions dominated the join).
+    """
+    parts = [(name, mb) for name, mb in models.items() if len(mb) and name in wms]
     if not parts:
-        return parts, np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.argsort(np.concatenate([mb.index[sel] for (_, mb), sel in zip(parts, sels)]), kind="stable")
-    which = np.concatenate([np.full(sel.size, i) for i, sel in enumerate(sels)])[order]
-    rows = np.concatenate(sels)[order]
-    return parts, which, rows
+        return ([],) * 10
+
+    def column(get: Any) -> np.ndarray:
+        return np.concatenate([get(mb) for _, mb in parts])
+
+    kind = column(lambda mb: mb.kind)
+    keep = np.flatnonzero(kind != LABELED)
+    idx = column(lambda mb: mb.index)[keep]
+    order = np.argsort(idx, kind="stable")  # record indices are unique: a permutation
+    pos = keep[order]
+    part = np.repeat(np.arange(len(parts)), [len(mb) for _, mb in parts])[pos]
+    names = np.array([name for name, _ in parts], dtype=object)
+    costs = np.array([ENTRY_OVERHEAD + (24 if mb.probs is None else 112 + 8 * int(mb.probs.shape[1]))
+                      for _, mb in parts], dtype=np.int64)
+    if all(mb.score is not None for _, mb in parts):
+        payload: list[Any] = column(lambda mb: mb.score)[pos].tolist()
+    else:  # multiclass models in the batch: their rows of probabilities as they are
+        rows: list[Any] = []
+        for _, mb in parts:
+            if mb.score is not None:
+                rows.extend(mb.score.tolist())
+            else:
+                rows.extend([] if mb.probs is None else list(mb.probs))
+        payload = [rows[i] for i in pos.tolist()]
+    return (names[part].tolist(), kind[pos].tolist(), column(lambda mb: mb.ts)[pos].tolist(),
+            column(lambda mb: mb.ids)[pos].tolist(), column(lambda mb: mb.segment)[pos].tolist(),
+            column(lambda mb: mb.label)[pos].tolist(), payload,
+            np.concatenate([wms[name] for name, _ in parts])[pos].tolist(), costs[part].tolist(), idx[order].tolist())
 
 
 def _payload_v1(packed: str) -> np.ndarray:

@@ -1,0 +1,137 @@
+"""Benchmark: live-like ingest at M models, split into stages, optionally against another tree (issue #15).
+
+Ingestion alone -- no rounds, no checkpoints -- of ``scripts/bench_models.py``'s live-like traffic (M binary
+models x segments ``web``/``app`` allow-listed, predictions with their outcomes ~60 s later, ``--events``
+predictions over 1 h of event time) through ``Agent.ingest``, each run in a fresh subprocess. Wall time is split
+into stages by timers around the ingestor's methods: ``decode`` (``Decoder.decode``), ``join``
+(``Joiner.process``), ``fold`` (the binary folds, ``fold_binary``), ``changes`` (the change detectors) and
+``other`` (the rest of ``Ingestor.ingest``: the per-model loop of ``_apply``, counters, the lock).  The live
+ratio is issue #15's goal: events/s at M models over events/s at one model (>= 0.5 at 1000).
+
+    python scripts/bench_ingest.py                                   # M = 1, 1000; 3 interleaved rounds
+    python scripts/bench_ingest.py --models 1,100,1000 --events 5e5 --rounds 5
+
+With ``--baseline DIR`` (another version's packages: ``git archive HEAD calmon connectors | tar -x -C DIR``) each
+round runs the baseline tree and this one in turn (baseline, current, baseline, ...), and the table gives both,
+min/median over the rounds, with the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGES = ("decode", "join", "fold", "changes", "other")
+
+
+def child(models: int, events: int, seed: int) -> dict[str, Any]:
+    """Ingest the live-like traffic of ``models`` in this process; one JSON-able dict of timings."""
+    from bench_models import MemorySource, Traffic, _ingest_all, _open_agent, bench_config
+
+    import calmon.agent.ingest as ing
+    import calmon.agent.join as jn
+    import calmon.events as ev
+
+    spent: defaultdict[str, float] = defaultdict(float)
+
+    def timed(obj: Any, name: str, label: str) -> None:
+        fn = getattr(obj, name)
+
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[label] += time.perf_counter() - t
+
+        setattr(obj, name, wrapper)
+
+    for obj, name, label in ((ev.Decoder, "decode", "decode"), (jn.Joiner, "process", "join"),
+                             (ing.Ingestor, "_changes", "changes"), (ing.Ingestor, "ingest", "total")):
+        timed(obj, name, label)
+    for module in (ing, sys.modules.get("calmon.agent.batchapply")):  # wherever fold_binary is called from
+        if module is not None and hasattr(module, "fold_binary"):
+            timed(module, "fold_binary", "fold")
+    records = list(Traffic("live", models, events, seed).records())
+    with tempfile.TemporaryDirectory(prefix="calmon-bench-ingest-") as tmp:
+        src = MemorySource("live", iter(records))
+        agent, _ = _open_agent(bench_config(f"{tmp}/s", models), src, timed=False)
+        cpu = time.process_time()
+        n, wall = _ingest_all(agent, src, None)
+        cpu = time.process_time() - cpu
+        agent.close()
+    out = {k: spent[k] for k in ("decode", "join", "fold", "changes")}
+    out["other"] = spent["total"] - sum(out.values())
+    return {"models": models, "records": n, "wall": wall, "cpu": cpu, "rate": n / wall, **out}
+
+
+def run(code: Path, models: int, args: argparse.Namespace) -> dict[str, Any]:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), str(ROOT / "scripts")]),
+               OPENBLAS_NUM_THREADS="1")
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(models), "--events", str(args.events),
+           "--seed", str(args.seed)]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+
+
+def _mm(vals: list[float], fmt: str) -> str:
+    return f"{min(vals):{fmt}} / {statistics.median(vals):{fmt}}"
+
+
+def table(rows: dict[tuple[str, int], list[dict[str, Any]]], trees: list[str]) -> str:
+    """Min / median per (tree, M): rate, ratio to the same tree's M = 1 median, and each stage's seconds."""
+    head = ["tree", "models", "ev/s", "live ratio (medians)", "wall s", *(f"{s} s" for s in STAGES)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for tree in trees:
+        one = [r["rate"] for r in rows.get((tree, 1), [])]
+        for (t, m), runs in sorted(rows.items(), key=lambda kv: kv[0][1]):
+            if t != tree:
+                continue
+            rates = [r["rate"] for r in runs]
+            ratio = f"{statistics.median(rates) / statistics.median(one):.2f}" if one else "-"
+            cells = [tree, str(m), _mm([x / 1e3 for x in rates], ".0f") + "k", ratio,
+                     _mm([r["wall"] for r in runs], ".2f"), *(_mm([r[s] for r in runs], ".2f") for s in STAGES)]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="1,1000", help="comma-separated M (default 1,1000)")
+    ap.add_argument("--events", type=lambda s: int(float(s)), default=1_000_000,
+                    help="predictions (each with its outcome; default 1e6)")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--baseline", type=Path, default=None, help="a tree with another version's packages")
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.events, args.seed)))
+        return 0
+    trees = [("baseline", args.baseline)] if args.baseline else []
+    trees.append(("current", ROOT))
+    rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    load0 = os.getloadavg()[0]
+    for _ in range(args.rounds):
+        for m in [int(x) for x in args.models.split(",")]:
+            for name, code in trees:
+                rows.setdefault((name, m), []).append(run(code, m, args))
+    load1 = os.getloadavg()[0]
+    print(f"live-like ingest, {args.events:.0e} predictions + outcomes, {args.rounds} interleaved rounds, "
+          f"load {load0:.1f} -> {load1:.1f}; cells are min / median")
+    print(table(rows, [t for t, _ in trees]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
