@@ -103,28 +103,31 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
     for s in ss[heads].tolist():
         mw = group[s // width][0]
         rings.append(mw.rings["all" if s % width == 0 else mw.segments[s % width - 1]])
-    for ring in rings:
-        ring.advance(watermark)
     first = rings[0]
-    if any(r.tiers != first.tiers or r.watermark != first.watermark for r in rings):  # not the same geometry
+    tiers = first.tiers
+    # after rolling, every ring must be at ``watermark`` with the same tiers (the ingestor's case); a ring
+    # ahead of it would keep its own watermark
+    if any(r.watermark > watermark or (r.tiers is not tiers and r.tiers != tiers) for r in rings):
+        for ring in rings:
+            ring.advance(watermark)
         for ring, a, b in zip(rings, heads, [*heads[1:], ss.size]):
             ring.add(ts[ev[by_slot[a:b]]], _through(batch.fold_into, ev[by_slot[a:b]]), watermark)
         return
     rid = np.repeat(np.arange(len(rings)), np.diff([*heads, ss.size]))  # dense ring index, in sorted order
     ev = ev[by_slot]
-    tier, key, code = bucket_cells(first.tiers, ts[ev], first.bounds())
+    tier, key, code = bucket_cells(tiers, ts[ev], first.bounds(watermark))
     order = _by_ring_then_code(rid, code, [*heads, ss.size])  # each (ring, bucket) keeps its events in batch order
     sr, sc = rid[order], code[order]
     cut = (np.flatnonzero((sr[1:] != sr[:-1]) | (sc[1:] != sc[:-1])) + 1).tolist()
     starts, ends = [0, *cut], [*cut, order.size]
     sorted_batch = batch.subset(ev[order])  # one gather for the whole batch
-    pos = np.arange(order.size)
     heads_at = order[starts]
-    groups: list[list[tuple[int, float, np.ndarray]]] = [[] for _ in rings]
+    groups: list[list[tuple[int, float, slice]]] = [[] for _ in rings]
     for r, t, k, a, b in zip(sr[starts].tolist(), tier[heads_at].tolist(), key[heads_at].tolist(), starts, ends):
-        groups[r].append((t, k, pos[a:b]))
+        groups[r].append((t, k, slice(a, b)))  # a bucket's events: a contiguous range of the sorted batch
+    fold = sorted_batch.fold_into
     for ring, g in zip(rings, groups):
-        ring.add(None, sorted_batch.fold_into, watermark, groups=g)
+        ring.add(None, fold, watermark, groups=g)  # rolls the ring to ``watermark`` first
 
 
 #: Rings up to which the events are sorted by bucket ring by ring rather than by one lexsort of the batch.

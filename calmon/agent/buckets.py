@@ -84,15 +84,24 @@ class BinaryBatch:
         self.sums = event_sums(z, y)  # (6, n): the same for every grid but the labeled prediction side
         self.rows: np.ndarray | None = np.column_stack([z, y]) if labeled else None
 
-    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Keys, sums and reservoir rows of the events ``idx`` (increasing; the arrays themselves for the whole
-        batch, copied slices for a contiguous range -- cheaper than a gather)."""
-        if idx.size == self.sums.shape[1]:  # idx is sorted: all events, in order
+    def take(self, idx: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Keys, sums and reservoir rows of the events ``idx`` (increasing indices, or a ``slice`` with step 1;
+        the arrays themselves for the whole batch, copied slices for a contiguous range -- cheaper than a
+        gather)."""
+        n = self.sums.shape[1]
+        if isinstance(idx, slice):  # folds from fold_binary: a range of a batch sorted by bucket
+            a, b, _ = idx.indices(n)
+            size = max(b - a, 0)
+        else:
+            size = idx.size
+            a, b = (int(idx[0]), int(idx[-1]) + 1) if size else (0, 0)
+        if size == n:  # idx is sorted: all events, in order
             return self.keys, self.sums, self.rows
-        a, b = (int(idx[0]), int(idx[-1]) + 1) if idx.size else (0, 0)
-        if b - a == idx.size:  # increasing and contiguous (folds from fold_binary)
+        if b - a == size:  # increasing and contiguous
             rows = None if self.rows is None else self.rows[a:b].copy()
             return self.keys[:, a:b].copy(), self.sums[:, a:b].copy(), rows
+        if isinstance(idx, slice):
+            raise ValueError(f"take: a slice of step 1 expected, got {idx!r}")
         return self.keys[:, idx], self.sums[:, idx], None if self.rows is None else self.rows[idx]
 
     def subset(self, idx: np.ndarray) -> BinaryBatch:
@@ -102,7 +111,7 @@ class BinaryBatch:
         out.rows = None if self.rows is None else self.rows[idx]
         return out
 
-    def fold_into(self, bucket: BucketStats, idx: np.ndarray) -> None:
+    def fold_into(self, bucket: BucketStats, idx: np.ndarray | slice) -> None:
         """``bucket.fold(self, idx)``: the update a :class:`~calmon.agent.windows.TieredRing` calls per bucket."""
         bucket.fold(self, idx)
 
@@ -114,6 +123,27 @@ class BinaryBatch:
         if pred:
             vals[[2, 4], (g - 1) * sums.shape[1]:] = 0
         return keys.ravel(), vals
+
+
+def _expand_all(pending: Sequence[tuple[bool, np.ndarray, np.ndarray, np.ndarray | None]]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """:meth:`BinaryBatch.expand` of every pending fold, concatenated: the same arrays, with one
+    concatenation per array rather than a tile per fold (a bucket's folds are often a handful of events)."""
+    tiles: list[np.ndarray] = []
+    for pred, keys, sums, _ in pending:
+        g = keys.shape[0]
+        if pred:  # the labeled prediction-side row (the last) has no outcome terms
+            tiles.extend([sums] * (g - 1))
+            tiles.append(sums * _NO_OUTCOME)
+        else:
+            tiles.extend([sums] * g)
+    if len(pending) == 1:
+        return pending[0][1].ravel(), np.concatenate(tiles, axis=1)
+    return np.concatenate([keys.ravel() for _, keys, _, _ in pending]), np.concatenate(tiles, axis=1)
+
+
+#: Multiplies the sums of an event to those of its prediction alone (rows 2 and 4 hold outcome terms).
+_NO_OUTCOME = np.array([[1], [1], [0], [1], [0], [1]], dtype=np.int64)
 
 
 def axis(sizes: tuple[int, int, int]) -> list[int]:
@@ -214,7 +244,7 @@ class BucketStats:
             if predictions:
                 self._pred.update(conf, np.zeros(conf.size))
 
-    def fold(self, batch: BinaryBatch, idx: np.ndarray) -> None:
+    def fold(self, batch: BinaryBatch, idx: np.ndarray | slice) -> None:
         """Add the events ``idx`` of a prepared binary batch (the same result as :meth:`update` on them).
 
         The events' cells and sums are kept as rows and aggregated on the next read (or once
@@ -238,9 +268,7 @@ class BucketStats:
             return
         pending, self._pending, self._pending_cells = self._pending, [], 0
         st = self._stats
-        parts = [BinaryBatch.expand(keys, sums, pred) for pred, keys, sums, _ in pending]
-        cells = np.concatenate([p[0] for p in parts])
-        sums = np.concatenate([p[1] for p in parts], axis=1)
+        cells, sums = _expand_all(pending)
         offsets = axis((st.fine.bins, st.ece.bins, self._rel.bins))
         if cells.size >= BINCOUNT_CELLS:
             # many events: one bincount per field over the combined axis beats sorting them (exact below 2**53)

@@ -34,7 +34,7 @@ disappeared (rolled away).  Reading (:meth:`~TieredRing.window_sums`) never chan
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
@@ -161,8 +161,8 @@ class TieredRing(Generic[S]):
                 self._put(t, k, state)
 
     # -- updates ----------------------------------------------------------------------------
-    def add(self, ts: np.ndarray | None, update: Callable[[S, np.ndarray], None], watermark: float | None = None,
-            groups: list[tuple[int, float, np.ndarray]] | None = None) -> None:
+    def add(self, ts: np.ndarray | None, update: Callable[[S, Any], None], watermark: float | None = None,
+            groups: Sequence[tuple[int, float, Any]] | None = None) -> None:
         """Add events at times ``ts``: ``update(state, indices)`` is called once per bucket touched.
 
         Parameters
@@ -178,6 +178,7 @@ class TieredRing(Generic[S]):
             ``(tier, bucket start, indices)`` of the events, as :func:`bucket_cells` places them under
             :meth:`bounds` at ``watermark`` (which must then be given and not be behind any event): a caller
             that places the events of many rings at once (one vectorised pass for a whole batch) passes them.
+            The indices are passed to ``update`` as they are (e.g. a ``slice`` of a batch sorted by bucket).
         """
         if groups is None:
             ts = np.asarray(ts, dtype=np.float64)
