@@ -33,11 +33,10 @@ def is_binary(mb: ModelBatch | JoinedBatch) -> bool:
 
 @dataclass
 class BinaryColumns:
-    """The events of several binary models of a batch, concatenated model after model (``bounds[i]:bounds[i +
-    1]`` are model ``names[i]``'s rows, in record order)."""
+    """The events of several binary models of a batch, concatenated model after model (each model's rows in
+    record order)."""
 
     names: list[str]
-    bounds: np.ndarray
     part: np.ndarray  #: the model (position in ``names``) of each row
     kind: np.ndarray
     ts: np.ndarray
@@ -53,12 +52,11 @@ def binary_columns(models: dict[str, ModelBatch], wms: dict[str, np.ndarray], na
     """Concatenate the columns of ``models[name]`` for ``names`` (binary models with events, see :func:`is_binary`)."""
     mbs = [models[n] for n in names]
     sizes = [len(mb) for mb in mbs]
-    bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
 
     def cat(cols: list[np.ndarray]) -> np.ndarray:
         return np.concatenate(cols) if cols else np.zeros(0)
 
-    return BinaryColumns(list(names), bounds, np.repeat(np.arange(len(mbs)), sizes),
+    return BinaryColumns(list(names), np.repeat(np.arange(len(mbs)), sizes),
                          cat([mb.kind for mb in mbs]), cat([mb.ts for mb in mbs]), cat([wms[n] for n in names]),
                          cat([mb.segment for mb in mbs]), cat([mb.score for mb in mbs if mb.score is not None]),
                          cat([mb.label for mb in mbs]), cat([mb.index for mb in mbs]))
