@@ -15,9 +15,10 @@ fingerprints the file's first bytes.
 
 ``offset`` is the byte offset just after the last newline whose line has been returned by
 :meth:`connectors.files.FileSource.read`; ``fp`` is the SHA-1 of the ``fp_len`` (at most 1024) bytes before the
-offset (version 1, still read: the first bytes of the file), used to reject a reused inode. :meth:`connectors.files.FileSource.seek` finds each file again by
-inode (at its recorded path, or, after a rotation by rename, elsewhere in the same directory), so a restart
-continues exactly after the last record of the checkpoint, without losing or repeating a line.
+offset (version 1, still read: the first bytes of the file), used to reject a reused inode.
+:meth:`connectors.files.FileSource.seek` finds each file again by inode (at its recorded path, or, after a
+rotation by rename, elsewhere in the same directory), so a restart continues exactly after the last record of
+the checkpoint, without losing or repeating a line.
 """
 
 from __future__ import annotations
