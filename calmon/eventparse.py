@@ -115,12 +115,15 @@ class BatchFacts:
         """Take in one chunk's columns."""
         n = len(t)
         if self.ids_str:
-            self.ids_str = set(map(type, i)) <= {str}
-            self.id_chars = max(self.id_chars, max(map(len, i), default=0)) if self.ids_str else 0
+            try:  # an id is a str, an int or None (the struct's types): len() fails exactly on the others
+                self.id_chars = max(self.id_chars, max(map(len, i), default=0))
+            except TypeError:
+                self.ids_str, self.id_chars = False, 0
         self.one_type = self.one_type and first_type.__class__ is str and t.count(first_type) == n
         self.scores = self.scores and None not in sc
-        self.segments = self.segments and None not in seg
-        self.segment_names.update(seg)
+        names = set(seg)  # a few distinct segments: one pass over the chunk for both facts
+        self.segments = self.segments and None not in names
+        self.segment_names.update(names)
         self.ts_str = self.ts_str or str in set(map(type, ts))
         self.one_model = self.one_model and mod.count(first_model) == n
 

@@ -105,13 +105,18 @@ def _fold(st: AgentState, cols: BinaryColumns, rows: np.ndarray, labels: np.ndar
     """Fold the events ``rows`` of the models of ``cols`` into their rings, with one :func:`fold_binary`."""
     if not rows.size:
         return
-    part = cols.part[rows]
+    whole = rows.size == cols.part.size  # every row (one model's labeled batch): the columns, not gathers
+
+    def pick(a: np.ndarray) -> np.ndarray:
+        return a if whole else a[rows]
+
+    part = pick(cols.part)
     heads = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1]]))
     ends = [*heads[1:].tolist(), rows.size]
     parts = [(st.windows_of(cols.names[p], 2), np.arange(a, b))
              for p, a, b in zip(part[heads].tolist(), heads.tolist(), ends)]
-    fold_binary(parts, cols.ts[rows], cols.segment[rows], cols.score[rows],
-                None if labels is None else labels[rows], watermark, predictions)
+    fold_binary(parts, pick(cols.ts), pick(cols.segment), pick(cols.score), None if labels is None else pick(labels),
+                watermark, predictions)
 
 
 def changes_binary(mon: ChangeMonitor, cols: BinaryColumns | None, lrows: np.ndarray,

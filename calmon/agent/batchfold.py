@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import repeat
+from typing import Any
 
 import numpy as np
 
@@ -64,11 +65,16 @@ def fold_binary(parts: Sequence[tuple[ModelWindows, np.ndarray]], ts: np.ndarray
         _place(group, segment, ts, watermark, batch)
 
 
+#: Allow-lists up to this many segments are matched by comparing the segment column with each name.
+_COMPARED = 3
+
+
 def _entries(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray, int]:
     """Every (ring, event) pair of the parts: a ring *slot* ``part * width + j`` (``j = 0``: segment ``all``,
-    ``j = 1 + k``: the part's k-th allow-listed segment) and the event, found with one dictionary lookup per
-    event and allow-list rather than a comparison per model and segment."""
+    ``j = 1 + k``: the part's k-th allow-listed segment) and the event, found per distinct allow-list (not per
+    model): by comparing the segment column with each name of a short list, by one dictionary lookup per event
+    for a longer one."""
     rows = [r for _, r in group]
     ev = np.concatenate(rows)
     part = np.repeat(np.arange(len(group)), [r.size for r in rows])
@@ -78,15 +84,22 @@ def _entries(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarr
         if mw.segments:
             lists.setdefault(tuple(mw.segments), []).append(p)
     seg_of = np.full(ev.size, -1, dtype=np.int64)
-    if lists:
-        names = segment[ev].tolist()
-        for segs, ps in lists.items():
+    names: list[Any] | None = None
+    for segs, ps in lists.items():
+        if len(segs) <= _COMPARED:  # a comparison per segment over the column beats a lookup per event
+            code = np.full(segment.size, -1, dtype=np.int64)
+            for j, name in enumerate(segs):
+                code[segment == name] = j  # a name listed twice: its last position, as the dict below
+            k = code[ev]
+        else:
+            names = segment[ev].tolist() if names is None else names
             lut = {s: k for k, s in enumerate(segs)}
             k = np.fromiter(map(lut.get, names, repeat(-1)), np.int64, ev.size)
-            mine = slice(None) if len(ps) == len(group) else np.isin(part, ps)
-            seg_of[mine] = k[mine]
-    has = seg_of >= 0
-    slots = np.concatenate([part * width, part[has] * width + 1 + seg_of[has]])
+        mine = slice(None) if len(ps) == len(group) else np.isin(part, ps)
+        seg_of[mine] = k[mine]
+    has = np.flatnonzero(seg_of >= 0)  # positions, gathered twice (cheaper than two boolean selections)
+    first = part * width
+    slots = np.concatenate([first, first[has] + 1 + seg_of[has]])
     return slots, np.concatenate([ev, ev[has]]), width
 
 

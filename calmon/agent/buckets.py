@@ -24,9 +24,10 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from calmon.agent.binarybatch import PRED_BINS, BinaryBatch, axis, bincount_one, expand_all
 from calmon.agent.windows import TieredRing
 from calmon.stats import sparse
-from calmon.stats.grid import ScoreGrid, cell_index, event_sums
+from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats, top_label
 from calmon.stats.packed import Packer, Unpacker
 
@@ -35,8 +36,6 @@ FORMAT = "calmon.bucket"
 PACKED_VERSION = 2
 #: How a packed bucket document encoded by :func:`calmon.checkpoint.encode` begins (key order and separators fixed).
 PACKED_PREFIX = b'{"format":"calmon.bucket","version":2,'
-#: Cells of the prediction-side grid (label-free estimates and score drift need no finer resolution).
-PRED_BINS = 256
 
 
 class Hold(Protocol):
@@ -44,112 +43,6 @@ class Hold(Protocol):
 
     def thaw(self, bucket: BucketStats) -> None:
         """Called once, by the thread about to change ``bucket``, before it does."""
-
-
-class BinaryBatch:
-    """A binary model's labeled events (or predictions) prepared once for folding into many buckets.
-
-    Every grid's cell and fixed-point sums of every event are computed once per batch, on one
-    combined cell axis (fine grid, then the ECE grid, the reliability grid and the prediction-side
-    grid, see :func:`axis`); folding the events ``idx`` into a bucket (:meth:`BucketStats.fold`)
-    copies their rows, and the bucket aggregates what it was given in one pass when it is next read
-    -- no per-event Python, and the same integers as :meth:`BucketStats.update`
-    (:func:`~calmon.stats.grid.event_sums`).
-
-    Parameters
-    ----------
-    z, labels
-        Scores and labels (``labels=None``: predictions only, for the prediction-side grid).
-    sizes
-        Cells of the fine, ECE and reliability grids.
-    predictions
-        Also count labeled events on the prediction-side grid.
-    """
-
-    __slots__ = ("keys", "sums", "rows", "pred")
-
-    def __init__(self, z: np.ndarray, labels: np.ndarray | None, sizes: tuple[int, int, int],
-                 predictions: bool) -> None:
-        z = np.asarray(z, dtype=np.float64)
-        offsets = axis(sizes)
-        labeled = labels is not None
-        #: whether the last row of ``keys`` is the prediction-side grid of labeled events (no outcome terms)
-        self.pred = labeled and predictions
-        grids = ([0, 1, 2] if labeled else []) + ([3] if not labeled or predictions else [])
-        self.keys = np.empty((len(grids), z.size), dtype=np.int64)  # combined cells, one row per grid
-        for row, g in enumerate(grids):
-            self.keys[row] = cell_index(z, PRED_BINS if g == 3 else sizes[g])
-            self.keys[row] += offsets[g]
-        y = np.zeros(z.size) if labels is None else np.asarray(labels).astype(np.float64)
-        self.sums = event_sums(z, y)  # (6, n): the same for every grid but the labeled prediction side
-        self.rows: np.ndarray | None = np.column_stack([z, y]) if labeled else None
-
-    def take(self, idx: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Keys, sums and reservoir rows of the events ``idx`` (increasing indices, or a ``slice`` with step 1;
-        the arrays themselves for the whole batch, copied slices for a contiguous range -- cheaper than a
-        gather)."""
-        n = self.sums.shape[1]
-        if isinstance(idx, slice):  # folds from fold_binary: a range of a batch sorted by bucket
-            a, b, _ = idx.indices(n)
-            size = max(b - a, 0)
-        else:
-            size = idx.size
-            a, b = (int(idx[0]), int(idx[-1]) + 1) if size else (0, 0)
-        if size == n:  # idx is sorted: all events, in order
-            return self.keys, self.sums, self.rows
-        if b - a == size:  # increasing and contiguous
-            rows = None if self.rows is None else self.rows[a:b].copy()
-            return self.keys[:, a:b].copy(), self.sums[:, a:b].copy(), rows
-        if isinstance(idx, slice):
-            raise ValueError(f"take: a slice of step 1 expected, got {idx!r}")
-        return self.keys[:, idx], self.sums[:, idx], None if self.rows is None else self.rows[idx]
-
-    def subset(self, idx: np.ndarray) -> BinaryBatch:
-        """The events ``idx`` (any order) as a batch of their own."""
-        out = BinaryBatch.__new__(BinaryBatch)
-        out.keys, out.sums, out.pred = self.keys[:, idx], self.sums[:, idx], self.pred
-        out.rows = None if self.rows is None else self.rows[idx]
-        return out
-
-    def fold_into(self, bucket: BucketStats, idx: np.ndarray | slice) -> None:
-        """``bucket.fold(self, idx)``: the update a :class:`~calmon.agent.windows.TieredRing` calls per bucket."""
-        bucket.fold(self, idx)
-
-    @staticmethod
-    def expand(keys: np.ndarray, sums: np.ndarray, pred: bool) -> tuple[np.ndarray, np.ndarray]:
-        """Combined cells and their per-event sums, every grid of ``keys`` in turn (``pred``: see :attr:`pred`)."""
-        g = keys.shape[0]
-        vals = np.tile(sums, g)
-        if pred:
-            vals[[2, 4], (g - 1) * sums.shape[1]:] = 0
-        return keys.ravel(), vals
-
-
-def _expand_all(pending: Sequence[tuple[bool, np.ndarray, np.ndarray, np.ndarray | None]]
-                ) -> tuple[np.ndarray, np.ndarray]:
-    """:meth:`BinaryBatch.expand` of every pending fold, concatenated: the same arrays, with one
-    concatenation per array rather than a tile per fold (a bucket's folds are often a handful of events)."""
-    tiles: list[np.ndarray] = []
-    for pred, keys, sums, _ in pending:
-        g = keys.shape[0]
-        if pred:  # the labeled prediction-side row (the last) has no outcome terms
-            tiles.extend([sums] * (g - 1))
-            tiles.append(sums * _NO_OUTCOME)
-        else:
-            tiles.extend([sums] * g)
-    if len(pending) == 1:
-        return pending[0][1].ravel(), np.concatenate(tiles, axis=1)
-    return np.concatenate([keys.ravel() for _, keys, _, _ in pending]), np.concatenate(tiles, axis=1)
-
-
-#: Multiplies the sums of an event to those of its prediction alone (rows 2 and 4 hold outcome terms).
-_NO_OUTCOME = np.array([[1], [1], [0], [1], [0], [1]], dtype=np.int64)
-
-
-def axis(sizes: tuple[int, int, int]) -> list[int]:
-    """First combined cell of the fine, ECE, reliability and prediction-side grids, and the end."""
-    f, e, r = sizes
-    return [0, f, f + e, f + e + r, f + e + r + PRED_BINS]
 
 
 #: Pending combined cells after which a bucket aggregates its folded events (bounds their memory).
@@ -251,11 +144,15 @@ class BucketStats:
         :data:`PENDING_CELLS` are waiting): a fold costs a few array copies whatever the grids.
         """
         self._thaw()
-        keys, sums, rows = batch.take(idx)
-        self._pending.append((batch.pred, keys, sums, rows))
+        keys, sums, rows, view = batch._take(idx)
         self._pending_cells += keys.size
-        if self._pending_cells >= PENDING_CELLS:
+        if self._pending_cells >= PENDING_CELLS:  # aggregated now: views of the batch are not kept
+            self._pending.append((batch.pred, keys, sums, rows))
             self._flush()
+            return
+        if view:  # kept until the next read: copies, not views holding on to the whole batch
+            keys, sums, rows = keys.copy(), sums.copy(), None if rows is None else rows.copy()
+        self._pending.append((batch.pred, keys, sums, rows))
 
     def _flush(self) -> None:
         """Decode a restored document still packed; aggregate the folded events, in arrival order.
@@ -268,15 +165,17 @@ class BucketStats:
             return
         pending, self._pending, self._pending_cells = self._pending, [], 0
         st = self._stats
-        cells, sums = _expand_all(pending)
         offsets = axis((st.fine.bins, st.ece.bins, self._rel.bins))
-        if cells.size >= BINCOUNT_CELLS:
-            # many events: one bincount per field over the combined axis beats sorting them (exact below 2**53)
-            total = np.stack([np.bincount(cells, weights=sums[i], minlength=offsets[-1]) for i in range(len(sums))])
-            cells = np.flatnonzero(total[0])
-            sums = total[:, cells].astype(np.int64)
+        if len(pending) == 1 and pending[0][1].size >= BINCOUNT_CELLS:
+            cells, sums = bincount_one(*pending[0][:3], offsets[-1])
         else:
-            cells, sums = sparse.aggregate(cells, sums)
+            cells, sums = expand_all(pending)
+            if cells.size >= BINCOUNT_CELLS:  # one bincount per field over the combined axis (exact below 2**53)
+                total = np.stack([np.bincount(cells, weights=v, minlength=offsets[-1]) for v in sums])
+                cells = np.flatnonzero(total[0])
+                sums = total[:, cells].astype(np.int64)
+            else:
+                cells, sums = sparse.aggregate(cells, sums)
         cuts = np.searchsorted(cells, offsets).tolist()
         for k, grid in enumerate((st.fine, st.ece, self._rel, self._pred)):
             a, b = cuts[k], cuts[k + 1]

@@ -231,30 +231,35 @@ class CalibrationChangeDetector:
         return self._accumulate(name, sig, num, var, ts)
 
     def _accumulate(self, name: str, sig: _Signal, num: np.ndarray, var: np.ndarray, ts: np.ndarray) -> list[Change]:
-        """Add one signal's fixed-point terms of pairs in record order; close every block they complete."""
-        out = []
-        start = 0
+        """Add one signal's fixed-point terms of pairs in record order; close every block they complete.
+
+        The open block is completed first, the sums of the full blocks after it are taken in one reshaped
+        sum each (integer sums: the same as block by block), and only the detector is fed block by block."""
+        out: list[Change] = []
         n = num.size
-        while start < n:
-            take = min(self.block - sig.count, n - start)
-            sl = slice(start, start + take)
-            sig.num += int(num[sl].sum())
-            sig.var += int(var[sl].sum())
-            sig.count += take
-            start += take
-            if sig.count < self.block:
-                break
-            end_ts = float(ts[start - 1])
-            stat = sig.num / math.sqrt(sig.var * _SCALE) if sig.var > 0 else 0.0
-            sig.num, sig.var, sig.count = 0, 0, 0
+        first = min(self.block - sig.count, n)  # the pairs that complete (or extend) the open block
+        sig.num += int(num[:first].sum())
+        sig.var += int(var[:first].sum())
+        sig.count += first
+        if sig.count < self.block:
+            return out
+        full = (n - first) // self.block  # whole blocks after it
+        stop = first + full * self.block
+        nums, vars_ = [sig.num], [sig.var]
+        if full:
+            nums += num[first:stop].reshape(full, self.block).sum(axis=1).tolist()
+            vars_ += var[first:stop].reshape(full, self.block).sum(axis=1).tolist()
+        ends = range(first, stop + 1, self.block)  # each closed block's end (exclusive) in these pairs
+        for bnum, bvar, end, end_ts in zip(nums, vars_, ends, ts[np.asarray(ends) - 1].tolist()):
+            stat = bnum / math.sqrt(bvar * _SCALE) if bvar > 0 else 0.0
             direction = sig.feed(stat, end_ts)
             if direction is not None:
                 cp = sig.up_start if direction == "up" else sig.down_start
-                change = Change(name, direction, end_ts, cp if math.isfinite(cp) else end_ts,
-                                self.events + start)
+                change = Change(name, direction, end_ts, cp if math.isfinite(cp) else end_ts, self.events + end)
                 self.detections[name] += 1
                 self.last[name] = change
                 out.append(change)
+        sig.num, sig.var, sig.count = int(num[stop:].sum()), int(var[stop:].sum()), n - stop
         return out
 
     @staticmethod

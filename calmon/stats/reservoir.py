@@ -121,7 +121,10 @@ class Reservoir:
             self._owed += m
             self.seen += m
             return
-        u = self._rng.random(m)
+        u: np.ndarray = self._rng.random((m,))
+        if self.seen >= self.capacity:  # full (the common case): only the rows that replace a slot
+            self._replace(rows, u)
+            return
         t = self.seen + np.arange(m)  # 0-based index of each row in the stream
         fill = t < self.capacity
         self._reserve(min(self.capacity, self.seen + m))
@@ -134,6 +137,20 @@ class Reservoir:
             rev_u, rev_i = np.unique(slots[::-1], return_index=True)
             self._data[rev_u] = rows[src[::-1][rev_i]]
         self.seen += m
+
+    def _replace(self, rows: np.ndarray, u: np.ndarray) -> None:
+        """The rest of :meth:`update` when every slot is filled already: row ``j`` (draw ``u[j]``, stream index
+        ``t = seen + j``) replaces slot ``floor(u (t + 1))`` when that is below the capacity, i.e. when
+        ``u (t + 1) < capacity`` (an integer) -- tested on the products, the floor taken of the few hits only."""
+        x = u * np.arange(self.seen + 1, self.seen + u.size + 1)  # t + 1, exact as float64 below 2**53
+        src = np.flatnonzero(x < self.capacity)
+        self._reserve(self.capacity)  # as update() does (a sample restored short of its count)
+        if src.size:
+            slots = x[src].astype(np.int64)  # truncation: the floor of these non-negative products
+            # the last row written to a slot wins, as in the sequential algorithm
+            rev_u, rev_i = np.unique(slots[::-1], return_index=True)
+            self._data[rev_u] = rows[src[::-1][rev_i]]
+        self.seen += u.size
 
     def copy(self) -> Reservoir:
         """An independent copy: rows, count, seed, generator state and draws owed (no document round trip)."""
