@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from itertools import repeat
-from typing import Any
 
 import numpy as np
 
@@ -73,8 +72,8 @@ def _entries(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarr
              ) -> tuple[np.ndarray, np.ndarray, int]:
     """Every (ring, event) pair of the parts: a ring *slot* ``part * width + j`` (``j = 0``: segment ``all``,
     ``j = 1 + k``: the part's k-th allow-listed segment) and the event, found per distinct allow-list (not per
-    model): by comparing the segment column with each name of a short list, by one dictionary lookup per event
-    for a longer one."""
+    model), on the events of that list's models only: by comparing their segments with each name of a short
+    list, by one dictionary lookup per event for a longer one."""
     rows = [r for _, r in group]
     ev = np.concatenate(rows)
     part = np.repeat(np.arange(len(group)), [r.size for r in rows])
@@ -84,19 +83,20 @@ def _entries(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarr
         if mw.segments:
             lists.setdefault(tuple(mw.segments), []).append(p)
     seg_of = np.full(ev.size, -1, dtype=np.int64)
-    names: list[Any] | None = None
+    bounds = np.cumsum([0, *(r.size for r in rows)]).tolist()  # part p's events: ev[bounds[p]:bounds[p + 1]]
     for segs, ps in lists.items():
+        # only the events of this list's models: a thousand distinct allow-lists cost one pass over the batch
+        at: slice | np.ndarray = slice(None) if len(ps) == len(group) else np.concatenate(
+            [np.arange(bounds[p], bounds[p + 1]) for p in ps])
+        sub = segment[ev[at]]
         if len(segs) <= _COMPARED:  # a comparison per segment over the column beats a lookup per event
-            code = np.full(segment.size, -1, dtype=np.int64)
+            k = np.full(sub.size, -1, dtype=np.int64)
             for j, name in enumerate(segs):
-                code[segment == name] = j  # a name listed twice: its last position, as the dict below
-            k = code[ev]
+                k[sub == name] = j  # a name listed twice: its last position, as the dict below
         else:
-            names = segment[ev].tolist() if names is None else names
             lut = {s: k for k, s in enumerate(segs)}
-            k = np.fromiter(map(lut.get, names, repeat(-1)), np.int64, ev.size)
-        mine = slice(None) if len(ps) == len(group) else np.isin(part, ps)
-        seg_of[mine] = k[mine]
+            k = np.fromiter(map(lut.get, sub.tolist(), repeat(-1)), np.int64, sub.size)
+        seg_of[at] = k
     has = np.flatnonzero(seg_of >= 0)  # positions, gathered twice (cheaper than two boolean selections)
     first = part * width
     slots = np.concatenate([first, first[has] + 1 + seg_of[has]])
