@@ -8,47 +8,12 @@ checkpointed state contains, so a restart neither loses nor repeats a record.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from calmon.formats.records import Batch, DeadLetterSink, RecordMeta
 
-@dataclass
-class Batch:
-    """Raw records read together.
-
-    Attributes
-    ----------
-    records
-        One JSON document (bytes, UTF-8) per record; CSV sources convert rows to JSON objects.
-    position
-        The source position just after the last record of this batch.
-    source
-        Name of the source (for metrics and dead letters).
-    origins
-        Optional per-record origin (e.g. ``"file.jsonl:17"`` or ``"topic/0@1234"``) for error messages.
-    meta
-        Optional per-record transport metadata (a Kafka record's timestamp, key and headers), which a
-        schema mapping may read (``$timestamp``, ``$key``, ``$headers.NAME``).
-    """
-
-    records: list[bytes]
-    position: dict[str, Any]
-    source: str
-    origins: list[str] | None = None
-    meta: list[RecordMeta] | None = None
-
-
-@dataclass(frozen=True)
-class RecordMeta:
-    """Transport metadata of one record (Kafka: ``ConsumerRecord.timestamp``, ``key``, ``headers``).
-
-    ``timestamp_ms`` is the record's create or log-append time in epoch milliseconds (``None`` when the
-    broker gives none, e.g. timestamp type -1); ``headers`` keep their order and repeats.
-    """
-
-    timestamp_ms: int | None = None
-    key: bytes | None = None
-    headers: tuple[tuple[str, bytes], ...] = ()
+__all__ = ["Batch", "RecordMeta", "Source", "Committable", "LagReporting", "ByteLagReporting",
+           "Connectable", "HealthReporting", "DeadLetterSink"]
 
 
 @runtime_checkable
@@ -106,19 +71,3 @@ class HealthReporting(Protocol):
     """A source that describes its connection for the status page."""
 
     def health(self) -> dict[str, Any]: ...
-
-
-@runtime_checkable
-class DeadLetterSink(Protocol):
-    def write(self, records: list[bytes], reasons: list[str], source: str, origins: list[str] | None = None,
-              meta: list[RecordMeta] | None = None) -> None:
-        """Record rejected raw records with their reason codes (and their transport metadata, if any)."""
-
-    def position(self) -> dict[str, Any]:
-        """Position to checkpoint with the state (so a restart can drop dead letters written after it)."""
-
-    def seek(self, position: Mapping[str, Any]) -> None: ...
-
-    def flush(self) -> None: ...
-
-    def close(self) -> None: ...

@@ -8,7 +8,7 @@ When the raw bytes are not valid UTF-8 the line carries ``"record": "<base64>"``
 ``"record_encoding": "base64"``. A record longer than ``max_record_bytes`` (64 KiB by default; a
 200 MB line must not become a 200 MB dead letter) keeps only its first bytes, with
 ``"truncated": true``, its full ``"size"`` in bytes and the ``"sha256"`` of the whole record; a
-:class:`calmon.events.OversizedRecord` (a line the file source skipped without keeping it) brings
+:class:`calmon.events.decoder.OversizedRecord` (a line the file source skipped without keeping it) brings
 its own size and digest. :meth:`FileDeadLetterSink.position` flushes (and fsyncs) and returns
 the file's size; the agent stores it in the checkpoint together with the statistics and the source
 positions, and on restart :meth:`FileDeadLetterSink.seek` truncates the file back to that size, so
@@ -31,7 +31,7 @@ from typing import Any
 
 import msgspec
 
-from calmon.eventparse import OversizedRecord
+from calmon.formats.records import OversizedRecord
 from connectors.base import RecordMeta
 
 __all__ = ["FileDeadLetterSink", "DEADLETTER_POSITION_VERSION"]
@@ -113,7 +113,7 @@ class FileDeadLetterSink:
         records
             Raw records (bytes).
         reasons
-            One reason code per record (e.g. ``calmon.events.REASONS``).
+            One reason code per record (e.g. ``calmon.events.decoder.REASONS``).
         source
             Source name.
         origins

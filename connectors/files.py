@@ -2,8 +2,8 @@
 
 The source implements :class:`connectors.base.Source`. Records are whole lines: JSONL lines are
 passed through as they are, CSV rows are converted to JSON objects (see
-:class:`calmon.csvrows.CsvConverter`; with ``schema_columns``, :class:`calmon.csvobjects.CsvObjects`),
-Parquet/Arrow rows too (:mod:`calmon.parquetio`), so the decoder sees one JSON document per record
+:class:`calmon.formats.csvrows.CsvConverter`; with ``schema_columns``, :class:`calmon.formats.csvobjects.CsvObjects`),
+Parquet/Arrow rows too (:mod:`calmon.formats.parquet`), so the decoder sees one JSON document per record
 whatever the file format.
 
 Whole files
@@ -38,9 +38,9 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
-from calmon.csvobjects import CsvObjects
-from calmon.csvrows import CsvConverter
-from calmon.parquetio import IncompleteTable, TableError
+from calmon.formats.csvobjects import CsvObjects
+from calmon.formats.csvrows import CsvConverter
+from calmon.formats.parquet import IncompleteTable, TableError
 from connectors.base import Batch
 from connectors.filepositions import POSITION_VERSION, check_position, position_of, restore_entries
 from connectors.filescan import FORMATS, FileSpecs
@@ -90,13 +90,13 @@ class FileSource:
         of line numbers, an origin formatted only when it is read).
     max_line_bytes
         A line longer than this is read past without being buffered and delivered as one
-        :class:`calmon.events.OversizedRecord` (its first bytes, real length and SHA-256), which
+        :class:`calmon.events.decoder.OversizedRecord` (its first bytes, real length and SHA-256), which
         the decoder rejects as ``too_large``; give the agent's ``limits.max_record_bytes``.
     settle
         Seconds a compressed or Parquet file must stay unchanged before a following source reads it.
     schema_columns
         ``None``: records in the canonical schema. With a schema mapping, the columns it reads
-        (:attr:`calmon.schema.Mapping.columns`, ``"all"`` for every column): CSV and Parquet rows then
+        (:attr:`calmon.events.schema.Mapping.columns`, ``"all"`` for every column): CSV and Parquet rows then
         keep their own column names and only those Parquet columns are read.
 
     Examples

@@ -29,8 +29,8 @@ import glob
 import os
 import stat as stat_mod
 
-from calmon.compressed import codec_of, codec_of_name
-from calmon.parquetio import TABLE_SUFFIXES, table_kind
+from calmon.formats.compressed import codec_of, codec_of_name
+from calmon.formats.parquet import TABLE_SUFFIXES, table_kind
 from connectors.filetrack import BOM
 
 __all__ = ["FileSpecs", "JSONL_SUFFIXES", "CSV_SUFFIXES", "TABLE_SUFFIXES", "COMPRESSED", "FORMATS"]

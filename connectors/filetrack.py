@@ -10,7 +10,7 @@ losing or repeating lines, across restarts too.
 
 A line longer than the source's limit is skipped while it is read (:class:`LineSkip`: its first
 bytes, size and SHA-256), never buffered whole, and handed on as one
-:class:`calmon.events.OversizedRecord`.
+:class:`calmon.events.decoder.OversizedRecord`.
 """
 
 from __future__ import annotations
@@ -22,13 +22,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from calmon.csvobjects import CsvObjects
-from calmon.csvrows import CsvConverter
-from calmon.eventparse import PREFIX_BYTES, OversizedRecord
+from calmon.formats.csvobjects import CsvObjects
+from calmon.formats.csvrows import CsvConverter
+from calmon.formats.records import PREFIX_BYTES, OversizedRecord
 
 if TYPE_CHECKING:
     from connectors.filewhole import CompressedLines, TableRows
-
 __all__ = ["TrackedFile", "LineSkip", "fingerprint", "locate", "skip_to_end", "csv_header", "FP_MAX", "BOM"]
 
 FP_MAX = 1024

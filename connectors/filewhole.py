@@ -12,7 +12,7 @@ until its writer closes it. The source decides when a file is complete (see
   copy) or is corrupt stops the file with :attr:`CompressedLines.error`; its complete lines before that
   point are delivered.
 * :class:`TableRows`: the rows of a Parquet or Arrow IPC file as JSON records
-  (:func:`calmon.parquetio.batch_records`); its position is the row index of the next row (whole row
+  (:func:`calmon.formats.parquet.batch_records`); its position is the row index of the next row (whole row
   groups before it are skipped unread on restart).
 
 Examples
@@ -36,9 +36,17 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from calmon.compressed import CorruptStream, Decompressor
-from calmon.eventparse import OversizedRecord
-from calmon.parquetio import RowPlan, TableError, TableFile, batch_records, canonical_plan, mapped_plan, table_kind
+from calmon.formats.compressed import CorruptStream, Decompressor
+from calmon.formats.parquet import (
+    RowPlan,
+    TableError,
+    TableFile,
+    batch_records,
+    canonical_plan,
+    mapped_plan,
+    table_kind,
+)
+from calmon.formats.records import OversizedRecord
 from connectors.filetrack import LineSkip, TrackedFile
 
 __all__ = ["Segment", "CompressedLines", "TableRows", "ALL_COLUMNS", "open_reader"]
@@ -65,11 +73,11 @@ class CompressedLines:
     fd
         An open descriptor of the file (read with ``pread``; not closed here).
     codec
-        One of :data:`calmon.compressed.CODECS`.
+        One of :data:`calmon.formats.compressed.CODECS`.
     offset, line
         Decompressed offset and line number to start at (a checkpointed position).
     max_line_bytes
-        A longer line is read past and delivered as one :class:`~calmon.events.OversizedRecord`.
+        A longer line is read past and delivered as one :class:`~calmon.events.decoder.OversizedRecord`.
     raw_chunk
         Compressed bytes read at a time.
     """
@@ -209,14 +217,14 @@ class TableRows:
     start
         Row index to start at (a checkpointed position).
     schema_columns
-        ``None``: rows in the canonical schema (:func:`calmon.parquetio.canonical_plan`); otherwise the
+        ``None``: rows in the canonical schema (:func:`calmon.formats.parquet.canonical_plan`); otherwise the
         columns a schema mapping reads (:data:`ALL_COLUMNS` for all), rows keeping the file's names.
 
     Raises
     ------
-    calmon.parquetio.IncompleteTable
+    calmon.formats.parquet.IncompleteTable
         No footer yet.
-    calmon.parquetio.TableError
+    calmon.formats.parquet.TableError
         An unreadable file, or no usable columns.
     """
 
@@ -244,7 +252,7 @@ class TableRows:
         return self.eof and not self._pending
 
     def read(self, want: int) -> list[Segment]:
-        """Up to ``want`` more rows (raises :class:`calmon.parquetio.TableError` on unreadable data)."""
+        """Up to ``want`` more rows (raises :class:`calmon.formats.parquet.TableError` on unreadable data)."""
         while len(self._pending) < want and not self.eof:
             batch = next(self._batches, None)
             if batch is None:

@@ -43,8 +43,7 @@ SPAN = 2 * 86400.0
 
 
 def generate(path: Path, n: int, seed: int = 0) -> None:
-    from calmon.simulate import SimulationSpec, Simulator
-
+    from connectors.simulation import SimulationSpec, Simulator
     sim = Simulator(SimulationSpec(model="bench", seed=seed, rate=n / SPAN, segments=["web", "app", "ios"],
                                    miscalibration="temperature:0.9"))
     with open(path, "wb") as f:
@@ -59,7 +58,6 @@ def child(path: str, tests: str, bins: int) -> None:
     """Run the agent on ``path`` in this process and print one JSON line of measurements."""
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-
     state = tempfile.mkdtemp(prefix="calmon-bench-")
     cfg = build_config({
         "state_dir": state, "sources": [{"name": "replay", "path": path}],
@@ -104,8 +102,7 @@ def child(path: str, tests: str, bins: int) -> None:
 
 
 def decode_rate(path: Path, m: int = 65536) -> float:
-    from calmon.events import Decoder
-
+    from calmon.events.decoder import Decoder
     with open(path, "rb") as f:
         lines = [f.readline().rstrip(b"\n") for _ in range(m)]
     dec = Decoder()

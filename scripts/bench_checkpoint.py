@@ -1,7 +1,7 @@
 """Benchmark: incremental checkpoints at M models x 3 rings -- lock hold, write, restore, against a full document.
 
 For each M the script ingests live-like traffic (``--events`` labeled events over 1 h of event time, segments
-``web``/``app`` allow-listed, default bins 1024 and reservoir 256) into an :class:`~calmon.agent.state.AgentState`,
+``web``/``app`` allow-listed, default bins 1024 and reservoir 256) into an :class:`~calmon.state.agentstate.AgentState`,
 then measures, interleaved over ``--rounds`` rounds (``min/median`` printed):
 
 * **full**: the previous format's cost -- ``AgentState.to_doc()`` + JSON encoding, all under the lock;
@@ -37,11 +37,11 @@ if str(ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from calmon.agent.ingest import Ingestor  # noqa: E402
-from calmon.agent.state import AgentState  # noqa: E402
-from calmon.checkpoint import CheckpointStore, encode  # noqa: E402
-from calmon.checkpoint_incremental import Checkpointer, resolver  # noqa: E402
 from calmon.config import build_config  # noqa: E402
+from calmon.state.agentstate import AgentState  # noqa: E402
+from calmon.state.checkpoint.incremental import Checkpointer, resolver  # noqa: E402
+from calmon.state.checkpoint.store import CheckpointStore, encode  # noqa: E402
+from calmon.state.ingest import Ingestor  # noqa: E402
 from connectors.base import Batch  # noqa: E402
 
 T0 = 1_767_225_600.0

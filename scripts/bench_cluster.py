@@ -4,7 +4,7 @@ Two measurements:
 
 1. **compute** (no broker, interleaved rounds, min and median): records per CPU-second of
 
-   * the single-process agent's ingestion (decode, join, bin: :class:`calmon.agent.ingest.Ingestor`),
+   * the single-process agent's ingestion (decode, join, bin: :class:`calmon.state.ingest.Ingestor`),
    * the ingest stage's work per range (the same, into fresh rings, plus building and encoding one delta
      per model: :meth:`calmon.cluster.partition.PartitionIngest.apply`, :meth:`Delta.to_bytes`),
    * the evaluate stage's work (decoding and merging those deltas, :func:`merge_delta`), per *input* record;
@@ -38,7 +38,6 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 def config():
     from calmon.config import build_config
-
     return build_config({
         "sources": [{"path": "x.jsonl"}], "models": {"default": {"bins": 1024, "reservoir": 64, "segments": ["web"]}},
         "join": {"ttl": "2h", "max_pending": 1000000},
@@ -48,11 +47,10 @@ def config():
 
 
 def single(cfg, values, batch):
-    from calmon.agent.ingest import Ingestor
-    from calmon.agent.state import AgentState
     from calmon.cluster.partition import stage_config
+    from calmon.state.agentstate import AgentState
+    from calmon.state.ingest import Ingestor
     from connectors.base import Batch
-
     st = AgentState(stage_config(cfg))
     ing = Ingestor(st, None, lambda: 1767225600.0)
     t0 = time.process_time()
@@ -74,7 +72,6 @@ def ingest_stage(cfg, records, partitions, size, codec="v2"):
     from calmon.cluster.intents import Intent
     from calmon.cluster.partition import PartitionIngest
     from connectors.base import Batch
-
     encoded: list[bytes] = []
     t0 = time.process_time()
     for p in range(partitions):
@@ -91,10 +88,9 @@ def ingest_stage(cfg, records, partitions, size, codec="v2"):
 
 
 def evaluate_stage(cfg, encoded):
-    from calmon.agent.state import AgentState
     from calmon.cluster.deltas import Delta, merge_delta
     from calmon.cluster.partition import stage_config
-
+    from calmon.state.agentstate import AgentState
     st = AgentState(stage_config(cfg))
     t0 = time.process_time()
     for value in encoded:

@@ -32,8 +32,7 @@ def child(code: str, models: int, events: int) -> None:
     sys.path.insert(1, str(ROOT / "scripts"))
     from bench_models import Traffic
 
-    from calmon.events import Decoder
-
+    from calmon.events.decoder import Decoder
     records = list(Traffic("live", models, events, 7).records())
     batches = [records[i:i + BATCH] for i in range(0, len(records), BATCH)]
     dec = Decoder(max_models=max(50, models))

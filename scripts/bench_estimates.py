@@ -25,14 +25,14 @@ from typing import Any
 
 import numpy as np
 
-from calmon.agent import estimates as current
-from calmon.agent.buckets import PRED_BINS, BucketStats
 from calmon.config import EstimationConfig
+from calmon.evaluate import estimates as current
+from calmon.state.buckets import PRED_BINS, BucketStats
 from calmon.stats.grid import ScoreGrid
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FILES = {"estimate": "calmon/algorithms/estimate.py", "scoredrift": "calmon/algorithms/scoredrift.py",
-         "estimates": "calmon/agent/estimates.py"}
+         "estimates": "calmon/evaluate/estimates.py"}
 
 
 def baseline(rev: str) -> Callable[..., dict[str, Any]]:

@@ -38,7 +38,7 @@ def record(models: int, events: int, seed: int, path: str) -> None:
         raise ValueError("the recording path must end with .npz")
     from bench_models import MemorySource, Traffic, _ingest_all, _open_agent, bench_config
 
-    import calmon.agent.ingest as ing
+    import calmon.state.ingest as ing
 
     arrays: dict[str, np.ndarray] = {}
     calls: list[dict[str, Any]] = []
@@ -73,9 +73,8 @@ def record(models: int, events: int, seed: int, path: str) -> None:
 def replay(path: str, profile: Any = None, repeat: int = 1) -> dict[str, Any]:
     """Replay the recorded folds into fresh rings with this tree, ``repeat`` times: the least fold seconds
     (wall, CPU) and a digest of the state."""
-    from calmon.agent.batchfold import fold_binary
-    from calmon.agent.buckets import ModelWindows
-
+    from calmon.state.batchfold import fold_binary
+    from calmon.state.buckets import ModelWindows
     meta = json.loads(Path(path + ".json").read_text())
     data = np.load(path, allow_pickle=False)
     best = {"fold": math.inf, "cpu": math.inf}

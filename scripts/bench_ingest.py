@@ -38,9 +38,9 @@ def child(models: int, events: int, seed: int) -> dict[str, Any]:
     """Ingest the live-like traffic of ``models`` in this process; one JSON-able dict of timings."""
     from bench_models import MemorySource, Traffic, _ingest_all, _open_agent, bench_config
 
-    import calmon.agent.ingest as ing
-    import calmon.agent.join as jn
-    import calmon.events as ev
+    import calmon.events.decoder as ev
+    import calmon.state.ingest as ing
+    import calmon.state.join as jn
 
     spent: defaultdict[str, float] = defaultdict(float)
 
@@ -59,7 +59,7 @@ def child(models: int, events: int, seed: int) -> dict[str, Any]:
     for obj, name, label in ((ev.Decoder, "decode", "decode"), (jn.Joiner, "process", "join"),
                              (ing.Ingestor, "_changes", "changes"), (ing.Ingestor, "ingest", "total")):
         timed(obj, name, label)
-    for module in (ing, sys.modules.get("calmon.agent.batchapply")):  # wherever fold_binary is called from
+    for module in (ing, sys.modules.get("calmon.state.batchapply")):  # wherever fold_binary is called from
         if module is not None and hasattr(module, "fold_binary"):
             timed(module, "fold_binary", "fold")
     records = list(Traffic("live", models, events, seed).records())

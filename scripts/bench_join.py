@@ -3,7 +3,7 @@
 Usage::
 
     python scripts/bench_join.py [--pending 2000000] [--batch 65536] [--rounds 5]
-    git show <old commit>:calmon/agent/join.py > /tmp/join_old.py
+    git show <old commit>:calmon/state/join.py > /tmp/join_old.py
     python scripts/bench_join.py --module /tmp/join_old.py      # the same table for another join
 
 Two joiners with the same entry cap (``--pending``) in the same process: one holds ``--pending``
@@ -29,12 +29,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from calmon.events import Decoder  # noqa: E402
+from calmon.events.decoder import Decoder  # noqa: E402
 
 
 def load_join(path: str | None) -> ModuleType:
     if path is None:
-        import calmon.agent.join as mod
+        import calmon.state.join as mod
 
         return mod
     spec = importlib.util.spec_from_file_location("join_under_test", path)

@@ -165,7 +165,6 @@ def bench_agent(src: Any, n: int) -> tuple[float, int]:
     """Records/s of ``Agent.ingest`` fed by ``src`` (one model, default configuration, no exporter)."""
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-
     with tempfile.TemporaryDirectory() as state_dir:
         cfg = build_config({"state_dir": state_dir, "sources": [{"path": "unused.jsonl"}],
                             "exporter": {"enabled": False}, "evaluation": {"every": "1d"},

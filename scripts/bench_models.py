@@ -144,7 +144,6 @@ class MemorySource:
 
     def read(self, max_records: int = 65536, timeout: float = 0.5) -> Any:
         from connectors.base import Batch
-
         out = [r for _, r in zip(range(max_records), self._it)]
         self._done = len(out) < max_records
         if not out:
@@ -217,7 +216,6 @@ class TimedLock:
 # -- one M, in a child process -----------------------------------------------------------------------------------
 def bench_config(state_dir: str, models: int, budget: float = 30.0) -> Any:
     from calmon.config import build_config
-
     return build_config({
         "state_dir": state_dir, "sources": [{"path": "unused.jsonl"}], "exporter": {"enabled": False},
         "models": {"default": {"bins": 1024, "reservoir": 256, "segments": list(SEGMENTS)}},
@@ -260,7 +258,6 @@ def _ingest_all(agent: Any, src: MemorySource, lock: TimedLock | None) -> tuple[
 
 def _open_agent(cfg: Any, src: MemorySource, timed: bool) -> tuple[Any, TimedLock | None]:
     from calmon.agent.runtime import Agent
-
     agent = Agent(cfg, sources=[src])
     lock = None
     if timed:
@@ -387,8 +384,7 @@ def restore_child(models: int, state_dir: str, budget: float) -> dict[str, Any]:
     the manifest (``CheckpointStore.load``) and restoring it (``Agent.restore``: the state, positions, alerts) --
     not the imports and the tester pool's start that ``Agent.open`` also does."""
     from calmon.agent.runtime import Agent
-    from calmon.checkpoint import CheckpointStore
-
+    from calmon.state.checkpoint.store import CheckpointStore
     spent = [0.0]
 
     def timed(fn: Any) -> Any:

@@ -5,8 +5,8 @@ written group by group so this script stays small) into a temporary directory, t
 own subprocess (peak RSS from ``resource.getrusage(RUSAGE_CHILDREN)`` of a wrapper whose only child it is):
 
 * ``baseline``: the interpreter with calmon, numpy and pyarrow imported (fixed cost);
-* ``reader``: the file streamed through :class:`calmon.parquetio.TableFile` -> :func:`batch_records` ->
-  :class:`calmon.events.Decoder`, events counted and dropped: the reader's own memory, which must not
+* ``reader``: the file streamed through :class:`calmon.formats.parquet.TableFile` -> :func:`batch_records` ->
+  :class:`calmon.events.decoder.Decoder`, events counted and dropped: the reader's own memory, which must not
   grow with ``n``;
 * ``check``: ``calmon check FILE --json --tests none``, which also keeps the accepted events as arrays
   (score, label, ts, ids, segment, kind, index: about 50 bytes a row while reading, then the joined
@@ -35,8 +35,8 @@ GROUP = 100_000
 
 READER = """
 import sys
-from calmon.io_events import make_decoder
-from calmon.parquetio import TableFile, batch_records, canonical_plan
+from calmon.offline.accumulator import make_decoder
+from calmon.formats.parquet import TableFile, batch_records, canonical_plan
 t = TableFile(sys.argv[1], "parquet")
 plan = canonical_plan(t.names)
 dec = make_decoder()
@@ -46,7 +46,7 @@ for b in t.batches(plan.read):
 print(n)
 """
 
-BASELINE = "import numpy, pyarrow, pyarrow.parquet, calmon.io, calmon.events; print(0)"
+BASELINE = "import numpy, pyarrow, pyarrow.parquet, calmon.offline.inputs, calmon.events.decoder; print(0)"
 
 WRAPPER = """
 import resource, subprocess, sys, time

@@ -25,7 +25,7 @@ CHILD = """
 import json, sys, time
 from calmon.agent.runtime import Agent
 from calmon.config import build_config
-from calmon.simulate import SimulationSpec, Simulator
+from connectors.simulation import SimulationSpec, Simulator
 from connectors.base import Batch
 kind, n = sys.argv[1], int(float(sys.argv[2]))
 spec = SimulationSpec(model="m", seed=1, rate=200.0, delay=30.0 if kind == "pairs" else 0.0,

@@ -63,7 +63,6 @@ def bench_curtail(repeat: int) -> None:
     """CPU seconds of the smce tester on a 1024-cell window, curtailed vs all 999 draws, interleaved rounds."""
     from calmon.stats.data import CalibrationData
     from calmon.testers.smce import smce_tester
-
     print(f"{'window':28s} {'all draws min/med s':>20s} {'curtailed min/med s':>20s} {'draws':>6s} {'p':>6s}")
     rng = np.random.default_rng(0)
     for shift in (0.0, 0.03):

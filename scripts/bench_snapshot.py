@@ -7,7 +7,7 @@ restart) and ``--rounds`` later ones: before each, one more minute of events of 
 (as between two evaluation rounds; 5: every round enters a new tier-0 bucket, so every stable sum is recomputed --
 the expensive rounds).  The paths run interleaved, each from the same kept sums, on the same state (pending folds
 are aggregated first, so that none pays them): ``new`` (this tree); with ``--compare`` ``reference``
-(``windowsums.REFERENCE``: :meth:`~calmon.agent.windowsums.Plan.run_reference`'s pairwise merges and full bucket
+(``windowsums.REFERENCE``: :meth:`~calmon.state.windowsums.Plan.run_reference`'s pairwise merges and full bucket
 copies); with ``--baseline DIR`` ``baseline``: the snapshot code of a tree exported by
 ``git archive HEAD calmon | tar -x -C DIR`` (its ``AgentState.snapshot``, ``windowsums``, ``BucketStats.summed``
 and ``read_copy``, ``ModelStats.summed`` and ``copy``, ``Reservoir.merged`` and ``sample_copy``).  Every path's
@@ -80,11 +80,10 @@ def _load_baseline(root: Path) -> dict[tuple[type, str], Any]:
     Its modules are loaded under other names; the classes they define are then replaced by the installed ones
     (so that their objects mix), and the methods are returned per (installed class, name) to be swapped in.
     """
-    from calmon.agent.buckets import BucketStats
-    from calmon.agent.state import AgentState
+    from calmon.state.agentstate import AgentState
+    from calmon.state.buckets import BucketStats
     from calmon.stats.model import ModelStats
     from calmon.stats.reservoir import Reservoir
-
     mods: dict[str, Any] = {}
     for rel in ("stats/reservoir", "stats/model", "agent/buckets", "agent/windowsums", "agent/state"):
         name = "baseline_" + rel.replace("/", "_")
@@ -111,9 +110,8 @@ def _load_baseline(root: Path) -> dict[tuple[type, str], Any]:
 @contextmanager
 def _path(path: str, baseline: dict[tuple[type, str], Any] | None) -> Iterator[None]:
     """Run the snapshot by ``path``: "new" (this tree), "reference" (its pairwise path) or "baseline"."""
-    from calmon.agent import windowsums
-    from calmon.agent.buckets import BucketStats
-
+    from calmon.state import windowsums
+    from calmon.state.buckets import BucketStats
     saved = {(cls, name): cls.__dict__[name] for cls, name in (baseline or {})}
     read_copy = BucketStats.read_copy
     try:

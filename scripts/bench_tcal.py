@@ -104,7 +104,6 @@ def accuracy(g: ScoreGrid, ref_draws: int, chunk: int, seed: int, alpha: float =
 def tables(seed: int) -> None:
     """Tables 1-3, row 'None': 15-bin l1-ECE and the tester's decision from the file and from a window."""
     from calmon.testers import CalibrationData, run_tester
-
     print("== Tables 1-3, row 'None' (tester 'tcal', alpha = 0.05): file = complete raw data; window = grid + "
           "2000-event reservoir ==")
     print(f"{'model':28s} {'n':>6s} {'ECE15 %':>7s} | {'file':>4s} {'method':8s} {'adj p':>9s} {'ms':>6s} | "

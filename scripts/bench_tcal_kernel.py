@@ -34,7 +34,6 @@ WINDOWS = [("grid", 100), ("grid", 500), ("grid", 2000), ("grid", 5000), ("raw",
 def window(kind: str, n: int, seed: int) -> dict[str, Any]:
     """Keyword arguments of ``tcal_test`` for one window."""
     from calmon.stats.grid import ScoreGrid
-
     rng = np.random.default_rng(seed)
     p = rng.beta(2, 2, n)
     y = (rng.random(n) < p) * 1.0
@@ -49,7 +48,6 @@ def window(kind: str, n: int, seed: int) -> dict[str, Any]:
 def worker(reps: int) -> None:
     """Time every window in this process; print per-call CPU seconds and a digest of the results."""
     from calmon.algorithms.tcal import tcal_test
-
     out = {}
     for kind, n in WINDOWS:
         for seed in range(200):  # the first window the screens leave to the Monte Carlo (also a warm-up)

@@ -36,8 +36,7 @@ CALL: dict[str, Any] = {"alpha": 0.05, "mc": 200, "seed": 0}
 
 def windows(n: int, count: int) -> list[Any]:
     """``count`` binary windows of ``n`` events (1024-cell grid, reservoir of 256)."""
-    from calmon.agent.buckets import BucketStats
-
+    from calmon.state.buckets import BucketStats
     out = []
     for i in range(count):
         rng = np.random.default_rng(1000 * n + i)
@@ -53,7 +52,6 @@ def windows(n: int, count: int) -> list[Any]:
 def worker(reps: int, count: int) -> None:
     """Time the screens on every size's windows in this process; print CPU seconds per call and a digest."""
     from calmon.testers import screen_tester
-
     out = {}
     for n in SIZES:
         data = windows(n, count)

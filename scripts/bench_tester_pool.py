@@ -1,4 +1,4 @@
-"""Expensive testers on two cores: sequential vs a thread pool vs a process pool (calmon.agent.pool).
+"""Expensive testers on two cores: sequential vs a thread pool vs a process pool (calmon.evaluate.pool).
 
 Builds ``--windows`` binary windows (default bins, reservoir 256) of ``--events`` events each and runs
 smce and ldtc on every window, in interleaved rounds; prints min/median wall time per mode and the
@@ -16,8 +16,8 @@ import time
 
 import numpy as np
 
-from calmon.agent.buckets import BucketStats
-from calmon.agent.pool import TesterPool
+from calmon.evaluate.pool import TesterPool
+from calmon.state.buckets import BucketStats
 from calmon.stats.data import CalibrationData
 
 

@@ -1,4 +1,4 @@
-"""Cost of the verdict (calmon.verdict.summarize) on a 1024-cell grid, on demand.
+"""Cost of the verdict (calmon.evaluate.verdict.summarize) on a 1024-cell grid, on demand.
 
 Target: under 1 ms per call (the agent calls it for every window every round).  Prints min/median
 over interleaved rounds of summarize and of a baseline in the same run (the debiased l2-ECE of the
@@ -16,8 +16,8 @@ import time
 import numpy as np
 
 from calmon.algorithms.ece import l2_ece_squared
+from calmon.evaluate.verdict import summarize
 from calmon.stats.grid import ScoreGrid
-from calmon.verdict import summarize
 
 TESTS = {"tcal": {"p_value": 0.001, "decision": "miscalibrated", "method": "mc-grid"},
          "smce": {"p_value": 0.002, "decision": "miscalibrated", "method": "smce"}}

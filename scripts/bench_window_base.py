@@ -35,8 +35,7 @@ def windows(count: int, seed: int) -> list[tuple[Any, Any, Any]]:
     """``count`` (bucket, reference, predictor) triples; imports ``calmon`` from ``sys.path``."""
     import numpy as np
 
-    from calmon.agent.buckets import BucketStats
-
+    from calmon.state.buckets import BucketStats
     rng = np.random.default_rng(seed)
     out = []
     for i in range(count):
@@ -66,10 +65,9 @@ def windows(count: int, seed: int) -> list[tuple[Any, Any, Any]]:
 def worker(path: str, count: int, seed: int) -> None:
     """Serve rounds on stdin ("run CALLS" -> CPU seconds per window; "hash" -> documents' sha256)."""
     sys.path.insert(0, path)
-    from calmon.agent.evaluation import window_base
     from calmon.config import EstimationConfig
-    from calmon.verdict import summarize
-
+    from calmon.evaluate.round import window_base
+    from calmon.evaluate.verdict import summarize
     assert os.path.dirname(os.path.abspath(sys.modules["calmon"].__file__ or "")).startswith(path)
     ws = windows(count, seed)
     cfg = EstimationConfig()
@@ -84,7 +82,7 @@ def worker(path: str, count: int, seed: int) -> None:
         return [window_base("m", "all", "1h", b, estimation=cfg, reference=r, predictor=p, min_events=100)
                 for b, r, p in ws]
 
-    def verdicts() -> list[dict[str, Any]]:  # what assemble asks of calmon.verdict for each window
+    def verdicts() -> list[dict[str, Any]]:  # what assemble asks of calmon.evaluate.verdict for each window
         return [summarize(b.stats.fine, tests[i % 3], alpha=0.05, top_label=False, ece_grid=b.stats.ece).to_dict()
                 for i, (b, _, _) in enumerate(ws) if b.stats.count > 0]
 
@@ -134,9 +132,8 @@ def profile(count: int, seed: int) -> None:
     import pstats
 
     sys.path.insert(0, ROOT)
-    from calmon.agent.evaluation import window_base
     from calmon.config import EstimationConfig
-
+    from calmon.evaluate.round import window_base
     ws = windows(count, seed)
     cfg = EstimationConfig()
     pr = cProfile.Profile()

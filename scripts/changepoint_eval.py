@@ -2,7 +2,7 @@
 
 Prints three tables (the README's figures come from ``--events 20000000 --trials 20``):
 
-1. false alarms per 1e6 events of :class:`calmon.river.changes.CalibrationChangeDetector` on calibrated streams
+1. false alarms per 1e6 events of :class:`calmon.algorithms.changepoint.CalibrationChangeDetector` on calibrated streams
    (several score distributions, with and without label delay -- a delay permutes the order in which pairs complete);
 2. detection delay in events and in event-time seconds after a drift (temperature 0.7 and 0.85, a bias shift, an
    over-confidence confined to scores above 0.8), side by side with the windowed T-Cal test on the 5-minute and the
@@ -25,7 +25,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
-from calmon.river.changes import SIGNALS, CalibrationChangeDetector  # noqa: E402
+from calmon.algorithms.changepoint import SIGNALS, CalibrationChangeDetector  # noqa: E402
 from calmon.stats.data import CalibrationData  # noqa: E402
 from calmon.stats.grid import ScoreGrid  # noqa: E402
 from calmon.testers import run_tester  # noqa: E402
@@ -134,11 +134,10 @@ def _med(xs: list[float | None]) -> float | None:
 
 def cost(events: int, rounds: int, seed: int) -> dict[str, object]:
     """Detector seconds per event against the agent's ingest seconds per event (same data, interleaved rounds)."""
-    from calmon.agent.ingest import Ingestor
-    from calmon.agent.state import AgentState
     from calmon.config import build_config
+    from calmon.state.agentstate import AgentState
+    from calmon.state.ingest import Ingestor
     from connectors.base import Batch
-
     rng = np.random.default_rng(seed)
     q = rng.uniform(0.05, 0.95, events)
     y = (rng.uniform(size=events) < q).astype(np.int64)

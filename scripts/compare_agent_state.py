@@ -33,7 +33,6 @@ def child(code: str, path: str) -> None:
     import calmon
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-
     work = Path(tempfile.mkdtemp(prefix="calmon-compare-"))
     dead = work / "dead.jsonl"
     cfg = build_config({

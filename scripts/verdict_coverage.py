@@ -1,6 +1,6 @@
-"""Coverage of the verdict's ECE interval (calmon.verdict, ``ece_ci``) by simulation, on demand.
+"""Coverage of the verdict's ECE interval (calmon.evaluate.verdict, ``ece_ci``) by simulation, on demand.
 
-For calibrated and temperature-miscalibrated binary data (calmon.simulate's Beta(2, 2) scores) the
+For calibrated and temperature-miscalibrated binary data (connectors.simulation's Beta(2, 2) scores) the
 population 15-bin ECE is computed by numerical integration, and the share of replications whose interval
 contains it is printed (nominal 0.95; the interval is conservative, so at least that).  Also prints
 the direction accuracy on the same replications.
@@ -16,9 +16,9 @@ import time
 import numpy as np
 from scipy.stats import beta
 
-from calmon.simulate import SimulationSpec, Simulator
+from calmon.evaluate.verdict import summarize
 from calmon.stats.grid import ScoreGrid
-from calmon.verdict import summarize
+from connectors.simulation import SimulationSpec, Simulator
 
 REJECT = {"tcal": {"p_value": 0.0, "decision": "miscalibrated"}}
 EXPECTED = {"none": None, "temperature:0.7": "over-confident", "temperature:1.5": "under-confident",

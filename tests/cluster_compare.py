@@ -32,8 +32,7 @@ def strip_samples(node: Any) -> Any:
 def normalized(models: dict[str, Any], watermark: float) -> dict[str, Any]:
     """Model documents with every ring advanced to ``watermark`` and reservoir samples reduced to their counts
     (samples depend on arrival order; everything else must not)."""
-    from calmon.agent.buckets import ModelWindows
-
+    from calmon.state.buckets import ModelWindows
     out = {}
     for name, doc in models.items():
         mw = ModelWindows.from_dict(doc)
@@ -88,9 +87,8 @@ def check_reference(work: Path, records: list[tuple[int, bytes | None, bytes]]) 
 def check_difference(checked: dict[str, dict[str, Any]], models: dict[str, Any]) -> str | None:
     """First difference between ``calmon check``'s metrics and those of the run's model documents (window
     ``all``, segment ``all``): counts exactly, metrics to 1e-9 relative."""
-    from calmon.agent.buckets import ModelWindows
     from calmon.algorithms.ece import summary
-
+    from calmon.state.buckets import ModelWindows
     if sorted(checked) != sorted(models):
         return f"models: calmon check {sorted(checked)} != run {sorted(models)}"
     for name, want in checked.items():

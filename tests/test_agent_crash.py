@@ -33,7 +33,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from calmon.simulate import SimulationSpec, Simulator  # noqa: E402
+from connectors.simulation import SimulationSpec, Simulator  # noqa: E402
 
 BAD_EVERY = 997
 #: predictions per second of event time over all models (the classic input: 100 + 100)
@@ -47,7 +47,6 @@ ALLOWED_SEGMENTS = ["web", "app"]
 
 def run_cmd(*args: str) -> list[str]:
     from calmon.cli import COMMANDS
-
     if "run" in COMMANDS:
         return [sys.executable, "-m", "calmon", "run", *args]
     return [sys.executable, "-m", "calmon.commands.run", *args]
@@ -155,8 +154,7 @@ def final_state(directory: Path) -> tuple[dict[str, Any], bytes]:
     Reservoir *rows* of coarse buckets depend on when buckets were rolled together (their merge
     draws a random subsample); their sizes (``seen``) and every grid must be identical.
     """
-    from calmon.checkpoint import CheckpointStore
-
+    from calmon.state.checkpoint.store import CheckpointStore
     ck = sorted((directory / "state" / "checkpoints").glob("checkpoint-*.json"))[-1]
     # buckets are blob references into pack files (incremental checkpoints): compare their contents
     state = CheckpointStore(ck.parent).inline(json.loads(ck.read_text())["state"])

@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from calmon.cli import COMMANDS
-from calmon.simulate import SimulationSpec, Simulator
+from connectors.simulation import SimulationSpec, Simulator
 
 ROOT = Path(__file__).resolve().parents[1]
 N_LABELED, N_PAIRS = 6000, 3000
@@ -182,7 +182,6 @@ checkpoint: {{every: 1h}}
 def agent_on(tmp_path, lines: list[bytes], **overrides):
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"\n".join(lines) + b"\n")
     doc = {"state_dir": str(tmp_path / "state"), "sources": [{"path": str(src)}], "exporter": {"port": 0},
@@ -198,10 +197,9 @@ def agent_on(tmp_path, lines: list[bytes], **overrides):
 
 
 def test_multiclass_window_equals_direct_statistics(tmp_path):
-    from calmon.agent.buckets import BucketStats
     from calmon.algorithms.ece import summary
-    from calmon.io import read_input
-
+    from calmon.offline.inputs import read_input
+    from calmon.state.buckets import BucketStats
     lines = Simulator(SimulationSpec(model="digits", classes=4, seed=3, miscalibration="temperature:1.5",
                                      delay=2.0)).stream(3000)
     agent = agent_on(tmp_path, list(lines), windows={"names": ["1h", "all"]})

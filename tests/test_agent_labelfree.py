@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 
-from calmon.simulate import SimulationSpec, Simulator
-from calmon.statuspage import render
+from calmon.exporter.status.page import render
+from connectors.simulation import SimulationSpec, Simulator
 
 
 def run_agent(tmp_path, lines, **overrides):
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"\n".join(lines) + b"\n")
     doc = {"state_dir": str(tmp_path / "state"), "sources": [{"path": str(src)}], "exporter": {"port": 0},
@@ -79,7 +78,6 @@ def test_calibrated_stream_detects_nothing_and_restart_replays_identically(tmp_p
 def test_report_time_view_and_estimates(tmp_path):
     """`calmon report` on a file with a drift: the time view locates the change; estimated beside realised."""
     from calmon.cli import main
-
     spec = SimulationSpec(model="m", seed=7, delay=0.0, rate=50.0, drift="temperature:0.5", drift_at=40_000)
     src = tmp_path / "in.jsonl"
     src.write_bytes(b"\n".join(Simulator(spec).stream(60_000)) + b"\n")

@@ -1,4 +1,4 @@
-"""A batch's binary models applied at once (calmon.agent.batchapply) against the model-by-model path."""
+"""A batch's binary models applied at once (calmon.state.batchapply) against the model-by-model path."""
 
 import json
 import time
@@ -6,11 +6,11 @@ import time
 import numpy as np
 import pytest
 
-import calmon.agent.ingest as ingest_module
-from calmon.agent.ingest import Ingestor
-from calmon.agent.state import AgentState
+import calmon.state.ingest as ingest_module
+from calmon.algorithms.changepoint import CalibrationChangeDetector
 from calmon.config import build_config
-from calmon.river.changes import CalibrationChangeDetector
+from calmon.state.agentstate import AgentState
+from calmon.state.ingest import Ingestor
 from connectors.base import Batch
 
 CLOCK = 1_767_400_000.0

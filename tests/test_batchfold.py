@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from calmon.agent.batchfold import fold_binary
-from calmon.agent.buckets import ModelWindows
+from calmon.state.batchfold import fold_binary
+from calmon.state.buckets import ModelWindows
 
 TIERS = [(60.0, 4), (600.0, 3), (3600.0, 2)]
 SEGMENTS = ("web", "app")

@@ -1,4 +1,4 @@
-"""The pieces of :func:`calmon.agent.batchfold.fold_binary`'s placement against plain references: the (ring slot,
+"""The pieces of :func:`calmon.state.batchfold.fold_binary`'s placement against plain references: the (ring slot,
 event) pairs of ``_entries``, and the sorts that replaced numpy's general ones (issue #15) give the same orders."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.agent import batchfold
-from calmon.agent.batchfold import _entries
+from calmon.state import batchfold
+from calmon.state.batchfold import _entries
 
 
 class _Windows:
-    """What ``_entries`` reads of a :class:`~calmon.agent.buckets.ModelWindows`: its allow-list."""
+    """What ``_entries`` reads of a :class:`~calmon.state.buckets.ModelWindows`: its allow-list."""
 
     def __init__(self, segments: list[str]) -> None:
         self.segments = segments

@@ -64,7 +64,6 @@ def test_streaming_angle_recovers_truth(link: str, cos: float) -> None:
 
 def test_angular_from_grid_matches_raw_fit() -> None:
     from calmon.stats.grid import ScoreGrid
-
     rng = np.random.default_rng(5)
     n = 100_000
     u = rng.normal(size=n)

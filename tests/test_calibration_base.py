@@ -132,7 +132,6 @@ def test_unfitted_and_registration_errors() -> None:
     with pytest.raises(ValueError, match="not fitted"):
         make_calibrator("isotonic").to_document()
     from calmon.calibration import register_calibrator
-
     class Nameless(Calibrator):
         pass
 

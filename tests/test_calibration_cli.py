@@ -14,7 +14,7 @@ from scipy import special
 from calmon.calibration import load
 from calmon.commands import apply as apply_cmd
 from calmon.commands import fit as fit_cmd
-from calmon.io import read_input
+from calmon.offline.inputs import read_input
 
 
 def run(argv: list[str]) -> int:

@@ -16,7 +16,7 @@ from calmon.calibration.polynomial import PolynomialCalibrator
 from calmon.calibration.refresh import refresh
 from calmon.calibration.scaling_binning import ScalingBinningCalibrator
 from calmon.commands import fit as fit_command
-from calmon.io import Dataset
+from calmon.offline.inputs import Dataset
 from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
 

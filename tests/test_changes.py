@@ -1,4 +1,4 @@
-"""Sequential change detection on the calibration stream (calmon.river.changes)."""
+"""Sequential change detection on the calibration stream (calmon.algorithms.changepoint)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from calmon.river.changes import SIGNALS, CalibrationChangeDetector
+from calmon.algorithms.changepoint import SIGNALS, CalibrationChangeDetector
 
 
 def calibrated(rng, n, dist="uniform"):

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from calmon.river.changes import _SCALE, CalibrationChangeDetector, Change, _Signal, _terms
+from calmon.algorithms.changepoint import _SCALE, CalibrationChangeDetector, Change, _Signal, _terms
 
 
 def _reference(det: CalibrationChangeDetector, p: np.ndarray, y: np.ndarray, ts: np.ndarray) -> list[Change]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmon.checkpoint import FORMAT, VERSION, CheckpointError, CheckpointStore
+from calmon.state.checkpoint.store import FORMAT, VERSION, CheckpointError, CheckpointStore
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
 
@@ -116,7 +116,7 @@ def test_empty_directory_loads_none(tmp_path: Path) -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from calmon.checkpoint import CheckpointStore
+    from calmon.state.checkpoint.store import CheckpointStore
     store = CheckpointStore(sys.argv[1], keep=2)
     blob = "x" * 2_000_000
     i = 0
@@ -163,7 +163,6 @@ def _agent_with_checkpoints(tmp_path: Path) -> Path:
     """Run an agent to the end of a small stream (two checkpoint generations at least); return its config."""
     from calmon.agent.runtime import Agent
     from calmon.config import load_config
-
     lines = [json.dumps({"model": "m", "ts": 1_767_225_600 + i, "score": 0.5, "label": i % 2}) for i in range(50)]
     lines += [json.dumps({"type": "prediction", "id": f"p{i}", "model": "m", "ts": 1_767_225_700 + i, "score": 0.4})
               for i in range(5)]
@@ -215,7 +214,6 @@ def _set(value, *keys):
 ])
 def test_hand_edited_checkpoint_gives_one_line_naming_file_and_field(tmp_path, capsys, edit, field):
     from calmon.commands import run as run_cmd
-
     cfg = _agent_with_checkpoints(tmp_path)
     if field == "alerts":  # alert states are only read when rules are configured
         cfg.write_text(cfg.read_text() + "alerts: {rules: [{name: Drift, kind: test_rejected, test: tcal}]}\n")
@@ -231,7 +229,6 @@ def test_hand_edited_checkpoint_gives_one_line_naming_file_and_field(tmp_path, c
 def test_damaged_newest_generation_still_falls_back_at_agent_level(tmp_path, capsys):
     from calmon.agent.runtime import Agent
     from calmon.config import load_config
-
     cfg = _agent_with_checkpoints(tmp_path)
     cks = sorted((tmp_path / "state" / "checkpoints").glob("checkpoint-*.json"))
     assert len(cks) >= 2

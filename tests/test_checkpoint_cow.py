@@ -12,14 +12,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-import calmon.checkpoint as checkpoint_module
-from calmon.agent.buckets import BucketStats
-from calmon.agent.ingest import Ingestor
-from calmon.agent.state import AgentState, StateLock
-from calmon.checkpoint import CheckpointStore, encode
-from calmon.checkpoint_incremental import Checkpointer, Slot, resolver
-from calmon.checkpoint_packs import PackWriter
+import calmon.state.checkpoint.store as checkpoint_module
 from calmon.config import build_config
+from calmon.state.agentstate import AgentState, StateLock
+from calmon.state.buckets import BucketStats
+from calmon.state.checkpoint.incremental import Checkpointer, Slot, resolver
+from calmon.state.checkpoint.packs import PackWriter
+from calmon.state.checkpoint.store import CheckpointStore, encode
+from calmon.state.ingest import Ingestor
 from connectors.base import Batch
 
 T0 = 1_767_225_600

@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import BucketStats
-from calmon.agent.ingest import Ingestor
-from calmon.agent.state import AgentState
-from calmon.agent.windows import TieredRing
-from calmon.checkpoint import CheckpointStore
-from calmon.checkpoint_incremental import Checkpointer, resolver
-from calmon.checkpoint_packs import PackWriter
 from calmon.config import build_config
+from calmon.state.agentstate import AgentState
+from calmon.state.buckets import BucketStats
+from calmon.state.checkpoint.incremental import Checkpointer, resolver
+from calmon.state.checkpoint.packs import PackWriter
+from calmon.state.checkpoint.store import CheckpointStore
+from calmon.state.ingest import Ingestor
+from calmon.state.windows import TieredRing
 from connectors.base import Batch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -216,8 +216,8 @@ def test_lock_hold_does_not_grow_with_the_number_of_models(tmp_path, monkeypatch
 _KILLER = textwrap.dedent(
     """
     import os, signal, sys
-    import calmon.checkpoint as C
-    import calmon.checkpoint_packs as P
+    import calmon.state.checkpoint.store as C
+    import calmon.state.checkpoint.packs as P
     mode, n, cfg = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     calls = [0]
     if mode == "blob":
@@ -277,7 +277,6 @@ def test_sigkill_during_blob_or_manifest_write_is_exactly_once(tmp_path, mode, n
 def _agent_dir(tmp_path: Path) -> Path:
     from calmon.agent.runtime import Agent
     from calmon.config import load_config
-
     lines = [json.dumps({"model": "m", "ts": T0 + i, "score": 0.5, "label": i % 2}) for i in range(50)]
     (tmp_path / "ev.jsonl").write_text("\n".join(lines) + "\n")
     cfg = tmp_path / "calmon.yaml"
@@ -289,7 +288,6 @@ def _agent_dir(tmp_path: Path) -> Path:
 
 def _run_fails(cfg: Path, capsys) -> str:
     from calmon.commands import run as run_cmd
-
     capsys.readouterr()
     assert run_cmd.main(["-c", str(cfg)]) == 2
     err = capsys.readouterr().err
@@ -336,7 +334,6 @@ def test_version_1_checkpoint_is_read(tmp_path):
     """A checkpoint of the previous format (every bucket inline) restores; the next generation writes it all."""
     from calmon.agent.runtime import Agent
     from calmon.config import load_config
-
     cfg = _agent_dir(tmp_path)
     agent = Agent(load_config(cfg))
     agent.open()

@@ -23,7 +23,7 @@ from kafka_broker import KafkaBroker, free_port, require_broker  # noqa: E402
 
 from calmon import cli  # noqa: E402
 from calmon.client import Emitter, InvalidEventError, KafkaSink, RotatingFileSink  # noqa: E402
-from calmon.events import Decoder  # noqa: E402
+from calmon.events.decoder import Decoder  # noqa: E402
 from connectors.files import FileSource  # noqa: E402
 
 T0 = 1767225600.0

@@ -15,13 +15,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from calmon.agent.buckets import ModelWindows  # noqa: E402
-from calmon.agent.ingest import Ingestor  # noqa: E402
-from calmon.agent.state import AgentState  # noqa: E402
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta  # noqa: E402
 from calmon.cluster.intents import Intent, PartitionState  # noqa: E402
 from calmon.cluster.partition import PartitionIngest, stage_config  # noqa: E402
 from calmon.config import ConfigError, build_config  # noqa: E402
+from calmon.state.agentstate import AgentState  # noqa: E402
+from calmon.state.buckets import ModelWindows  # noqa: E402
+from calmon.state.ingest import Ingestor  # noqa: E402
 from connectors.base import Batch  # noqa: E402
 
 TIERS = [{"width": "1m", "count": 10}, {"width": "10m", "count": 6}, {"width": "1h", "count": 2}]
@@ -95,7 +95,6 @@ def test_version_1_deltas_are_still_read_and_version_2_packs_the_buckets():
     """Deltas already in the topic when the evaluators are upgraded (version 1: every array of a bucket packed on
     its own) merge to the same windows as the packed version 2, which is smaller."""
     from calmon.cluster.deltas import VERSION
-
     cfg = config()
     records, _ = traffic(600, models=2)
     deltas = partitioned_deltas(cfg, records)
@@ -171,7 +170,6 @@ def test_replaying_an_intent_after_a_crash_gives_the_same_deltas_dead_letters_an
 
 def evaluator(tmp_path):
     from calmon.cluster.evaluate import EvaluateAgent
-
     cfg = config(state_dir=str(tmp_path), cluster={"bootstrap_servers": "127.0.0.1:9"})
     return EvaluateAgent(cfg)
 
@@ -241,7 +239,6 @@ def test_kubernetes_manifests_of_the_stages_are_consistent(tmp_path):
     import yaml
 
     from calmon.config import load_config
-
     d = ROOT / "deploy" / "kubernetes" / "cluster"
     docs = [x for x in yaml.safe_load_all((d / "calmon-cluster.yaml").read_text()) if x]
     deps = {x["metadata"]["name"]: x for x in docs if x["kind"] == "Deployment"}
@@ -275,7 +272,6 @@ def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(capl
 
     from calmon.cluster.ingest import IngestWorker
     from calmon.cluster.intents import ClusterError
-
     boot = f"127.0.0.1:{free_port()}"  # nothing listens there
     src = {"name": "events", "type": "kafka", "options": {"bootstrap_servers": boot, "topic": "events"}}
     cfg = config(sources=[src], cluster={"bootstrap_servers": boot})

@@ -63,8 +63,7 @@ def make_traffic(predictions: int, seed: int = 0, models: int = MODELS, partitio
     Two thirds of the models emit predictions with outcomes delayed 20 s on average (keyed by the
     prediction id, so a pair shares a partition), the others labeled events (no key, spread round robin).
     """
-    from calmon.simulate import SimulationSpec, Simulator
-
+    from connectors.simulation import SimulationSpec, Simulator
     per = max(1, predictions // models)
     timed: list[tuple[float, int, bytes]] = []
     for m in range(models):
@@ -527,7 +526,6 @@ def test_intent_log_first_writer_wins_and_states_take_the_largest_offset():
     at another start is independent; a newly tracking worker learns the winners already in the log."""
     require_broker()
     from calmon.cluster.intents import Intent, IntentLog, PartitionState, Producer, StateStore, ensure_topics
-
     with KafkaBroker() as broker:
         boot = broker.bootstrap
         ensure_topics(boot, {}, {"intents": (2, {}), "states": (2, {})})

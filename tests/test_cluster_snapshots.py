@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import ModelWindows
 from calmon.cluster.snapshots import (
     MAX_RECORD,
     Manifest,
@@ -25,6 +24,7 @@ from calmon.cluster.snapshots import (
     keep_delta,
     restore_start,
 )
+from calmon.state.buckets import ModelWindows
 
 sys.path.insert(0, str(Path(__file__).parent))
 from kafka_broker import KafkaBroker, require_broker  # noqa: E402
@@ -98,7 +98,6 @@ def test_snapshot_store_keeps_the_latest_record_per_model_and_partition():
     require_broker()
     from calmon.cluster.intents import Producer, ensure_topics
     from calmon.cluster.snapshot_store import SnapshotStore
-
     with KafkaBroker() as broker:
         boot = broker.bootstrap
         ensure_topics(boot, {}, {"snaps": (2, {"cleanup.policy": "compact"})})
@@ -119,7 +118,6 @@ def test_snapshot_store_keeps_the_latest_record_per_model_and_partition():
 
 def test_snapshot_settings_are_validated():
     from calmon.config.schema import ClusterConfig, Duration
-
     ClusterConfig(snapshot_every=Duration(0)).validate("cluster")
     ClusterConfig(snapshot_every=Duration(60)).validate("cluster")
     with pytest.raises(ValueError, match="snapshot_every"):

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from calmon.io import InputError, read_input
+from calmon.offline.inputs import InputError, read_input
 from connectors.base import Batch
 from connectors.files import FileSource
 
@@ -67,7 +67,6 @@ def test_check_command_on_zstd_and_gzip_from_stdin(tmp_path: Path, capsys: pytes
     import sys
 
     from calmon.cli import main as cli_main
-
     data = b"\n".join(lines_of(1000)) + b"\n"
     (tmp_path / "plain.jsonl").write_bytes(data)
     (tmp_path / "e.jsonl.zst").write_bytes(compress(data, "zstd"))

@@ -89,13 +89,11 @@ def test_shipped_example_is_valid_and_complete():
             for key in value:
                 assert f"{key}:" in text, f"{section}.{key}"
     from calmon.agent.runtime import Agent
-
     Agent(cfg)  # testers and alert rules of the example exist and validate
 
 
 def test_demo_yaml_is_the_demo_config():
     from calmon.commands.demo import DEMO_CONFIG
-
     assert yaml.safe_load((ROOT / "config" / "demo.yaml").read_text()) == DEMO_CONFIG
     build_config(DEMO_CONFIG, env={})
 
@@ -124,7 +122,6 @@ def run_main(tmp_path, text: str, *args: str, env: dict | None = None, capsys=No
     import os
 
     from calmon.commands import run as run_cmd
-
     cfg = tmp_path / "hostile.yaml"
     cfg.write_text(text)
     old = dict(os.environ)
@@ -166,7 +163,6 @@ def test_billion_laughs_is_refused_quickly(tmp_path, capsys):
     assert code == 2 and "expands to more than" in err_text and len(err_text.strip().splitlines()) == 1
     # anchors within the bounds keep working, and !!python tags stay refused
     from calmon.config.loader import load_yaml
-
     assert load_yaml("base: &b {x: 1}\nc: {<<: *b, y: 2}\n") == {"base": {"x": 1}, "c": {"x": 1, "y": 2}}
     with pytest.raises(yaml.YAMLError):
         load_yaml("!!python/object/apply:os.system [echo hi]")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from calmon.events import Decoder
+from calmon.events.decoder import Decoder
 from connectors.base import DeadLetterSink
 from connectors.deadletter import FileDeadLetterSink
 from connectors.files import FileSource
@@ -145,8 +145,7 @@ def test_with_source_and_decoder(tmp_path: Path) -> None:
 def test_killed_before_first_checkpoint_restarts_from_baseline(tmp_path: Path) -> None:
     """A run that flushed dead letters but died before its first periodic checkpoint: the next run
     restores the baseline checkpointed at the fresh start and truncates them instead of appending."""
-    from calmon.checkpoint import CheckpointStore
-
+    from calmon.state.checkpoint.store import CheckpointStore
     p = tmp_path / "dead.jsonl"
     store = CheckpointStore(tmp_path / "state")
 
@@ -173,8 +172,7 @@ def test_huge_records_keep_a_bounded_prefix_size_and_hash(tmp_path):
     """A 5 MB record (or a line the file source skipped) becomes a bounded dead letter (issue #14)."""
     import hashlib
 
-    from calmon.events import OversizedRecord
-
+    from calmon.events.decoder import OversizedRecord
     p = tmp_path / "dead.jsonl"
     sink = FileDeadLetterSink(p, max_record_bytes=1000)
     huge = b'{"id":"' + b"a" * (5 << 20) + b'"}'
@@ -193,7 +191,6 @@ def test_huge_records_keep_a_bounded_prefix_size_and_hash(tmp_path):
 
 def test_kafka_key_and_headers_are_kept(tmp_path: Path) -> None:
     from connectors.base import RecordMeta
-
     p = tmp_path / "dead.jsonl"
     sink = FileDeadLetterSink(p)
     meta = [RecordMeta(1_700_000_000_000, b"id-\xff", (("model", b"fraud"), ("model", b"x"))), RecordMeta()]

@@ -1,7 +1,7 @@
 """The decoder's batch-wide fast paths (issue #15) give what the per-event route gives, bit for bit.
 
-Every fast path of :mod:`calmon.events` / :mod:`calmon.eventchecks` / :mod:`calmon.eventparse` is gated by an
-exact test (one event type, string ids, no absent score, one model, every segment known...). The reference
+Every fast path of :mod:`calmon.events.decoder` / :mod:`calmon.events.checks` / :mod:`calmon.events.parse` is gated by
+an exact test (one event type, string ids, no absent score, one model, every segment known...). The reference
 here is the per-event code those paths replace, kept verbatim: the decoder is run once as it is and once
 with the reference helpers patched in, on batches built to hit both routes, and every output is compared
 (accepted columns and their dtypes, rejections with their details, the decoder's state). The lazy file
@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import calmon.eventchecks as eventchecks
-import calmon.events as events
-from calmon.eventchecks import _KIND_CODE, Columns, columns_of
-from calmon.eventparse import _ABSENT, EventFields, ParsedColumns, fields_of_events, parse_columns, parse_records
-from calmon.events import Decoder, _Rows
+import calmon.events.checks as eventchecks
+import calmon.events.decoder as events
+from calmon.events.checks import _KIND_CODE, Columns, columns_of
+from calmon.events.decoder import Decoder, _Rows
+from calmon.events.parse import _ABSENT, EventFields, ParsedColumns, fields_of_events, parse_columns, parse_records
 from connectors.files import FileSource
 from connectors.lineorigins import LineOrigins
 

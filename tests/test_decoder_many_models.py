@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.eventparse import parse_records
-from calmon.events import DecodedBatch, Decoder, ModelBatch
+from calmon.events.decoder import DecodedBatch, Decoder, ModelBatch
+from calmon.events.parse import parse_records
 
 NOW = 1_767_225_600.0
 SEGMENTS = ["web", "app", "ios", "tv", "kiosk"]

@@ -292,7 +292,6 @@ def test_shipped_agent_configurations_validate(tmp_path):
     """The compose and Kubernetes agent configurations pass the agent's validation, alert rules included."""
     from calmon.alerts import validate_rules
     from calmon.config import load_config
-
     kinds = {d["kind"]: d for d in k8s_docs()}
     k8s_cfg = tmp_path / "calmon.yaml"
     k8s_cfg.write_text(kinds["ConfigMap"]["data"]["calmon.yaml"])

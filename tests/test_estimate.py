@@ -102,6 +102,5 @@ def test_expected_metrics_are_the_estimates_values():
     cal = lambda s: s * 0.9 + 0.03  # noqa: E731
     est = estimate_performance(pred, calibrator=cal)
     from calmon.algorithms.estimate import expected_metrics
-
     assert expected_metrics(pred, calibrator=cal) == {m: e.value for m, e in est.items()}
     assert expected_metrics(ScoreGrid(BINS)) == {}

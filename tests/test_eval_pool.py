@@ -8,10 +8,10 @@ import json
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-from calmon.agent.buckets import BucketStats
-from calmon.agent.pool import TesterPool, decode_data, encode_data, run_job
 from calmon.agent.runtime import Agent
 from calmon.config import build_config
+from calmon.evaluate.pool import TesterPool, decode_data, encode_data, run_job
+from calmon.state.buckets import BucketStats
 from calmon.testers import run_tester
 
 
@@ -81,7 +81,6 @@ def test_agent_with_a_process_pool_publishes_every_result_with_its_age(tmp_path)
 def _needs_simulation(seeds: range) -> list[BucketStats]:
     """Windows on which T-Cal's screens do not decide (its Monte Carlo runs), and one they decide."""
     from calmon.testers import screen_tester
-
     out = []
     for seed in seeds:
         rng = np.random.default_rng(seed)
@@ -95,11 +94,10 @@ def _needs_simulation(seeds: range) -> list[BucketStats]:
 
 
 def test_tcal_simulations_go_to_the_pool_and_give_the_inline_result():
-    from calmon.agent.evaluation import Evaluator, simulation_cost
-    from calmon.agent.state import WindowSnapshot
     from calmon.config import EvaluationConfig, TesterConfig
+    from calmon.evaluate.round import Evaluator, simulation_cost
+    from calmon.state.agentstate import WindowSnapshot
     from calmon.testers import screen_tester
-
     open_ = _needs_simulation(range(12))[:3]
     assert open_, "no window left undecided by the screens"
     decided = window(2)

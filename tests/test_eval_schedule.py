@@ -14,11 +14,11 @@ import time
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import BucketStats
-from calmon.agent.evaluation import Evaluator
-from calmon.agent.state import AgentState, WindowSnapshot
-from calmon.agent.workitems import CostModel, starvation_bound
 from calmon.config import EvaluationConfig, TesterConfig, build_config
+from calmon.evaluate.round import Evaluator
+from calmon.evaluate.workitems import CostModel, starvation_bound
+from calmon.state.agentstate import AgentState, WindowSnapshot
+from calmon.state.buckets import BucketStats
 from calmon.testers import TESTERS, register_tester
 
 CLOCK = [0.0]
@@ -230,8 +230,7 @@ if "sched_block" not in TESTERS:
 
 
 def test_a_call_running_past_the_budget_is_collected_between_rounds():
-    from calmon.agent.pool import TesterPool
-
+    from calmon.evaluate.pool import TesterPool
     pool = TesterPool("thread", 1)
     try:
         cfg = EvaluationConfig(tests=[TesterConfig("sched_block")], cheap=[], budget=0.5, min_events=5)

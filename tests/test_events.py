@@ -4,7 +4,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from calmon.events import LABELED, OUTCOME, PREDICTION, REASONS, Decoder, parse_timestamp
+from calmon.events.decoder import LABELED, OUTCOME, PREDICTION, REASONS, Decoder, parse_timestamp
 
 GOOD = [
     b'{"type":"labeled","id":"a","model":"m","ts":"2026-01-01T00:00:00Z","score":0.25,"label":1}',
@@ -131,11 +131,10 @@ def test_id_length_is_counted_in_utf8_bytes():
 
 def test_rejected_times_never_reach_the_join():
     """A prediction from year 5138 is rejected at the decoder, so the watermark stays where it was."""
-    from calmon.agent.ingest import Ingestor
-    from calmon.agent.state import AgentState
     from calmon.config import build_config
+    from calmon.state.agentstate import AgentState
+    from calmon.state.ingest import Ingestor
     from connectors.base import Batch
-
     st = AgentState(build_config({"sources": [{"path": "x"}]}, env={}))
     st.decoder.clock = lambda: NOW
     ing = Ingestor(st, None, lambda: NOW)
@@ -211,12 +210,11 @@ def test_cap_decisions_do_not_depend_on_the_batch_size(batch):
 
 def test_poison_records_cost_exactly_themselves_in_the_agent(tmp_path):
     """Invalid UTF-8, deep nesting and an oversized record: each dead-lettered with its reason, the batch goes on."""
-    from calmon.agent.ingest import Ingestor
-    from calmon.agent.state import AgentState
     from calmon.config import build_config
+    from calmon.state.agentstate import AgentState
+    from calmon.state.ingest import Ingestor
     from connectors.base import Batch
     from connectors.deadletter import FileDeadLetterSink
-
     cfg = build_config({"sources": [{"path": "x"}], "limits": {"max_record_bytes": 8192}}, env={})
     st = AgentState(cfg)
     sink = FileDeadLetterSink(tmp_path / "dead.jsonl")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from calmon.events import Decoder, OversizedRecord
+from calmon.events.decoder import Decoder, OversizedRecord
 from connectors.base import Batch, ByteLagReporting, Committable, Source
 from connectors.files import CsvConverter, FileSource
 
@@ -519,8 +519,7 @@ import sys
 import time
 from connectors.deadletter import FileDeadLetterSink
 from connectors.files import FileSource
-from calmon.checkpoint import CheckpointStore
-
+from calmon.state.checkpoint.store import CheckpointStore
 inp, state = sys.argv[1], sys.argv[2]
 store = CheckpointStore(state, keep=2)
 sink = FileDeadLetterSink(state + "/dead.jsonl", buffer_bytes=4096)
@@ -570,8 +569,7 @@ def test_sigkill_resume_with_checkpoint_and_dead_letters(tmp_path: Path) -> None
     rng = random.Random(5)
     kills = 0
     midway = 0  # kills that found a checkpoint strictly between start and end
-    from calmon.checkpoint import CheckpointStore
-
+    from calmon.state.checkpoint.store import CheckpointStore
     for _ in range(100):
         proc = subprocess.Popen([sys.executable, "-c", _WORKER, str(inp), str(state)], stdout=subprocess.PIPE,
                                 env=env)

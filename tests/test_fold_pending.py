@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import PENDING_CELLS, BinaryBatch, BucketStats
+from calmon.state.buckets import PENDING_CELLS, BinaryBatch, BucketStats
 
 SIZES = (64, 15, 20)
 

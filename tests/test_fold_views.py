@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import BINCOUNT_CELLS, PENDING_CELLS, BinaryBatch, BucketStats
+from calmon.state.buckets import BINCOUNT_CELLS, PENDING_CELLS, BinaryBatch, BucketStats
 
 SIZES = (1024, 15, 20)
 

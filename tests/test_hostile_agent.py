@@ -187,7 +187,6 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import csr_matrix, eye, kron, vstack
 from calmon.agent.scheduler import Scheduler
-
 started = threading.Event()
 
 def round_fn():  # an LDTC-like transport LP in HiGHS' interior-point solver (C++ threads)

@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from calmon.events import OUTCOME, REASONS, Decoder
+from calmon.events.decoder import OUTCOME, REASONS, Decoder
 
 NOW = 1_767_225_600.0
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

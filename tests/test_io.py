@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmon.csvrows import CsvLayout, parse_header, read_rows
-from calmon.events import Decoder
-from calmon.io import InputError, read_input
+from calmon.events.decoder import Decoder
+from calmon.formats.csvrows import CsvLayout, parse_header, read_rows
+from calmon.offline.inputs import InputError, read_input
 from connectors.files import FileSource
 
 

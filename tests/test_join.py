@@ -10,9 +10,9 @@ import zlib
 import numpy as np
 import pytest
 
-from calmon.agent.join import Joiner
-from calmon.events import Decoder
-from calmon.simulate import SimulationSpec, Simulator
+from calmon.events.decoder import Decoder
+from calmon.state.join import Joiner
+from connectors.simulation import SimulationSpec, Simulator
 
 
 def run(records: list[bytes], cuts: list[int], ttl: float = 3600.0, max_pending: int = 10**6):
@@ -185,11 +185,10 @@ def _mixed_stream(n: int = 3000, seed: int = 0, labeled_only: bool = False) -> l
 
 
 def _agent_state_after(records: list[bytes], batch_size: int) -> dict:
-    from calmon.agent.ingest import Ingestor
-    from calmon.agent.state import AgentState
     from calmon.config import build_config
+    from calmon.state.agentstate import AgentState
+    from calmon.state.ingest import Ingestor
     from connectors.base import Batch
-
     # reservoir 0: the reservoir's sampling is randomised per bucket update, not part of this contract
     cfg = build_config({"sources": [{"path": "x"}], "windows": {"allowed_lateness": "2h"}, "join": {"ttl": "30m"},
                         "models": {"default": {"reservoir": 0}}}, env={})

@@ -409,7 +409,6 @@ def test_broker_killed_and_restarted_source_survives():
 def _read_all(bootstrap: str, topic: str, timeout: float = 30.0):
     """Every record of ``topic`` up to the high watermark (an idle-poll cut-off ends early on a loaded machine)."""
     from connectors.kafka.admin import scan_topic
-
     out: list = []
     scan = scan_topic(bootstrap, topic, {}, out.append, timeout=timeout, connect_timeout=10.0)
     assert scan.complete, f"{topic} not read to its end within {timeout} s"
@@ -574,7 +573,6 @@ def test_config_validation_and_security_pass_through():
 def test_connectors_satisfy_the_protocols_and_configs_select_the_library():
     from calmon.calibration.refresh import Publisher
     from connectors.kafka import ConfluentKafkaSource
-
     for src in (KafkaSource("h:1", "t"), ConfluentKafkaSource("h:1", "t")):
         for proto in (Source, Committable, LagReporting, Connectable, HealthReporting):
             assert isinstance(src, proto), (type(src).__name__, proto.__name__)
@@ -614,7 +612,6 @@ def test_refresh_publishes_revisions_to_kafka(broker):
     import numpy as np
 
     from calmon.calibration.refresh import refresh, split_arrays
-
     rng = np.random.default_rng(0)
     z = rng.uniform(0.05, 0.95, 8000)
     y = (rng.uniform(size=8000) < z**2).astype(float)  # over-confident scores: Platt scaling improves them
@@ -652,7 +649,6 @@ def test_confluent_source_round_trip_and_exactly_once_replay(broker):
     """The optional confluent-kafka source behind the same interface (skipped if it is not installed)."""
     _require_confluent()
     from connectors.kafka import ConfluentKafkaSource
-
     topic = _name("cf")
     broker.create_topic(topic, partitions=3)
     values = [_event(i) for i in range(3000)]

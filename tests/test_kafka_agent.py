@@ -56,7 +56,6 @@ BAD_KINDS = [
 def calmon_cmd(*args: str) -> list[str]:
     try:
         from calmon.cli import COMMANDS
-
         if "run" in COMMANDS:
             return [sys.executable, "-m", "calmon", *args]
     except ImportError:
@@ -69,8 +68,7 @@ def make_lines(predictions: int, seed: int = 0, bad_rate: float = 0.01) -> tuple
 
     Returns the records and the number of malformed ones (one reason code per kind, in turn).
     """
-    from calmon.simulate import SimulationSpec, Simulator
-
+    from connectors.simulation import SimulationSpec, Simulator
     half = predictions // 2
     lab = Simulator(SimulationSpec(model="fraud", seed=seed, rate=100.0, segments=["web", "app"]))
     pairs = Simulator(
@@ -152,8 +150,7 @@ ingest: {{batch_size: 4096, exit_when_done: {"true" if source == "file" else "fa
 
 def final_state(directory: Path) -> dict[str, Any]:
     """The last checkpoint's state without what legitimately differs (times, batch counts, reservoir rows)."""
-    from calmon.checkpoint import CheckpointStore
-
+    from calmon.state.checkpoint.store import CheckpointStore
     ck = sorted((directory / "state" / "checkpoints").glob("checkpoint-*.json"))[-1]
     # buckets are blob references into pack files (incremental checkpoints): compare their contents
     state = CheckpointStore(ck.parent).inline(json.loads(ck.read_text())["state"])
@@ -188,7 +185,6 @@ def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes, str, str]]:
     empty while it connects, and the read would end early with some or all letters missing.
     """
     from connectors.kafka.admin import scan_topic
-
     out: list[tuple[bytes, str, str]] = []
 
     def visit(r: Any) -> None:

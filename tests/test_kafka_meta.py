@@ -126,7 +126,6 @@ def test_confluent_timestamp_not_available() -> None:
     from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, TIMESTAMP_NOT_AVAILABLE, Message
 
     from connectors.kafka.confluent import message_meta
-
     def msg(tt: int, ts: int, headers: Any = None) -> Any:
         return Message(topic="t", partition=0, offset=1, key=b"k", value=b"{}", headers=headers, timestamp=(tt, ts))
 
@@ -174,10 +173,9 @@ def _schema_wired() -> str | None:
     """Why the agent cannot take a source mapping yet (None: it can)."""
     import dataclasses
 
-    if importlib.util.find_spec("calmon.schema") is None:
-        return "calmon.schema (the schema mapping of issue #16) is missing"
+    if importlib.util.find_spec("calmon.events.schema") is None:
+        return "calmon.events.schema (the schema mapping of issue #16) is missing"
     from calmon.config.schema import SourceConfig
-
     if "schema" not in {f.name for f in dataclasses.fields(SourceConfig)}:
         return "the agent's sources[].schema option is not wired yet (calmon/config/schema.py, calmon/agent/build.py)"
     return None
@@ -216,8 +214,7 @@ def make_events(predictions: int, seed: int = 3) -> list[bytes]:
     """Labeled events of one model, delayed and out-of-order outcomes of another, over ~20 minutes; 1 % garbage."""
     import numpy as np
 
-    from calmon.simulate import SimulationSpec, Simulator
-
+    from connectors.simulation import SimulationSpec, Simulator
     lab = Simulator(SimulationSpec(model="fraud", seed=seed, rate=1.0, segments=["web", "app"]))
     pairs = Simulator(SimulationSpec(model="risk", seed=seed + 1, rate=1.0, delay=20.0, segments=["web", "app"]))
     lines: list[bytes] = []
@@ -248,13 +245,12 @@ def concat(parts: list[Any]) -> dict[str, Any]:
 
 def test_decoder_reads_metadata_of_real_records(broker: KafkaBroker) -> None:
     """Batches of a real topic, decoded with the mapping and their ``meta``, equal the canonical events."""
-    if importlib.util.find_spec("calmon.schema") is None:
-        pytest.skip("calmon.schema (the schema mapping of issue #16) is missing")
+    if importlib.util.find_spec("calmon.events.schema") is None:
+        pytest.skip("calmon.events.schema (the schema mapping of issue #16) is missing")
     import numpy as np
 
-    from calmon.events import Decoder
-    from calmon.schema import load_mapping
-
+    from calmon.events.decoder import Decoder
+    from calmon.events.schema import load_mapping
     records, canonical = kafka_shaped(make_events(1000))
     broker.create_topic("meta-decode")
     send(broker.bootstrap, "meta-decode", records)

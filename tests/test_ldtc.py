@@ -163,7 +163,6 @@ def test_default_resolution_and_speed_budget() -> None:
 # ----------------------------------------------------------------------------------------------------------
 def test_fixed_lp_matches_the_full_lp() -> None:
     from calmon.algorithms.ldtc import FixedLP, ldtc_lp
-
     rng = np.random.default_rng(11)
     v = np.sort(rng.random(12))
     lp = FixedLP(v, u_grid(21))
@@ -176,7 +175,6 @@ def test_fixed_lp_matches_the_full_lp() -> None:
 
 def test_null_pvalue_level_reduced_and_power() -> None:
     from calmon.algorithms.ldtc import ldtc_null_pvalue
-
     # 60 calibrated replications at alpha 0.05 (expected 3, sd 1.7): more than 8 rejections fails;
     # the on-demand table with 1000 replications is scripts/ldtc_level.py
     rng = np.random.default_rng(12)

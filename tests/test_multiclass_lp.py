@@ -381,7 +381,6 @@ def test_merge_keeps_the_prediction_of_the_heavier_group(n1: int, c1: int, n2: i
 
 def test_model_stats_window_feeds_tester_and_calibrator() -> None:
     from calmon.stats.model import ModelStats
-
     rng = np.random.default_rng(13)
     q, y, f = world(6000, 4, rng)
     ids = np.array([f"id{i}" if i % 7 else "" for i in range(len(y))], dtype=object)

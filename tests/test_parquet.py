@@ -14,10 +14,10 @@ import pyarrow.feather as feather
 import pyarrow.parquet as pq
 import pytest
 
-from calmon.io import InputError, read_input
-from calmon.io_events import EventAccumulator, jsonl_chunks, make_decoder
-from calmon.parquetio import TableFile, batch_records, canonical_plan, mapped_plan
-from calmon.schema import load_mapping
+from calmon.events.schema import load_mapping
+from calmon.formats.parquet import TableFile, batch_records, canonical_plan, mapped_plan
+from calmon.offline.accumulator import EventAccumulator, jsonl_chunks, make_decoder
+from calmon.offline.inputs import InputError, read_input
 
 N = 3000
 

@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import BucketStats
-from calmon.agent.pool import BACKGROUND, URGENT, TesterPool
+from calmon.evaluate.pool import BACKGROUND, URGENT, TesterPool
+from calmon.state.buckets import BucketStats
 from calmon.testers import TESTERS, register_tester
 
 ORDER: list[str] = []
@@ -89,10 +89,9 @@ def test_urgent_jobs_overtake_the_waiting_background_ones_and_close_cancels_the_
 def test_a_round_waits_for_its_simulations_not_for_scheduled_testers():
     from test_eval_pool import _needs_simulation
 
-    from calmon.agent.evaluation import Evaluator
-    from calmon.agent.state import WindowSnapshot
     from calmon.config import EvaluationConfig, TesterConfig
-
+    from calmon.evaluate.round import Evaluator
+    from calmon.state.agentstate import WindowSnapshot
     open_ = _needs_simulation(range(12))[:2]
     assert open_, "no window left undecided by T-Cal's screens"
     snap = [WindowSnapshot(f"m{i}", "all", "1h", b, (1, 0.0)) for i, b in enumerate(open_)]
@@ -125,10 +124,9 @@ def test_a_round_waits_for_its_simulations_not_for_scheduled_testers():
 
 
 def test_republishing_gathers_longer_when_it_costs_more():
-    from calmon.agent.evaluation import SETTLE_GATHER, Evaluator
-    from calmon.agent.state import WindowSnapshot
     from calmon.config import EvaluationConfig, TesterConfig
-
+    from calmon.evaluate.round import SETTLE_GATHER, Evaluator
+    from calmon.state.agentstate import WindowSnapshot
     snap = [WindowSnapshot(f"m{i}", "all", "1h", b, (1, 0.0))
             for i, b in enumerate(BucketStats(2, bins=64, reservoir=16) for _ in range(2))]
     for i, w in enumerate(snap):
@@ -157,8 +155,7 @@ def test_a_killed_worker_process_gives_an_error_result_and_new_workers_take_the_
     import os
     import signal
 
-    from calmon.agent.pool import decode_data, encode_data
-
+    from calmon.evaluate.pool import decode_data, encode_data
     big = decode_data(encode_data(data(20_000)))
     pool = TesterPool("process", 1)
     try:
@@ -179,7 +176,6 @@ def test_results_of_calls_the_last_round_did_not_wait_for_are_in_the_final_statu
 
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-
     rng = np.random.default_rng(0)
     lines = [json.dumps({"model": "m", "ts": 1767225600 + i, "score": float(z), "label": int(rng.uniform() < z)})
              for i, z in enumerate(rng.uniform(size=400))]

@@ -20,15 +20,15 @@ import numpy as np
 import pytest
 from prometheus_client.utils import floatToGoString
 
-from calmon.agent.buckets import BucketStats
-from calmon.agent.evaluation import SUMMARY_KEYS, assemble, window_base
 from calmon.algorithms import ece
 from calmon.config import EstimationConfig
+from calmon.evaluate.round import SUMMARY_KEYS, assemble, window_base
+from calmon.evaluate.verdict import MIN_BIN_EVENTS, Region, Summary, summarize
 from calmon.exporter import rounds
 from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget
-from calmon.jsonio import clean
+from calmon.formats.jsonio import clean
+from calmon.state.buckets import BucketStats
 from calmon.stats.grid import ScoreGrid
-from calmon.verdict import MIN_BIN_EVENTS, Region, Summary, summarize
 
 
 # -- references -----------------------------------------------------------------------------------------------
@@ -145,8 +145,7 @@ def ref_assemble(base: dict[str, Any], bucket: BucketStats, tests: dict[str, Any
 
 
 def ref_window_base(bucket: BucketStats, estimation: EstimationConfig | None) -> dict[str, Any]:
-    from calmon.agent.estimates import window_estimates
-
+    from calmon.evaluate.estimates import window_estimates
     s = ref_summary(bucket.stats)
     base = {"model": "m", "segment": "s", "window": "w", "n": bucket.stats.count,
             "metrics": {k: s[k] for k in SUMMARY_KEYS if k in s}, "reliability": ref_reliability(bucket.rel)}

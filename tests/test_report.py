@@ -16,7 +16,7 @@ import pytest
 from _deploy_helpers import ARTIFACTS
 from test_status_page import chromium_args, png_size
 
-from calmon.simulate import SimulationSpec, Simulator
+from connectors.simulation import SimulationSpec, Simulator
 
 BAR = re.compile(r'<g id="(?P<name>[\w-]+)-bar-(?P<i>\d+)">\s*<path d="(?P<d>[^"]+)"')
 

@@ -6,8 +6,8 @@ import math
 
 import numpy as np
 
-from calmon.agent.buckets import ModelWindows
-from calmon.agent.windows import ARCHIVE_KEY, ARCHIVE_TIER, TieredRing
+from calmon.state.buckets import ModelWindows
+from calmon.state.windows import ARCHIVE_KEY, ARCHIVE_TIER, TieredRing
 from calmon.stats.grid import ScoreGrid
 
 TIERS = [(60.0, 3), (600.0, 2)]

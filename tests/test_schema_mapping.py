@@ -144,7 +144,6 @@ def test_check_json_is_the_same_in_every_shape(shape: Shape, tmp_path: Path, cap
 def _agent_windows(path: Path, mapping: dict[str, Any] | None, state: Path) -> tuple[Any, ...]:
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-
     source: dict[str, Any] = {"path": str(path)}
     if mapping is not None:
         source["schema"] = mapping

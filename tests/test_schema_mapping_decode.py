@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.events import DecodedBatch, Decoder
-from calmon.schema import load_mapping
+from calmon.events.decoder import DecodedBatch, Decoder
+from calmon.events.schema import load_mapping
 
 T0 = 1767225600.0
 

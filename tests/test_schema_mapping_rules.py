@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from calmon.agent.join import Joiner
 from calmon.cli import main as cli_main
 from calmon.config import ConfigError, build_config
-from calmon.events import REASONS, Decoder
-from calmon.schema import MappingError, load_mapping, mapping_from_options
+from calmon.events.decoder import REASONS, Decoder
+from calmon.events.schema import MappingError, load_mapping, mapping_from_options
+from calmon.state.join import Joiner
 from connectors.base import RecordMeta
 
 
@@ -226,8 +226,7 @@ def test_per_source_decoders_share_models_and_caps():
     cfg = build_config({"sources": [{"name": "a", "path": "a.jsonl"},
                                     {"name": "b", "path": "b.jsonl", "schema": {"fields": {"score": "p"}}}],
                         "limits": {"max_models": 1}}, env={})
-    from calmon.agent.state import AgentState
-
+    from calmon.state.agentstate import AgentState
     st = AgentState(cfg)
     assert st.decoder_for("a") is st.decoder and st.decoder_for("b") is not st.decoder
     st.decoder_for("b").decode([b'{"model": "m1", "p": 0.5, "label": 1}'])

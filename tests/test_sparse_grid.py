@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import PENDING_CELLS, BucketStats, ModelWindows
-from calmon.agent.windows import TieredRing
+from calmon.state.buckets import PENDING_CELLS, BucketStats, ModelWindows
+from calmon.state.windows import TieredRing
 from calmon.stats.grid import FIELDS, QUANTUM_BITS, ScoreGrid
 from calmon.stats.reservoir import Reservoir
 

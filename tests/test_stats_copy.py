@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import BucketStats
+from calmon.state.buckets import BucketStats
 from calmon.stats.model import ModelStats
 from calmon.stats.reservoir import Reservoir
 

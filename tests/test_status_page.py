@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from _deploy_helpers import ARTIFACTS, require_binary
 
-from calmon.statuspage import PAD_TOP, SIZE, reliability_svg, render
+from calmon.exporter.status.page import PAD_TOP, SIZE, reliability_svg, render
 
 EVIL = '<script>alert("x")</script>&co'
 
@@ -229,8 +229,7 @@ def overconfident_bins(n: int = 40000, temperature: float = 0.5, seed: int = 5) 
 
 
 def test_direction_regions_and_histogram_from_the_bins():
-    from calmon.statuspage import bin_regions, direction_text
-
+    from calmon.exporter.status.page import bin_regions, direction_text
     over = overconfident_bins()
     regions = bin_regions(over)
     # over-confident binary model: the low-score bins sit ABOVE the diagonal, the high-score bins BELOW
@@ -297,10 +296,9 @@ def test_plain_names_summary_freshness_and_calibrators():
 
 
 def test_renders_the_verdict_modules_summary():
-    """The agent puts calmon.verdict.summarize(...).to_dict() into each evaluation: rendered as is."""
-    verdict = pytest.importorskip("calmon.verdict")
+    """The agent puts calmon.evaluate.verdict.summarize(...).to_dict() into each evaluation: rendered as is."""
+    verdict = pytest.importorskip("calmon.evaluate.verdict")
     from calmon.stats.grid import ScoreGrid
-
     rng = np.random.default_rng(11)
     p = rng.beta(2, 2, size=30000)
     z = 1 / (1 + np.exp(-np.log(p / (1 - p)) / 0.5))

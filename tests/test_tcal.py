@@ -1,4 +1,4 @@
-"""Tests of T-Cal (calmon.algorithms.tcal) and the exact binomial test (calmon.algorithms.binomial_test).
+"""Tests of T-Cal (calmon.algorithms.tcal) and the exact binomial test (calmon.algorithms.discrete_binomial).
 
 Every estimator is checked against an independent computation (pairwise brute force, exhaustive
 enumeration of all outcome vectors, scipy's binomial pmf); the tests' level is checked by reduced
@@ -17,7 +17,7 @@ import pytest
 from scipy import stats
 
 from calmon.algorithms import tcal
-from calmon.algorithms.binomial_test import binomial_pvalues, binomial_test, discrete_support
+from calmon.algorithms.discrete_binomial import binomial_pvalues, binomial_test, discrete_support
 from calmon.algorithms.tcal.atoms import Atoms
 from calmon.stats.grid import ScoreGrid
 from calmon.testers import CalibrationData, run_tester

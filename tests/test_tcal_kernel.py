@@ -126,7 +126,6 @@ def test_tcal_pvalues_from_the_kernel_equal_reference_ranks():
 def test_unfolded_weights_path_equals_reference(monkeypatch):
     """Where the CSR kernel fuses multiply-adds, g = k (1 - 2p) is formed and summed: same numbers."""
     from calmon.algorithms.tcal import simulator
-
     monkeypatch.setattr(simulator, "_FOLD", False)
     for name, atoms in list(_cases())[::2]:
         for m in (2, 16, 128, 1024):

@@ -17,7 +17,6 @@ import pytest
 import calmon.algorithms.tcal.adaptive as adaptive
 import calmon.algorithms.tcal.atoms as atoms_mod
 import calmon.algorithms.tcal.estimators as estimators
-from calmon.agent.buckets import BucketStats
 from calmon.algorithms.tcal.atoms import Atoms
 from calmon.algorithms.tcal.tails import (
     approx_critical,
@@ -28,6 +27,7 @@ from calmon.algorithms.tcal.tails import (
     three_moment_pvalue,
     three_moment_pvalues,
 )
+from calmon.state.buckets import BucketStats
 from calmon.stats.grid import ScoreGrid
 from calmon.testers import run_tester, screen_tester
 

@@ -8,16 +8,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.simulate import SimulationSpec, Simulator
+from calmon.evaluate.verdict import RECOMMENDED, summarize
 from calmon.stats.grid import ScoreGrid
 from calmon.testers import CalibrationData, run_tester
-from calmon.verdict import RECOMMENDED, summarize
+from connectors.simulation import SimulationSpec, Simulator
 
 REJECT = {"tcal": {"statistic": 1.0, "p_value": 0.0, "decision": "miscalibrated", "method": "mc-grid"}}
 
 
 def simulated(miscalibration: str, classes: int = 2, n: int = 20000, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
-    """Binary scores and outcomes, or top-label confidence and correctness, from calmon.simulate."""
+    """Binary scores and outcomes, or top-label confidence and correctness, from connectors.simulation."""
     sim = Simulator(SimulationSpec(classes=classes, seed=seed, miscalibration=miscalibration))
     x, y = sim._draw(n, sim.before)
     if classes == 2:

@@ -5,7 +5,7 @@ property, ``ScoreGrid.coarsen``, ``np.clip``/``np.column_stack``/``np.unique``, 
 standard deviations computed separately -- and the documents of many varied windows (binary and multiclass,
 empty to dense, sparse and dense grids, every share of labelled events, with and without a calibrator in
 service or a score-drift reference) are compared as JSON text: floats bit for bit through ``repr``, keys in
-the order written.  Likewise the verdict (``calmon.verdict.summarize``, assemble's summary) against its grid
+the order written.  Likewise the verdict (``calmon.evaluate.verdict.summarize``, assemble's summary) against its grid
 reader as it was, the other estimate paths, and the grid readers the fast paths are built on.
 """
 
@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from calmon.agent.buckets import BucketStats
-from calmon.agent.evaluation import SUMMARY_KEYS, window_base
 from calmon.config import EstimationConfig
+from calmon.evaluate.round import SUMMARY_KEYS, window_base
+from calmon.state.buckets import BucketStats
 from calmon.stats.grid import FIELDS, ScoreGrid
 
 EPS = 1e-12
@@ -300,7 +300,6 @@ def test_float_path_of_large_windows(monkeypatch: pytest.MonkeyPatch) -> None:
     """Windows of 2**23 events or more sum the fine grid's float fields (their integer totals are not
     guaranteed to give the same floats): the same documents."""
     from calmon.algorithms import ece
-
     monkeypatch.setattr(ece, "_EXACT_EVENTS", 0)
     for seed in range(0, 240, 4):
         b, ref, cal, min_events, cfg = make_window(seed)
@@ -373,8 +372,7 @@ VERDICT_TESTS: list[dict[str, dict[str, Any]]] = [
 
 @pytest.mark.parametrize("chunk", range(3))
 def test_verdict_identical_to_reference(chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    from calmon import verdict
-
+    from calmon.evaluate import verdict
     for seed in range(chunk * 40, (chunk + 1) * 40):
         b, *_ = make_window(seed)
         st = b.stats
@@ -394,7 +392,6 @@ def test_verdict_identical_to_reference(chunk: int, monkeypatch: pytest.MonkeyPa
 def test_other_estimate_paths_identical(seed: int) -> None:
     """The bootstrap intervals, the expected and the realised metrics share the rewritten ``_metrics``."""
     from calmon.algorithms import estimate
-
     b, _, cal, _, _ = make_window(seed * 7 + 1)
     pred, fine = b.pred, b.stats.fine
     for g in (pred, fine):

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from calmon.agent.buckets import BucketStats, ModelWindows
-from calmon.agent.windows import TieredRing
+from calmon.state.buckets import BucketStats, ModelWindows
+from calmon.state.windows import TieredRing
 from calmon.stats.grid import ScoreGrid
 
 TIERS = [(60.0, 5), (600.0, 3), (3600.0, 2)]

@@ -1,6 +1,6 @@
 """The batched window sums (``summed``, ``Plan.run``) equal copies merged pairwise, bit for bit.
 
-The reference is computed here independently, by the definition of :mod:`calmon.agent.windowsums`: per window,
+The reference is computed here independently, by the definition of :mod:`calmon.state.windowsums`: per window,
 a fresh state into which the window's stable buckets are merged newest first, then the archive (``all``),
 then the hot buckets newest first -- one ``merge`` per bucket.
 """
@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.agent import windowsums
-from calmon.agent.buckets import BucketStats, ModelWindows
-from calmon.agent.windows import TieredRing
-from calmon.agent.windowsums import HOT, RingSums, capture
+from calmon.state import windowsums
+from calmon.state.buckets import BucketStats, ModelWindows
+from calmon.state.windows import TieredRing
+from calmon.state.windowsums import HOT, RingSums, capture
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
 from calmon.stats.reservoir import Reservoir
@@ -157,7 +157,6 @@ def test_reference_flag_selects_the_pairwise_path(monkeypatch: pytest.MonkeyPatc
 
 def test_cached_seeding_gives_default_rng_streams() -> None:
     from calmon.stats.model import _generator, _seeded_state
-
     for n in (0, 7, 256, 10**6, 2**40):
         gen = _generator()
         gen.bit_generator.state = _seeded_state(n)
@@ -201,9 +200,8 @@ def test_reservoir_merged_takes_the_documented_draws(n_a: int, n_b: int, cap: in
 
 
 def _state(tiers: list[dict[str, Any]]) -> Any:
-    from calmon.agent.state import AgentState
     from calmon.config import build_config
-
+    from calmon.state.agentstate import AgentState
     return AgentState(build_config({
         "sources": [{"path": "x.jsonl"}],
         "windows": {"names": ["2m", "30m", "2h", "all"], "tiers": tiers, "allowed_lateness": "2h"},

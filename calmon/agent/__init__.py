@@ -1,1 +1,2 @@
-"""The long-running agent: join, event-time windows, scheduler and runtime (``calmon run``)."""
+"""``calmon run``: wiring and threads -- builds sources, state, evaluator and exporter from the
+configuration and runs ingestion, rounds and checkpoints."""

@@ -11,12 +11,11 @@ from pathlib import Path
 from calmon.alerts import AlertEngine, AlertmanagerClient, validate_rules
 from calmon.calibration.refresh import DirectoryStore, Publisher
 from calmon.config import AlertsConfig, Config, ConfigError, ExporterConfig, SourceConfig
-from calmon.events import Decoder
+from calmon.events.schema import FIELDS, Mapping
 from calmon.exporter.http import Endpoints, HTTPExporter, HTTPLimits, tls_context
-from calmon.schema import FIELDS, Mapping
 from connectors.base import DeadLetterSink, Source
 
-__all__ = ["StartupError", "build_alert_engine", "build_alertmanager", "build_dead_letter", "build_decoders",
+__all__ = ["StartupError", "build_alert_engine", "build_alertmanager", "build_dead_letter",
            "build_publishers", "build_source", "start_exporter"]
 
 
@@ -45,7 +44,6 @@ def build_source(scfg: SourceConfig, index: int | None = None, max_record_bytes:
     try:
         if scfg.type == "file":
             from connectors.files import FileSource
-
             assert scfg.path is not None  # validated by the config
             opts = dict(scfg.options)
             if max_record_bytes is not None:  # limits.max_record_bytes, unless the source sets its own
@@ -58,33 +56,17 @@ def build_source(scfg: SourceConfig, index: int | None = None, max_record_bytes:
             return FileSource(scfg.path, format=scfg.format, follow=scfg.follow, name=scfg.name, **opts)
         if scfg.type == "kafka":
             from connectors.kafka import KafkaSource
-
             opts = {**scfg.options, "name": scfg.name}
             mapping = scfg.mapping(where)
             if mapping is not None and _reads_metadata(mapping):  # metadata costs 30-60 % of the read path
                 opts.setdefault("metadata", True)
             return KafkaSource.from_config(opts)
-        from calmon.agent.simsource import SimulatedSource
-
+        from connectors.simsource import SimulatedSource
         return SimulatedSource(name=scfg.name, **scfg.options)
     except TypeError as exc:  # an unknown keyword in ``options``
         raise StartupError(f"{where}.options: {exc}") from None
     except (ValueError, OSError) as exc:
         raise StartupError(f"{where}: {exc}") from None
-
-
-def build_decoders(cfg: Config, base: Decoder) -> dict[str, Decoder]:
-    """One decoder per source with a ``schema`` (by source name), sharing ``base``'s state and limits.
-
-    Sources without a schema use ``base`` itself. A bad mapping raises :class:`ConfigError` naming the
-    key (``sources.0.schema.fields.x``).
-    """
-    out: dict[str, Decoder] = {}
-    for i, scfg in enumerate(cfg.sources):
-        mapping = scfg.mapping(f"sources.{i}")
-        if mapping is not None:
-            out[scfg.name] = base.for_mapping(mapping)
-    return out
 
 
 def build_dead_letter(cfg: Config) -> DeadLetterSink | None:
@@ -95,13 +77,11 @@ def build_dead_letter(cfg: Config) -> DeadLetterSink | None:
             return None
         if dl.type == "file":
             from connectors.deadletter import FileDeadLetterSink
-
             path = Path(dl.path)
             if not path.is_absolute():
                 path = Path(cfg.state_dir) / path
             return FileDeadLetterSink(path, **dl.options)
         from connectors.kafka import KafkaDeadLetterSink
-
         return KafkaDeadLetterSink.from_config(dl.options)
     except TypeError as exc:
         raise StartupError(f"dead_letter.options: {exc}") from None
@@ -121,7 +101,6 @@ def build_publishers(cfg: Config) -> list[Publisher]:
                 out.append(DirectoryStore(p.options.get("path", default_dir)))
             else:
                 from connectors.kafka import KafkaCalibratorPublisher
-
                 out.append(KafkaCalibratorPublisher.from_config(p.options))
         except (TypeError, ValueError, OSError) as exc:
             raise StartupError(f"{where}.options: {exc}") from None

@@ -13,7 +13,7 @@ Threads
   writes a checkpoint;
 * the **scheduler** (:mod:`calmon.agent.scheduler`), running :meth:`Agent.evaluate_round`;
 * the **HTTP exporter** (:mod:`calmon.exporter.http`), one thread per connection.
-The locking rule is in :mod:`calmon.agent.state`; evaluation results are published as one
+The locking rule is in :mod:`calmon.state.agentstate`; evaluation results are published as one
 immutable object (:mod:`calmon.agent.views`).
 
 Checkpoints
@@ -22,7 +22,7 @@ A checkpoint is captured between two batches, when the state holds exactly the r
 every source's position: the decoder state, the join buffers, every ring of every model, all
 counters, each source's position and the dead-letter sink's position.  Under the lock only what
 changed since the last generation is copied; a writer thread serialises it and commits the
-generation (:mod:`calmon.checkpoint_incremental`, :class:`calmon.checkpoint.CheckpointStore`), and
+generation (:mod:`calmon.state.checkpoint.incremental`, :class:`calmon.state.checkpoint.store.CheckpointStore`), and
 source offsets are committed after that, on the ingestion thread.  On start the agent loads the
 newest generation, seeks each source to its position and truncates the dead-letter file to its
 position: records after the checkpoint are read again and everything derived from them is
@@ -51,22 +51,22 @@ from calmon.agent.build import (
     build_source,
     start_exporter,
 )
-from calmon.agent.evaluation import Evaluator, RoundResult, check_testers
-from calmon.agent.ingest import Ingestor
-from calmon.agent.pool import TesterPool
-from calmon.agent.recalibrate import Recalibrator
 from calmon.agent.scheduler import Scheduler
-from calmon.agent.state import AgentState, StateError
-from calmon.agent.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo
 from calmon.agent.views import Published, live_state, metrics_state, model_bytes, round_state, status_document
 from calmon.calibration import check_methods
-from calmon.checkpoint import CheckpointStore
-from calmon.checkpoint_incremental import Checkpointer, resolver
 from calmon.config import Config, ConfigError
+from calmon.evaluate.pool import TesterPool
+from calmon.evaluate.recalibrate import Recalibrator
+from calmon.evaluate.round import Evaluator, RoundResult, check_testers
+from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo
 from calmon.exporter.http import Endpoints, HTTPExporter
 from calmon.exporter.metrics import AgentMetrics, SeriesBudget
-from calmon.statuspage import render as render_status
-from connectors.base import Batch, Committable, Connectable, DeadLetterSink, Source
+from calmon.exporter.status.page import render as render_status
+from calmon.state.agentstate import AgentState, StateError
+from calmon.state.checkpoint.incremental import Checkpointer, resolver
+from calmon.state.checkpoint.store import CheckpointStore
+from calmon.state.ingest import Ingestor
+from connectors.base import Batch, ByteLagReporting, Committable, Connectable, DeadLetterSink, LagReporting, Source
 
 log = logging.getLogger("calmon.agent")
 
@@ -299,10 +299,10 @@ class Agent:
         return got
 
     def ingest(self, batch: Batch, src: Source | None = None) -> None:
-        """Decode, join and bin one batch (see :class:`~calmon.agent.ingest.Ingestor`)."""
+        """Decode, join and bin one batch (see :class:`~calmon.state.ingest.Ingestor`)."""
         if self.ingestor is None:
             self.ingestor = Ingestor(self.state, self.dead_letter, self.clock)
-        self.ingestor.ingest(batch, src)
+        self.ingestor.ingest(batch, _lag_records(src), src.lag_bytes() if isinstance(src, ByteLagReporting) else None)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _checkpoint_head(self) -> dict[str, Any]:
@@ -325,7 +325,7 @@ class Agent:
         """Capture the state with the source and dead-letter positions; write it on the writer thread.
 
         Ingestion is blocked only while what changed since the last generation is copied (see
-        :mod:`calmon.checkpoint_incremental`).  At most one checkpoint is in flight: with ``wait``
+        :mod:`calmon.state.checkpoint.incremental`).  At most one checkpoint is in flight: with ``wait``
         this one waits for the previous one and then for itself (durable and offsets committed on
         return); without, it is skipped (returns False) while the previous one is being written.
         """
@@ -367,7 +367,7 @@ class Agent:
         """Load a checkpoint document and seek sources and the dead-letter sink to its positions.
 
         The document is checked against the checkpoint schema first
-        (:mod:`calmon.agent.checkpoint_schema`); a hand-edited or otherwise malformed one gives a
+        (:mod:`calmon.state.checkpoint.schema`); a hand-edited or otherwise malformed one gives a
         :class:`StartupError` naming the file and the field.
         """
         where = self.store.loaded_path if self.store is not None and self.store.loaded_path else self.cfg.state_dir
@@ -478,3 +478,14 @@ class Agent:
             sched["next_at"] = now + max(0.0, self.scheduler.next_at - time.monotonic())
         doc["agent"]["tests"] = [t.name for t in self.cfg.evaluation.tests]
         return doc
+
+
+def _lag_records(src: Source | None) -> int | None:
+    """Consumer lag of a source that reports one (best effort: a broker may be unreachable)."""
+    if not isinstance(src, LagReporting):
+        return None
+    try:
+        return int(sum(src.lag().values()))
+    except (OSError, RuntimeError, ValueError) as exc:
+        log.debug("lag of %s unavailable: %s", getattr(src, "name", "?"), exc)
+        return None

@@ -1,7 +1,7 @@
 """The evaluation scheduler: a background thread that runs a round every ``evaluation.every`` seconds.
 
 What a round does is the runtime's business (:meth:`calmon.agent.runtime.Agent.evaluate_round`:
-a snapshot of the windows taken under the state lock, then :mod:`calmon.agent.evaluation` on
+a snapshot of the windows taken under the state lock, then :mod:`calmon.evaluate.round` on
 that private copy, so ingestion never waits for a tester).  This module only owns the timing:
 periodic rounds, an immediate round on :meth:`Scheduler.trigger`, and waiting for a round.
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calmon import __version__
-from calmon.agent.state import AgentState
-from calmon.agent.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo, SourceView
 from calmon.config import format_duration
-from calmon.jsonio import clean
+from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo, SourceView
+from calmon.formats.jsonio import clean
+from calmon.state.agentstate import AgentState
 
 __all__ = ["Published", "live_state", "metrics_state", "model_bytes", "round_state", "status_document"]
 
@@ -34,7 +34,7 @@ class Published:
                                                                            last_timestamp=None))
     #: The alert engine's state after this round (``None`` before the first round or without rules).
     alert_doc: Mapping[str, Any] | None = None
-    #: The work-item scheduler after this round (:class:`calmon.agent.evaluation.WorkInfo`).
+    #: The work-item scheduler after this round (:class:`calmon.evaluate.round.WorkInfo`).
     work: Mapping[str, Any] = field(default_factory=dict)
     #: Bytes of statistics per model, measured after this round (:func:`model_bytes`).
     nbytes: Mapping[str, int] = field(default_factory=dict)

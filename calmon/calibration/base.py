@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from calmon import __version__
-from calmon.jsonio import clean, write_json_atomic
+from calmon.formats.jsonio import clean, write_json_atomic
 from calmon.stats.data import CalibrationData
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "KINDS", "Calibrator", "CalibratorError"]
@@ -194,7 +194,7 @@ class Calibrator:
         return clean(doc)
 
     def save(self, path: str | os.PathLike[str], **info: Any) -> dict[str, Any]:
-        """Write :meth:`to_document` atomically and durably (:func:`calmon.jsonio.write_json_atomic`)."""
+        """Write :meth:`to_document` atomically and durably (:func:`calmon.formats.jsonio.write_json_atomic`)."""
         doc = self.to_document(**info)
         write_json_atomic(path, doc)
         return doc

@@ -34,7 +34,7 @@ from calmon.calibration.metrics import NLL_EPS, binary_metrics, evaluate, grid_m
 from calmon.calibration.registry import MethodLike, MethodSpec, make_calibrator
 from calmon.calibration.split import hash_split, hash_unit, split_arrays
 from calmon.calibration.store import DirectoryStore, Publisher
-from calmon.jsonio import clean
+from calmon.formats.jsonio import clean
 from calmon.stats.data import CalibrationData
 
 __all__ = [

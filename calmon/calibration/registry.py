@@ -1,7 +1,7 @@
 """The calibration methods calmon knows: one explicit table, and the method specs of a configuration.
 
 :data:`BUILTIN` lists the built-in calibrator classes; importing this module registers each of
-them once in :data:`CALIBRATORS` (a :class:`calmon.registry.Registry`, which refuses a second
+them once in :data:`CALIBRATORS` (a :class:`calmon.plugins.registry.Registry`, which refuses a second
 class under a taken name).  Plugins call :func:`register_calibrator`.
 
 Examples
@@ -34,7 +34,7 @@ from calmon.calibration.platt import PlattCalibrator
 from calmon.calibration.polynomial import PolynomialCalibrator
 from calmon.calibration.scaling_binning import ScalingBinningCalibrator
 from calmon.calibration.temperature import TemperatureCalibrator
-from calmon.registry import Registry
+from calmon.plugins.registry import Registry
 
 __all__ = ["BUILTIN", "CALIBRATORS", "MethodSpec", "check_methods", "get_calibrator", "make_calibrator",
            "register_calibrator"]

@@ -11,7 +11,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from calmon.calibration.base import FORMAT, Calibrator, CalibratorError
 from calmon.calibration.document import from_document
-from calmon.jsonio import fsync_dir, write_bytes_atomic
+from calmon.formats.jsonio import fsync_dir, write_bytes_atomic
 
 __all__ = ["Publisher", "DirectoryStore"]
 
@@ -45,7 +45,7 @@ class DirectoryStore:
 
     Each revision is written to a temporary file in the same directory, fsynced and hard-linked to
     its final name (so an existing revision is never overwritten, and readers see whole files only);
-    ``latest.json`` is then replaced atomically (:func:`calmon.jsonio.write_bytes_atomic`), and the
+    ``latest.json`` is then replaced atomically (:func:`calmon.formats.jsonio.write_bytes_atomic`), and the
     directory is fsynced after both so that a crash cannot forget a published revision.
 
     Examples

@@ -96,7 +96,6 @@ class Emitter:
         self.last_invalid = ""
         if registry is not None:
             from calmon.client.metrics import register
-
             register(self, registry)
 
     @classmethod
@@ -104,7 +103,6 @@ class Emitter:
                 max_age: float | None = 3600.0, fsync: bool = False, **kwargs: Any) -> Emitter:
         """An emitter writing to a rotating JSONL file (see :class:`~calmon.client.filesink.RotatingFileSink`)."""
         from calmon.client.filesink import RotatingFileSink
-
         return cls(RotatingFileSink(path, max_bytes=max_bytes, max_age=max_age, fsync=fsync), **kwargs)
 
     @classmethod
@@ -113,7 +111,6 @@ class Emitter:
                  producer_config: Mapping[str, Any] | None = None, **kwargs: Any) -> Emitter:
         """An emitter producing to a Kafka topic (see :class:`~calmon.client.kafkasink.KafkaSink`)."""
         from calmon.client.kafkasink import KafkaSink
-
         sink = KafkaSink(bootstrap_servers, topic, queue_size=queue_size, policy=policy, batch_size=batch_size,
                          producer_config=producer_config)
         return cls(sink, **kwargs)

@@ -1,7 +1,7 @@
 """Canonical events built and checked on the serving side, standard library only.
 
 :func:`prediction_event`, :func:`outcome_event` and :func:`labeled_event` return the JSON line of
-one event in the schema :class:`calmon.events.Decoder` reads (README "Events"), or raise
+one event in the schema :class:`calmon.events.decoder.Decoder` reads (README "Events"), or raise
 :class:`InvalidEventError` with one of the decoder's reason codes. The checks are the decoder's,
 done cheaply on Python scalars, so an event that leaves the emitter is not dead-lettered later;
 numpy scalars and arrays are accepted without importing numpy (``tolist()`` / ``float()`` /
@@ -41,7 +41,7 @@ _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
 
 
 class InvalidEventError(ValueError):
-    """An event the decoder would reject; ``reason`` is its reason code (``calmon.events.REASONS``)."""
+    """An event the decoder would reject; ``reason`` is its reason code (``calmon.events.decoder.REASONS``)."""
 
     def __init__(self, reason: str, detail: str) -> None:
         super().__init__(f"{reason}: {detail}")

@@ -127,8 +127,9 @@ class RotatingFileSink:
             os.close(self._fd)
             self._fd = None
             if self.fsync:
-                from calmon.jsonio import fsync_dir  # imported here: the default path stays standard-library only
-
+                from calmon.formats.jsonio import (
+                    fsync_dir,  # imported here: the default path stays standard-library only
+                )
                 fsync_dir(self.path.parent)
             self.rotations += 1
         self._open()

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from calmon.client.emitter import Emitter
-
 __all__ = ["EmitterCollector", "register"]
 
 _RESULTS = ("sent", "dropped_full", "dropped_invalid", "errors")

@@ -2,8 +2,8 @@
 
 A delta is the binned statistics that one range ``[start, end)`` of one input partition added to one
 model: for each (segment, tier, bucket start) of the model's event-time rings, the
-:class:`~calmon.agent.buckets.BucketStats` of exactly those events (its *packed* JSON document,
-:meth:`~calmon.agent.buckets.BucketStats.to_packed`: the arrays in one zlib payload; no pickle), plus
+:class:`~calmon.state.buckets.BucketStats` of exactly those events (its *packed* JSON document,
+:meth:`~calmon.state.buckets.BucketStats.to_packed`: the arrays in one zlib payload; no pickle), plus
 the partition's watermark after the range and the event counts.  The ingest stage builds it by
 applying the range to *fresh* rings at the partition's watermark, so a bucket of tier ``t`` holds events
 that were too old for every finer tier at that watermark.
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from calmon.agent.buckets import BucketStats, ModelWindows
-from calmon.agent.counters import Counters
-from calmon.agent.windows import ARCHIVE_TIER
+from calmon.state.buckets import BucketStats, ModelWindows
+from calmon.state.counters import Counters
+from calmon.state.windows import ARCHIVE_TIER
 
 __all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "FORMAT", "VERSION", "READABLE"]
 

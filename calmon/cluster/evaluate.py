@@ -36,7 +36,7 @@ from calmon.cluster.ownership import render_ownership
 from calmon.cluster.snapshot_store import SnapshotStore
 from calmon.cluster.snapshots import Manifest, ModelSnapshot, copy_windows, keep_delta, restore_start
 from calmon.config import Config
-from calmon.jsonio import write_json_atomic
+from calmon.formats.jsonio import write_json_atomic
 from connectors.base import Batch, Source
 from connectors.kafka import KafkaSource
 

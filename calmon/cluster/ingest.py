@@ -91,7 +91,6 @@ class IngestWorker:
     def open(self) -> None:
         """Create the internal topics if missing, connect the producer and the intents reader, build the source."""
         from calmon.agent.build import build_dead_letter
-
         cl = self.cfg.cluster
         ensure_topics(cl.bootstrap_servers, cl.client, internal_topics(self.cfg))
         self.producer = Producer(cl.bootstrap_servers, cl.client)
@@ -195,7 +194,6 @@ class IngestWorker:
     def start_http(self) -> HTTPExporter:
         """Serve ``/metrics`` (``calmon_cluster_*``), ``/healthz``, ``/readyz`` and ``/api/status``."""
         from calmon.agent.build import start_exporter
-
         endpoints = Endpoints(self.metrics.render, lambda: True, self.ready, self.status,
                               lambda doc: "<pre>" + html.escape(json.dumps(doc, indent=2)) + "</pre>")
         self.http = start_exporter(self.cfg.exporter, endpoints)
@@ -322,7 +320,6 @@ class IngestWorker:
 def build_input(cfg: Config) -> KafkaSource:
     """The ingest stage's consumer: the configured Kafka source, in ``cluster.ingest_group``, positioned by us."""
     from calmon.agent.build import StartupError, build_source
-
     if len(cfg.sources) != 1 or cfg.sources[0].type != "kafka":
         raise StartupError("sources: the ingest stage reads exactly one source of type kafka "
                            f"(got {[s.type for s in cfg.sources]})")

@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from calmon.cluster.intents import Intent
     from calmon.cluster.partition import Applied
     from connectors.kafka import KafkaSource
-
 __all__ = ["IngestMetrics", "render_ownership", "escape"]
 
 

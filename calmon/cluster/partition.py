@@ -2,7 +2,7 @@
 
 Applying a range is deterministic in (the partition state at its start, its records, the intent's
 ``now``): the joiner runs on event time only (watermarks and sweeps follow record order, see
-:mod:`calmon.agent.join`), and events without ``ts`` take the intent's ``now`` instead of the wall
+:mod:`calmon.state.join`), and events without ``ts`` take the intent's ``now`` instead of the wall
 clock.  So a replay of an intent gives the same deltas, dead letters and next state as the first run.
 """
 
@@ -11,13 +11,13 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from calmon.agent.counters import Counters
-from calmon.agent.ingest import Ingestor
-from calmon.agent.join import Joiner
-from calmon.agent.state import AgentState
 from calmon.cluster.deltas import Delta, extract_deltas
 from calmon.cluster.intents import Intent, PartitionState
 from calmon.config import Config
+from calmon.state.agentstate import AgentState
+from calmon.state.counters import Counters
+from calmon.state.ingest import Ingestor
+from calmon.state.join import Joiner
 from connectors.base import Batch, RecordMeta
 
 __all__ = ["PartitionIngest", "Rejects", "Applied", "stage_config"]

@@ -1,7 +1,7 @@
 """Evaluator snapshots: one record per model on a compacted topic, so a new owner restores without a full replay.
 
 A :class:`ModelSnapshot` is everything an evaluator holds about one model: its windows (rings of
-*packed* bucket documents, :meth:`~calmon.agent.buckets.BucketStats.to_packed`; no pickle), its event
+*packed* bucket documents, :meth:`~calmon.state.buckets.BucketStats.to_packed`; no pickle), its event
 and late counters, its de-duplication entries (the end of the last range applied per input partition)
 and the deltas offset ``o_m`` it covers: every delta of that model below ``o_m`` in its deltas
 partition is in it.  It is written to the snapshots partition equal to the model's deltas partition.
@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from calmon.agent.buckets import BucketStats, ModelWindows
-from calmon.agent.windows import TieredRing
+from calmon.state.buckets import BucketStats, ModelWindows
+from calmon.state.windows import TieredRing
 
 __all__ = ["FORMAT", "VERSION", "MANIFEST_KEY", "MAX_RECORD", "Manifest", "ModelSnapshot", "SnapshotError",
            "copy_windows", "keep_delta", "restore_start"]

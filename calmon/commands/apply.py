@@ -14,8 +14,8 @@ import numpy as np
 
 from calmon.calibration.base import Calibrator
 from calmon.calibration.document import load
-from calmon.io import Dataset, read_input
-from calmon.schema import add_schema_arguments, mapping_from_arguments
+from calmon.events.schema import add_schema_arguments, mapping_from_arguments
+from calmon.offline.inputs import Dataset, read_input
 
 FORMATS = ("csv", "jsonl", "npz")
 

@@ -15,12 +15,12 @@ from rich.progress import Progress
 from calmon import __version__
 from calmon.algorithms.ece import reliability, summary
 from calmon.algorithms.twosample import calibration_change_test
-from calmon.io import Dataset, read_input
-from calmon.jsonio import clean
-from calmon.schema import add_schema_arguments, mapping_from_arguments
+from calmon.evaluate.verdict import summarize
+from calmon.events.schema import add_schema_arguments, mapping_from_arguments
+from calmon.formats.jsonio import clean
+from calmon.offline.inputs import Dataset, read_input
 from calmon.stats.model import ModelStats
 from calmon.testers import CalibrationData, check_params, run_tester
-from calmon.verdict import summarize
 
 #: Testers run when ``--tests`` is not given (``--tests none`` runs none).
 DEFAULT_TESTS = "tcal,smce"

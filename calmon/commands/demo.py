@@ -23,8 +23,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from calmon.agent.types import Evaluation
-
+    from calmon.evaluate.types import Evaluation
 #: The demo's configuration (kept identical to config/demo.yaml by tests/test_config.py).
 DEMO_CONFIG: dict[str, Any] = {
     "state_dir": "./calmon-demo-state",
@@ -157,7 +156,6 @@ def console_hook(t0: float, drift_time: float | None, out: Any = sys.stdout,
 def demo_config(port: int, address: str, state_dir: str, drift_after: float) -> Any:
     """The validated demo configuration for a port and state directory."""
     from calmon.config import build_config
-
     doc = copy.deepcopy(DEMO_CONFIG)
     doc["state_dir"] = state_dir
     doc["exporter"].update(port=port, address=address)
@@ -170,7 +168,6 @@ def run(args: argparse.Namespace) -> int:
     from calmon.agent.runtime import Agent, StartupError
     from calmon.commands.run import install_signal_handlers
     from calmon.config import ConfigError
-
     state_dir = tempfile.mkdtemp(prefix="calmon-demo-")
     try:
         cfg = demo_config(args.port, args.address, state_dir, args.drift_after)

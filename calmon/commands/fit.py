@@ -13,9 +13,9 @@ from calmon.calibration.base import Calibrator
 from calmon.calibration.metrics import binary_metrics, multiclass_metrics
 from calmon.calibration.registry import CALIBRATORS, make_calibrator
 from calmon.calibration.split import hash_split
-from calmon.io import Dataset, read_input
-from calmon.jsonio import write_json_atomic
-from calmon.schema import add_schema_arguments, mapping_from_arguments
+from calmon.events.schema import add_schema_arguments, mapping_from_arguments
+from calmon.formats.jsonio import write_json_atomic
+from calmon.offline.inputs import Dataset, read_input
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -11,15 +11,14 @@ import numpy as np
 from calmon.algorithms.smooth import smce_witness
 from calmon.calibration.document import load
 from calmon.commands.check import DEFAULT_TESTS, Steps, build_stats, parse_testers, report
-from calmon.io import Dataset, read_input
-from calmon.jsonio import write_bytes_atomic
-from calmon.schema import add_schema_arguments, mapping_from_arguments
+from calmon.events.schema import add_schema_arguments, mapping_from_arguments
+from calmon.formats.jsonio import write_bytes_atomic
+from calmon.offline.inputs import Dataset, read_input
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
 
 if TYPE_CHECKING:  # matplotlib is imported only when a report is drawn: `calmon --help` stays fast
     from calmon.report import Panel
-
 #: Per-class panels drawn at most (the first classes by index).
 MAX_CLASS_PANELS = 10
 
@@ -63,7 +62,6 @@ def _after(ds: Dataset, path: str) -> ModelStats:
 
 def _panels(ds: Dataset, stats: ModelStats, after: ModelStats | None) -> list[Panel]:
     from calmon.report import grid_panel
-
     top = ds.top_label_only or ds.classes > 2
     title = "top-label confidence vs accuracy" if top else "binary score vs outcome rate"
     panels = [grid_panel("main", title, stats.ece, None if after is None else after.ece)]
@@ -90,7 +88,6 @@ def _witness(grid: ScoreGrid) -> tuple[np.ndarray, np.ndarray] | None:
 def run(args: argparse.Namespace) -> int:
     from calmon.report import ReportInput, render_html, render_png
     from calmon.report.timeview import estimates_html, time_view, time_view_html
-
     fmt = args.format or ("png" if str(args.output).lower().endswith(".png") else "html")
     steps = 4 + len(parse_testers(args.tests))
     with Steps(steps) as progress:

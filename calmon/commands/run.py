@@ -66,7 +66,6 @@ def run(args: argparse.Namespace) -> int:
     if args.role != "all":
         return run_stage(args, cfg)
     from calmon.agent.runtime import Agent
-
     try:
         agent = Agent(cfg)  # validates testers, their parameters, alert rules and recalibration methods
     except ConfigError as exc:
@@ -87,7 +86,6 @@ def print_config(cfg: Any) -> int:
 def serve(agent: Any) -> int:
     """Open the agent (single-process or evaluator), serve, run until stopped."""
     from calmon.agent.runtime import StartupError
-
     try:
         agent.open()
     except (StartupError, ValueError, OSError) as exc:
@@ -97,8 +95,7 @@ def serve(agent: Any) -> int:
     install_signal_handlers(agent)
     if agent.http is not None:
         print(f"calmon run: serving {agent.http.url}/metrics", file=sys.stderr, flush=True)
-    from calmon.schema import MappingError
-
+    from calmon.events.schema import MappingError
     try:
         return int(agent.run())
     except MappingError as exc:  # a mapped path that matched none of the first records: the batch was not applied
@@ -112,7 +109,6 @@ def run_stage(args: argparse.Namespace, cfg: Any) -> int:
     from calmon.cluster.evaluate import EvaluateAgent
     from calmon.cluster.ingest import IngestWorker
     from calmon.cluster.intents import ClusterError
-
     if not cfg.cluster.bootstrap_servers:
         print(f"calmon run: configuration error: cluster.bootstrap_servers: required by --role {args.role}",
               file=sys.stderr)

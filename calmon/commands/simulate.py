@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from calmon.simulate import SimulationSpec, Simulator
+from connectors.simulation import SimulationSpec, Simulator
 
 
 def register(sub: argparse._SubParsersAction) -> None:

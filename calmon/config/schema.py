@@ -90,7 +90,7 @@ class SourceConfig:
     #: Extra keyword arguments for the connector's constructor (e.g. Kafka ``bootstrap_servers``, ``topics``).
     options: dict[str, Any] = field(default_factory=dict)
     #: Schema mapping of this source's records (a YAML/JSON file path or an inline mapping; see
-    #: :mod:`calmon.schema`); ``None``: calmon's own schema.
+    #: :mod:`calmon.events.schema`); ``None``: calmon's own schema.
     schema: Any = None
 
     def validate(self, path: str) -> None:
@@ -102,10 +102,9 @@ class SourceConfig:
             self.mapping(path)
 
     def mapping(self, path: str = "source") -> Any:
-        """The validated :class:`calmon.schema.Mapping` of ``schema`` (``None`` without one); a bad mapping
+        """The validated :class:`calmon.events.schema.Mapping` of ``schema`` (``None`` without one); a bad mapping
         raises :class:`ConfigError` naming the key (``sources.0.schema.fields.x``)."""
-        from calmon.schema import MappingError, load_mapping
-
+        from calmon.events.schema import MappingError, load_mapping
         if self.schema is None:
             return None
         _check(isinstance(self.schema, str | dict), f"{path}.schema", "must be a file path or a mapping")
@@ -503,7 +502,7 @@ class EstimationConfig:
 
 @dataclass
 class ChangesConfig:
-    """Sequential change detection on each model's calibration (:mod:`calmon.river.changes`)."""
+    """Sequential change detection on each model's calibration (:mod:`calmon.algorithms.changepoint`)."""
 
     enabled: bool = True
     #: Events per block; a detection comes at least one block after the change.

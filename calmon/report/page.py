@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from calmon.jsonio import clean
+from calmon.formats.jsonio import clean
 from calmon.report.figures import (
     Bar,
     draw_reliability,

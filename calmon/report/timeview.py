@@ -1,6 +1,6 @@
 """The report's time view and label-free section: calibration over time with detected changes, estimated vs realised.
 
-The time view runs the agent's change detector (:class:`calmon.river.changes.CalibrationChangeDetector`)
+The time view runs the agent's change detector (:class:`calmon.algorithms.changepoint.CalibrationChangeDetector`)
 over the file's labelled predictions in event-time order (record order when times are missing) and
 draws the cumulative residual ``sum (y - p)`` -- flat while calibrated, sloped where outcomes run
 above or below the scores -- with the detected change points.  The label-free section shows what
@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 
+from calmon.algorithms.changepoint import CalibrationChangeDetector, Change
 from calmon.algorithms.estimate import estimate_performance, realised_metrics
 from calmon.report.figures import figure_svg, new_figure
-from calmon.river.changes import CalibrationChangeDetector, Change
 from calmon.stats.grid import ScoreGrid
 
 __all__ = ["TimeView", "estimates_html", "time_view"]

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from calmon.jsonio import pack_array, unpack_array
+from calmon.formats.jsonio import pack_array, unpack_array
 from calmon.stats import sparse
 from calmon.stats.packed import Packer, Unpacker
 
@@ -340,7 +340,7 @@ class ScoreGrid:
 
         For a single grid ``z`` and ``y`` have shape ``(n,)``; with channels they have shape
         ``(n, channels)`` (e.g. the probability matrix and the one-hot labels).
-        Inputs are assumed validated (see :mod:`calmon.events`).
+        Inputs are assumed validated (see :mod:`calmon.events.decoder`).
         """
         z = np.asarray(z, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from calmon.jsonio import pack_array, unpack_array
+from calmon.formats.jsonio import pack_array, unpack_array
 from calmon.stats.levelkeys import ROUND_TOL, level_keys, rho, unique_keys
 
 __all__ = ["LevelSetStats", "ROUND_TOL", "level_keys", "unique_keys", "rho", "default_pools", "route",

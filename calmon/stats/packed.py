@@ -1,6 +1,6 @@
 """Packed statistics documents: every array of a document in one compressed binary payload.
 
-A statistics document written with :func:`calmon.jsonio.pack_array` compresses and base64-encodes
+A statistics document written with :func:`calmon.formats.jsonio.pack_array` compresses and base64-encodes
 each array on its own: a checkpointed time bucket holds about seventeen of them, so writing and
 reading it costs a zlib stream and a base64 string per array (about 0.2 ms to read, 0.5 ms to
 write a bucket).  A *packed* document keeps the small fields as JSON and refers to its arrays by

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from calmon.jsonio import clean, pack_array, unpack_array
+from calmon.formats.jsonio import clean, pack_array, unpack_array
 from calmon.stats.packed import Packer, Unpacker
 
 FORMAT = "calmon.reservoir"
-#: 2: rows as a :func:`calmon.jsonio.pack_array` document; 1 (still read): a bare base64 string.
+#: 2: rows as a :func:`calmon.formats.jsonio.pack_array` document; 1 (still read): a bare base64 string.
 FORMAT_VERSION = 2
 
 
@@ -215,7 +215,7 @@ class Reservoir:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        """Versioned, pickle-free document (rows packed with :func:`calmon.jsonio.pack_array`)."""
+        """Versioned, pickle-free document (rows packed with :func:`calmon.formats.jsonio.pack_array`)."""
         return {"format": FORMAT, "version": FORMAT_VERSION, "capacity": self.capacity, "width": self.width,
                 "seen": self.seen, "rows": pack_array(self.rows, "<f8"),
                 "rng": clean(self._rng.bit_generator.state)}

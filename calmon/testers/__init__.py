@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from calmon.registry import Registry
+from calmon.plugins.registry import Registry
 from calmon.stats.data import CalibrationData
 from calmon.testers.ldtc import ldtc_tester
 from calmon.testers.lp import lp_tester

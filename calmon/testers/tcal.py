@@ -1,7 +1,7 @@
 """Tester ``"tcal"``: adaptive T-Cal on whatever the caller has (a file's raw data, a window's grid or sample).
 
 The adapter only chooses the data source and the method; the statistics live in
-:mod:`calmon.algorithms.tcal` and :mod:`calmon.algorithms.binomial_test`.
+:mod:`calmon.algorithms.tcal` and :mod:`calmon.algorithms.discrete_binomial`.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from calmon.algorithms.binomial_test import binomial_test, discrete_support, grid_discrete_support
+from calmon.algorithms.discrete_binomial import binomial_test, discrete_support, grid_discrete_support
 from calmon.algorithms.tcal import METHODS, SimulationNeeded, insufficient_result, tcal_test
 from calmon.algorithms.tcal.multiclass import canonical_tcal_test
 from calmon.algorithms.tcal.views import classwise_tcal_test
@@ -74,7 +74,7 @@ def tcal_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
     Returns
     -------
     The dict of :func:`~calmon.algorithms.tcal.tcal_test` (or
-    :func:`~calmon.algorithms.binomial_test.binomial_test`) with ``source`` (``"raw"``, ``"grid"``,
+    :func:`~calmon.algorithms.discrete_binomial.binomial_test`) with ``source`` (``"raw"``, ``"grid"``,
     ``"reservoir"``).
 
     Examples

@@ -4,7 +4,7 @@ Run on demand (prints a table):  python -m tests.benchmarks.bench_ingest [--even
 
 Every variant does the same work: split the file into lines, decode, validate (finite, in range,
 label 0/1) and update a 4096-cell grid, the 15-bin grid and a 2000-row reservoir.  ``calmon``
-is the product's own :class:`calmon.events.Decoder` (msgspec typed schema plus full validation
+is the product's own :class:`calmon.events.decoder.Decoder` (msgspec typed schema plus full validation
 with a reason per rejected record).  The ``mapped`` rows decode the same events written in another shape
 through a schema mapping (issue #16): flat renamed keys, and nested keys with epoch-millisecond times and
 string labels (``"yes"``/``"no"`` both listed, or only ``positive: ["yes"]``, whose other raw values the
@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from calmon.events import Decoder
-from calmon.schema import Mapping, load_mapping
-from calmon.simulate import SimulationSpec, Simulator
+from calmon.events.decoder import Decoder
+from calmon.events.schema import Mapping, load_mapping
 from calmon.stats.model import ModelStats
+from connectors.simulation import SimulationSpec, Simulator
 
 
 def _minimal(decode_line: Callable[[bytes], Any]) -> Callable[[list[bytes]], ModelStats]:

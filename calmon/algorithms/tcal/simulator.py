@@ -21,7 +21,6 @@ except ImportError:  # pragma: no cover - layout of scipy's private modules
 
 if TYPE_CHECKING:
     from calmon.algorithms.tcal.atoms import Atoms
-
 __all__ = ["Simulator"]
 
 

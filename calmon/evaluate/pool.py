@@ -1,0 +1,315 @@
+"""A pool for the expensive testers: tester calls on worker threads or worker processes.
+
+The expensive testers (smCE's null simulation, LDTC's linear program) are numerical code whose
+heavy parts run in numpy and HiGHS.  Which pool uses the two cores better was measured with
+``scripts/bench_tester_pool.py`` (see the README, "Evaluation scheduling"): the choice is the
+``evaluation.pool`` setting, ``process`` by default.
+
+Process pool and data
+---------------------
+Nothing crosses the process boundary as a pickle of data the agent did not create: a job is a
+JSON document (:func:`encode_data`: the grid, reservoir arrays and level-set statistics as
+:func:`calmon.formats.jsonio.pack_array` bytes) and a worker answers with the result's JSON
+(:meth:`TestResult.to_dict`).  The executor itself still moves these ``str`` payloads through
+its own queue, which is plain strings.  Workers start with ``spawn`` (no fork of a threaded
+process) and ignore SIGINT/SIGTERM: shutdown is the agent's business, which stops submitting
+and lets the jobs in flight finish (:meth:`TesterPool.close`), so a tester in flight never makes
+the exit status non-zero.
+
+Priorities
+----------
+An executor's queue is first in, first out.  A round waits for its T-Cal simulations (every window
+gets T-Cal every round) but not for the scheduled testers, whose calls take up to a second each and
+may still be queued from the previous round.  So jobs wait in the pool's own queue, most urgent
+first (:data:`URGENT` before :data:`BACKGROUND`, then in order of submission), and the executor is
+given at most two jobs per worker at a time (:data:`READY`): a simulation waits at most for the calls
+already running and one more per worker.  (One job per worker left the workers idle while the parent,
+busy with the round, passed each result on: 15 % slower on 711 T-Cal simulations.)
+
+Examples
+--------
+>>> import numpy as np
+>>> from calmon.stats.data import CalibrationData
+>>> d = CalibrationData(n=3, z=np.array([0.2, 0.5, 0.9]), y=np.array([0.0, 1.0, 1.0]), raw_is_complete=True)
+>>> back = decode_data(encode_data(d))
+>>> back.n, back.z.tolist(), back.raw_is_complete
+(3, [0.2, 0.5, 0.9], True)
+>>> pool = TesterPool("inline")
+>>> res = pool.submit("smce", d, alpha=0.05, mc=19, seed=0, params={}).result()
+>>> res.doc["decision"] in ("calibrated", "miscalibrated", "insufficient data"), pool.close()
+(True, None)
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import (
+    BrokenExecutor,
+    Executor,
+    Future,
+    InvalidStateError,
+    ProcessPoolExecutor,
+    ThreadPoolExecutor,
+)
+from typing import Any, NamedTuple
+
+import numpy as np
+from threadpoolctl import threadpool_limits
+
+from calmon.formats.jsonio import clean, pack_array, unpack_array
+from calmon.stats.data import CalibrationData
+from calmon.stats.grid import ScoreGrid
+from calmon.stats.levelset import LevelSetStats
+from calmon.testers import BUILTIN, TestResult, run_tester
+
+log = logging.getLogger("calmon.agent")
+
+__all__ = ["BACKGROUND", "POOL_KINDS", "URGENT", "JobResult", "TesterPool", "decode_data", "encode_data", "run_job"]
+
+#: Niceness added to worker processes (lower CPU priority than the agent's ingestion).
+WORKER_NICE = 10
+#: BLAS threads in a worker process.
+BLAS_THREADS = 1
+#: Jobs handed to the executor per worker: one running, one ready to start.
+READY = 2
+#: ``inline``: in the calling thread (tests); ``thread``/``process``: two workers by default.
+POOL_KINDS = ("inline", "thread", "process")
+#: Job priorities: what the running round waits for, and the rest (smaller runs first).
+URGENT, BACKGROUND = 0, 1
+
+
+def encode_data(d: CalibrationData) -> str:
+    """``d`` as a JSON document (arrays packed, no pickle)."""
+    arrays = {k: None if getattr(d, k) is None else pack_array(getattr(d, k), "<f8") for k in ("z", "y", "probs")}
+    labels = None if d.labels is None else pack_array(d.labels, "<i8")
+    return json.dumps({"n": int(d.n), "raw_is_complete": bool(d.raw_is_complete), **arrays, "labels": labels,
+                       "grid": None if d.grid is None else d.grid.to_dict(),
+                       "levelset": None if d.levelset is None else d.levelset.to_dict()})
+
+
+def decode_data(text: str) -> CalibrationData:
+    """Inverse of :func:`encode_data` (``ValueError`` on a malformed document)."""
+    doc = json.loads(text)
+
+    def arr(key: str, dtype: str) -> np.ndarray | None:
+        return None if doc.get(key) is None else unpack_array(doc[key], dtype, tuple(doc[key]["shape"]))
+
+    return CalibrationData(
+        n=int(doc["n"]), z=arr("z", "<f8"), y=arr("y", "<f8"), probs=arr("probs", "<f8"), labels=arr("labels", "<i8"),
+        grid=None if doc.get("grid") is None else ScoreGrid.from_dict(doc["grid"]),
+        levelset=None if doc.get("levelset") is None else LevelSetStats.from_dict(doc["levelset"]),
+        raw_is_complete=bool(doc["raw_is_complete"]))
+
+
+class JobResult(NamedTuple):
+    """A tester's result document and the seconds its call took (in the worker)."""
+
+    doc: dict[str, Any]
+    seconds: float
+
+
+def _run(name: str, data: CalibrationData, alpha: float, mc: int, seed: int, params: Mapping[str, Any]
+         ) -> JobResult:
+    t0 = time.perf_counter()
+    try:
+        result = run_tester(name, data, alpha=alpha, mc=mc, seed=seed, **params)
+    except Exception as exc:  # noqa: BLE001 - a tester is numerical code on live data; one failure must not stop the round
+        log.warning("tester %s failed: %s", name, exc)
+        result = TestResult.failed(name, exc)
+    return JobResult(clean(result.to_dict()), time.perf_counter() - t0)
+
+
+def run_job(job: str) -> str:
+    """Worker entry point: a JSON job in, the result's JSON out (never raises for a tester's failure)."""
+    doc = json.loads(job)
+    data = decode_data(doc["data"])
+    res = _run(doc["name"], data, doc["alpha"], doc["mc"], doc["seed"], doc["params"])
+    return json.dumps({"result": res.doc, "seconds": res.seconds})
+
+
+def _worker_init() -> None:
+    # The parent decides when to stop; a Ctrl-C or SIGTERM sent to the process group must not
+    # kill a worker mid-job (the parent would see a BrokenProcessPool and log a traceback).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Testers are background work: on two cores, ingestion (the parent) must not wait behind them.
+    os.nice(WORKER_NICE)
+    # The workers are the pool's parallelism: a BLAS thread pool in each (OpenBLAS starts one per core)
+    # oversubscribes the cores -- two workers simulating T-Cal took 2.3x longer than with one thread each.
+    threadpool_limits(BLAS_THREADS)
+
+
+class _Queue:
+    """Jobs waiting for a worker, most urgent first; the executor holds at most ``limit`` at a time.
+
+    A job is a function starting it on the executor (returning the executor's future) and the
+    future handed to the caller, which is cancelled if the job never started.  An executor that
+    broke (a worker process was killed: every later submission would fail) is replaced by a new one
+    from ``make``; the jobs it held get error results, and the scheduler retries them in later rounds.
+    """
+
+    def __init__(self, make: Callable[[], Executor], limit: int) -> None:
+        self._make = make
+        self.executor = make()
+        self._limit = limit
+        self._lock = threading.Lock()
+        self._heap: list[tuple[int, int, str, Callable[[Executor], Future[Any]], Future[JobResult]]] = []
+        self._seq = itertools.count()
+        self._running = 0
+        self._closed = False
+        self._worked = False  # a job finished on the current executor
+
+    def put(self, priority: int, name: str, start: Callable[[Executor], Future[Any]], out: Future[JobResult]) -> None:
+        with self._lock:
+            heapq.heappush(self._heap, (priority, next(self._seq), name, start, out))
+        self._pump()
+
+    def _pump(self) -> None:
+        while True:
+            with self._lock:
+                if self._closed or self._running >= self._limit or not self._heap:
+                    return
+                _, _, name, start, out = heapq.heappop(self._heap)
+                self._running += 1
+            if out.cancelled():  # given up on while it waited
+                self._finished(None, pump=False)
+                continue
+            try:
+                inner = self._start(start)
+            except Exception as exc:  # noqa: BLE001 - a shut-down executor, or a new one that broke at once
+                self._finished(None, pump=False)
+                _settle(out, JobResult(clean(TestResult.failed(name, exc).to_dict()), 0.0))
+                continue
+            inner.add_done_callback(self._finished)
+
+    def _start(self, start: Callable[[Executor], Future[Any]]) -> Future[Any]:
+        ex = self.executor
+        try:
+            return start(ex)
+        except BrokenExecutor:
+            with self._lock:
+                # new workers only for workers that had worked: ones that cannot start (a broken installation)
+                # would be replaced on every job
+                if self._closed or not self._worked:
+                    raise
+                if self.executor is ex:
+                    log.warning("tester pool broken (a worker died): starting new workers")
+                    self.executor = self._make()
+                    self._worked = False
+                    ex.shutdown(wait=False, cancel_futures=True)
+            return start(self.executor)
+
+    def _finished(self, inner: Future[Any] | None, *, pump: bool = True) -> None:
+        with self._lock:
+            self._running -= 1
+            if inner is not None and not inner.cancelled() and inner.exception() is None:
+                self._worked = True
+        if pump:
+            self._pump()  # runs in the executor's callback thread: starting a job there is what it is for
+
+    def close(self, wait: bool) -> None:
+        """Start nothing more: jobs still waiting are cancelled; with ``wait``, return once the running
+        ones have finished."""
+        with self._lock:
+            self._closed = True
+            waiting, self._heap = self._heap, []
+        for *_, out in waiting:
+            out.cancel()
+        self.executor.shutdown(wait=wait, cancel_futures=True)
+
+
+class TesterPool:
+    """Runs tester jobs and returns futures of :class:`JobResult` (``TestResult.to_dict()`` and seconds).
+
+    Parameters
+    ----------
+    kind
+        One of :data:`POOL_KINDS`.
+    workers
+        Worker threads or processes (``thread``/``process``).
+    """
+
+    __test__ = False  # not a pytest test class despite the name
+
+    def __init__(self, kind: str = "process", workers: int = 2) -> None:
+        if kind not in POOL_KINDS:
+            raise ValueError(f"pool kind must be one of {POOL_KINDS}, got {kind!r}")
+        self.kind = kind
+        self.workers = 1 if kind == "inline" else max(1, int(workers))
+        self._queue: _Queue | None = None
+        #: Plugin testers registered in this process only (a spawned worker does not know them) run here.
+        self._threads: Executor | None = None
+        n = self.workers
+        if kind == "thread":
+            self._queue = _Queue(lambda: ThreadPoolExecutor(n, thread_name_prefix="calmon-tester"), READY * n)
+        elif kind == "process":
+            spawn = multiprocessing.get_context("spawn")
+            self._queue = _Queue(lambda: ProcessPoolExecutor(n, mp_context=spawn, initializer=_worker_init), READY * n)
+            self._threads = ThreadPoolExecutor(1, thread_name_prefix="calmon-tester")
+
+    def submit(self, name: str, data: CalibrationData, *, alpha: float, mc: int, seed: int,
+               params: Mapping[str, Any], priority: int = BACKGROUND) -> Future[JobResult]:
+        """Start one tester call (after every waiting job of a smaller ``priority``); the future's result is
+        the result document."""
+        if self._queue is None:
+            fut: Future[JobResult] = Future()
+            fut.set_result(_run(name, data, alpha, mc, seed, params))
+            return fut
+        if self._threads is not None and name not in BUILTIN:
+            return self._threads.submit(_run, name, data, alpha, mc, seed, dict(params))
+        out: Future[JobResult] = Future()
+        if self.kind == "thread":
+            args = (name, data, alpha, mc, seed, dict(params))
+            self._queue.put(priority, name, lambda ex: _chained(ex.submit(_run, *args), out, name), out)
+            return out
+        job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
+                          "data": encode_data(data)})
+        self._queue.put(priority, name, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
+        return out
+
+    def close(self, wait: bool = True) -> None:
+        """Start no new job; with ``wait``, return once the jobs in flight have finished."""
+        if self._queue is not None:
+            self._queue.close(wait)
+        if self._threads is not None:
+            self._threads.shutdown(wait=wait, cancel_futures=True)
+        self._queue = self._threads = None
+
+
+def _chained(inner: Future[Any], out: Future[JobResult], name: str) -> Future[Any]:
+    inner.add_done_callback(lambda f: _chain(f, out, name))
+    return inner
+
+
+def _chain(inner: Future[Any], out: Future[JobResult], name: str) -> None:
+    """``out`` gets the job's result: a :class:`JobResult`, or a worker's JSON answer decoded."""
+    if out.done():  # cancelled by the caller
+        return
+    if inner.cancelled():  # at shutdown
+        out.cancel()
+        return
+    exc = inner.exception()
+    if exc is not None:  # a worker died (killed, out of memory): the window gets an error result, retried later
+        res = JobResult(clean(TestResult.failed(name, exc).to_dict()), 0.0)
+    elif isinstance(got := inner.result(), JobResult):
+        res = got
+    else:
+        doc = json.loads(got)
+        res = JobResult(doc["result"], float(doc["seconds"]))
+    _settle(out, res)
+
+
+def _settle(out: Future[JobResult], res: JobResult) -> None:
+    try:
+        out.set_result(res)
+    except InvalidStateError:  # cancelled by the caller meanwhile
+        pass

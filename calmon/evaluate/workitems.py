@@ -1,0 +1,179 @@
+"""Evaluation as a scheduler of work items: which expensive tester calls a round runs.
+
+A *work item* is one scheduled tester on one window, ``(model, segment, window, tester)``.
+Metrics and the cheap testers (``evaluation.cheap``, T-Cal by default: ~1 ms) run on every window
+whose statistics changed, every round.  The others (smCE ~0.4 s, LDTC ~0.6 s per window, or a
+cheap tester measured slower than ``evaluation.cheap_cost``) are work items:
+
+* **incremental** -- an item is a candidate only when its window's statistics changed since its
+  last result (the snapshot's stamp differs) and that result is at least ``cadence[tester]``
+  rounds old; an unchanged window keeps its last result, with its ``evaluated_at``;
+* **fair** -- candidates are ordered by staleness: no result first, then the oldest result, then
+  (among equals) the window whose statistics changed first, then a fixed hash of the item (no
+  alphabetical favourites);
+* **cost-aware** -- the round takes candidates in that order while their measured cost (a moving
+  average per tester, :class:`CostModel`) fits what is left of the round's budget times the
+  workers; an item too large for what is left is passed over for a smaller one behind it.
+
+Starvation bound
+----------------
+Each round either runs every candidate or fills at least ``C - c_max`` seconds of work, with
+``C = budget x workers x FILL`` and ``c_max`` the largest tester cost; an item that ran goes to
+the back of the order.  So every window with enough data gets every configured tester at least
+every ``N = max(cadence, ceil(sum_items c / (C - c_max)))`` rounds (:func:`starvation_bound`;
+``None`` when ``C <= c_max``: the budget cannot hold one call).  Example (README): 1000 models x 3
+segments x 3 windows, smCE 0.4 s + LDTC 0.6 s per window, budget 30 s on 2 workers: ``C = 48 s``,
+``N = ceil(9000 / 47.4) = 190`` rounds.
+
+Examples
+--------
+>>> costs = CostModel()
+>>> costs.observe("smce", 0.4); costs.observe("ldtc", 0.6)
+>>> last = {("1h", "smce"): 3, ("1h", "ldtc"): -1, ("24h", "smce"): 0, ("24h", "ldtc"): 5}
+>>> items = [Candidate(("m", "all", w), t, r, 0) for (w, t), r in last.items()]
+>>> [(c.key[2], c.test) for c in choose(order(items), costs, capacity=1.1)]
+[('1h', 'ldtc'), ('24h', 'smce')]
+>>> starvation_bound({"smce": 2, "ldtc": 2}, costs, capacity=1.1, cadence=1)
+4
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from calmon.evaluate.types import Evaluation
+
+__all__ = ["FILL", "Candidate", "CostModel", "Stamp", "TestRecord", "WindowEntry", "WindowKey", "choose", "order",
+           "starvation_bound"]
+
+#: ``(model, segment, window)``.
+WindowKey = tuple[str, str, str]
+#: What the statistics of a window were computed from (see :class:`calmon.state.agentstate.WindowSnapshot`).
+Stamp = tuple[int, float] | None
+#: Share of ``budget x workers`` the scheduled testers may fill (the rest absorbs estimation error).
+FILL = 0.8
+#: Cost assumed for a tester never measured (seconds; pessimistic, the first call corrects it).
+DEFAULT_COST = 1.0
+
+
+@dataclass
+class TestRecord:
+    """One tester's last result on one window."""
+
+    __test__ = False  # not a pytest test class despite the name
+
+    #: :meth:`calmon.testers.TestResult.to_dict`.
+    result: dict[str, Any]
+    #: When the result was computed (unix seconds).
+    evaluated_at: float
+    #: The statistics it was computed on; ``None`` never equals the window's stamp.
+    stamp: Stamp
+    #: Evaluation round that produced it.
+    round: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.result, "evaluated_at": self.evaluated_at}
+
+
+@dataclass
+class WindowEntry:
+    """What the evaluator keeps of one window between rounds."""
+
+    stamp: Stamp = None
+    #: Round in which the window's statistics last changed.
+    changed_round: int = 0
+    #: The evaluation without tester results (metrics, reliability, estimates) at ``stamp``.
+    base: dict[str, Any] | None = None
+    #: The calibrator the estimates of ``base`` used (a new one recomputes them).
+    predictor: Any = None
+    tests: dict[str, TestRecord] = field(default_factory=dict)
+    #: Bumped whenever ``base`` or a record changes; the assembled evaluation is cached per version.
+    version: int = 0
+    assembled: tuple[int, Evaluation] | None = None
+
+    def unchanged(self, stamp: Stamp, predictor: Any) -> bool:
+        return stamp is not None and stamp == self.stamp and predictor is self.predictor and self.base is not None
+
+    def record(self, name: str, rec: TestRecord) -> None:
+        self.tests[name] = rec
+        self.version += 1
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A work item that may run this round."""
+
+    key: WindowKey
+    test: str
+    #: Round of the item's last result (``-1``: none).
+    last_round: int
+    #: Round in which the window's statistics last changed.
+    changed_round: int
+
+    def priority(self) -> tuple[int, int, int]:
+        return self.last_round, self.changed_round, zlib.crc32("\0".join((*self.key, self.test)).encode())
+
+
+class CostModel:
+    """Measured seconds per tester call: an exponential moving average per tester.
+
+    Examples
+    --------
+    >>> c = CostModel(); c.estimate("smce")
+    1.0
+    >>> c.observe("smce", 0.5); c.observe("smce", 0.3); round(c.estimate("smce"), 3)
+    0.44
+    """
+
+    def __init__(self, weight: float = 0.3) -> None:
+        self.weight = weight
+        self.seconds: dict[str, float] = {}
+
+    def observe(self, test: str, seconds: float) -> None:
+        old = self.seconds.get(test)
+        self.seconds[test] = seconds if old is None else (1 - self.weight) * old + self.weight * seconds
+
+    def estimate(self, test: str) -> float:
+        return self.seconds.get(test, DEFAULT_COST)
+
+
+def order(candidates: Iterable[Candidate]) -> list[Candidate]:
+    """Candidates by staleness: no result first, oldest result, earliest change, then a fixed hash."""
+    return sorted(candidates, key=Candidate.priority)
+
+
+def choose(ordered: Iterable[Candidate], costs: CostModel, capacity: float) -> list[Candidate]:
+    """The prefix-greedy selection: in order, every candidate whose estimated cost still fits ``capacity``."""
+    out = []
+    left = capacity
+    for c in ordered:
+        cost = costs.estimate(c.test)
+        if cost <= left:
+            out.append(c)
+            left -= cost
+    return out
+
+
+def starvation_bound(items: Mapping[str, int], costs: CostModel, capacity: float, cadence: int = 1) -> int | None:
+    """Rounds within which every item runs at least once (see the module docstring); ``None``: unbounded.
+
+    Parameters
+    ----------
+    items
+        Tester -> number of windows it is scheduled on.
+    capacity
+        Seconds of work one round can hold (``budget x workers x FILL``).
+    cadence
+        The largest configured cadence.
+    """
+    if not items:
+        return cadence
+    c_max = max(costs.estimate(t) for t in items)
+    if capacity <= c_max:
+        return None
+    total = sum(n * costs.estimate(t) for t, n in items.items())
+    return max(cadence, math.ceil(total / (capacity - c_max)))

@@ -1,0 +1,490 @@
+"""Event model: decode and validate batches of raw JSON records into per-model columns.
+
+Three event types share one JSON schema (one object per line in files, per message in Kafka)::
+
+    {"type": "prediction", "id": "r-17", "model": "fraud", "ts": "2026-11-21T10:00:00Z", "score": 0.83}
+    {"type": "outcome",    "id": "r-17", "model": "fraud", "ts": 1763719200.5, "label": 1}
+    {"type": "labeled",    "id": "r-18", "model": "digits", "probs": [0.1, 0.7, 0.2], "label": 1}
+
+* ``type`` may be omitted: with a label and a score/probs it is ``labeled``, with only a label an
+  ``outcome``, with only a score/probs a ``prediction``.
+* ``ts``: RFC 3339 string or epoch seconds (numbers above 1e11 are rejected as probable
+  milliseconds); optional (NaN), in which case the agent uses the arrival time.
+* ``score`` is P(y = 1) of a binary model; ``probs`` are the K class probabilities of a
+  multiclass model (a binary model may send ``probs`` of length 2; ``score = probs[1]``).
+* ``label`` is the class index (0/1 for binary models). An outcome without ``model`` is joined to
+  its prediction's model by id; its label must be below the smallest number of classes of the
+  models admitted before it (2 while any of them is binary or awaits its first prediction), so
+  that it is valid for whichever model it joins.
+* ``segment``: optional string (e.g. a country); model and segment names are at most 128
+  characters of ``[A-Za-z0-9_.:/-]``.
+
+Every rejected record gets one reason code from :data:`REASONS` and a detail message, and no
+record makes :meth:`Decoder.decode` raise (hostile input, issue #14: invalid UTF-8, deep nesting,
+oversized records, huge numbers, absurd times, id floods). Decoding uses msgspec with a typed schema
+(the fastest decoder measured, see README); records msgspec cannot type are re-read one by one by
+:mod:`calmon.events.parse` only to name the reason. State-changing decisions (admitting a model or a
+segment, fixing a model's classes) are taken in record order, so batch boundaries never matter.
+
+Other record shapes are read through a schema mapping (:mod:`calmon.events.schema`, ``Decoder(mapping=...)``),
+and transport metadata (``connectors.base.RecordMeta``, one per record) gives ``ts`` where a record has
+none (the Kafka record time, milliseconds) and the mapping's ``$key`` / ``$headers.NAME`` fields.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any, TypeVar
+
+import numpy as np
+
+from calmon.events.checks import (
+    KINDS,
+    LABELED,
+    OUTCOME,
+    PREDICTION,
+    REASONS,
+    Columns,
+    Verdicts,
+    binary_scores,
+    check_ids,
+    check_structure,
+    class_probs,
+    columns_of,
+    orphan_labels,
+    parse_timestamp,
+    timestamps,
+)
+from calmon.events.mapped import MappedReader
+from calmon.events.parse import (
+    BatchFacts,
+    EventFields,
+    InvalidEvent,
+    OversizedRecord,
+    ParsedColumns,
+    Rejection,
+    parse_columns,
+)
+from calmon.events.rows import ModelBatch
+from calmon.events.rows import Rows as _Rows
+from calmon.events.schema import Mapping
+from calmon.formats.records import RecordMeta
+
+_NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
+
+__all__ = ["Decoder", "DecodedBatch", "ModelBatch", "Rejection", "InvalidEvent", "OversizedRecord", "REASONS",
+           "KINDS", "PREDICTION", "OUTCOME", "LABELED", "parse_timestamp"]
+
+
+@dataclass
+class DecodedBatch:
+    models: dict[str, ModelBatch]
+    rejected: list[Rejection]
+    total: int
+
+    @property
+    def accepted(self) -> int:
+        return self.total - len(self.rejected)
+
+    def reason_counts(self) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for r in self.rejected:
+            out[r.reason] = out.get(r.reason, 0) + 1
+        return out
+
+
+class Decoder:
+    """Decode raw JSON records into validated per-model columns; never raises for a record.
+
+    Every record becomes an event or exactly one :class:`Rejection` (reason codes in
+    :data:`REASONS`), and every decision that changes the decoder's state (admitting a model, fixing
+    its classes, admitting a segment) is taken in record order, so a stream decodes the same
+    whatever its batch boundaries.
+
+    Parameters
+    ----------
+    models
+        Declared models and their number of classes (2 = binary). Undeclared models are admitted at
+        their first well-formed record (any event type: outcomes count too) while fewer than
+        ``max_models`` are known; beyond the cap their records are rejected (``too_many_models``).
+        An admitted model's classes are fixed by its first prediction (K from then on).
+    max_models, max_segments
+        Cardinality caps (segments counted per model) protecting the metrics backend.
+    prob_tolerance
+        Accepted deviation of ``sum(probs)`` from 1.
+    discover
+        Whether undeclared models are accepted at all.
+    max_classes
+        Largest number of classes a model may get from its first event (``too_many_classes``).
+    max_record_bytes
+        Longer records are rejected unread (``too_large``).
+    max_id_bytes
+        Longest id in UTF-8 bytes (``id_too_long``).
+    future_skew, past_horizon
+        Event times after ``clock() + future_skew`` (``future_timestamp``) or before
+        ``clock() - past_horizon`` (``past_timestamp``) are rejected; ``math.inf`` (the default)
+        disables the check. The agent passes its ``limits``.
+    clock
+        Wall clock in epoch seconds, read once per :meth:`decode`.
+    mapping
+        A schema mapping (:func:`calmon.events.schema.load_mapping`) for records not in calmon's schema;
+        ``None`` reads the canonical schema.
+
+    Examples
+    --------
+    >>> dec = Decoder()
+    >>> out = dec.decode([b'{"model": "m", "score": 0.9, "label": 1}', b'{"model": "m", "score": 1.5, "label": 0}',
+    ...                   b'nope'])
+    >>> len(out.models["m"]), [r.reason for r in out.rejected]
+    (1, ['out_of_range', 'not_json'])
+    >>> dec = Decoder(future_skew=60, clock=lambda: 1767225600.0)
+    >>> out = dec.decode([b'{"model": "m", "id": "a", "score": 0.5, "ts": "9999-12-31T23:59:59Z"}'])
+    >>> [r.reason for r in out.rejected]
+    ['future_timestamp']
+    >>> from calmon.events.schema import load_mapping
+    >>> dec = Decoder(mapping=load_mapping({"fields": {"model": {"const": "m"}, "score": "p", "label": "y"},
+    ...                                     "labels": {"positive": ["yes"]}}))
+    >>> out = dec.decode([b'{"p": 0.25, "y": "yes"}', b'{"p": 0.5, "y": "no"}'])
+    >>> out.models["m"].score.tolist(), out.models["m"].label.tolist()
+    ([0.25, 0.5], [1, 0])
+    """
+
+    def __init__(self, models: dict[str, int] | None = None, max_models: int = 100, max_segments: int = 50,
+                 prob_tolerance: float = 1e-3, discover: bool = True, *, max_classes: int = 1000,
+                 max_record_bytes: float = math.inf, max_id_bytes: int = 256, future_skew: float = math.inf,
+                 past_horizon: float = math.inf, clock: Callable[[], float] = time.time,
+                 mapping: Mapping | None = None) -> None:
+        self.max_classes = int(max_classes)
+        self.models: dict[str, int] = {}
+        for name, k in (models or {}).items():
+            if not _NAME_RE.match(name) or not 2 <= int(k) <= self.max_classes:
+                raise ValueError(f"model {name!r}: needs a valid name and 2 <= classes <= {self.max_classes}, "
+                                 f"got {k!r}")
+            self.models[name] = int(k)
+        self.declared = set(self.models)
+        self.names: set[str] = set(self.models)  # admitted model names (a model may await its classes)
+        self.max_models = int(max_models)
+        self.max_segments = int(max_segments)
+        self.prob_tolerance = float(prob_tolerance)
+        self.discover = discover
+        self.max_record_bytes = max_record_bytes
+        self.max_id_bytes = int(max_id_bytes)
+        self.future_skew = float(future_skew)
+        self.past_horizon = float(past_horizon)
+        self.clock = clock
+        self.segments: dict[str, set[str]] = {}
+        self.mapping = mapping
+        self.reader = None if mapping is None else MappedReader(mapping)
+        #: per model admitted or given its classes in the current batch: [admitted at, classes fixed at, classes]
+        #: (record indices; -1: before the batch) -- the bound on the labels of outcomes without a model
+        self._changes: dict[str, list[int]] = {}
+
+    def for_mapping(self, mapping: Mapping | None) -> Decoder:
+        """A decoder of another record shape that shares this one's state (admitted models and their
+        classes, segments) and limits: one per source of the agent, one set of caps and one checkpoint.
+
+        Examples
+        --------
+        >>> from calmon.events.schema import load_mapping
+        >>> base = Decoder()
+        >>> other = base.for_mapping(load_mapping({"fields": {"score": "p"}}))
+        >>> _ = other.decode([b'{"model": "m", "p": 0.5, "label": 1}'])
+        >>> base.models
+        {'m': 2}
+        """
+        twin = copy.copy(self)
+        twin.mapping = mapping
+        twin.reader = None if mapping is None else MappedReader(mapping)
+        twin._changes = {}
+        return twin
+
+    # -- checkpoint state ------------------------------------------------------------------
+    def state(self) -> dict[str, Any]:
+        return {"models": dict(self.models), "segments": {m: sorted(s) for m, s in self.segments.items()},
+                "names": sorted(self.names)}
+
+    def load_state(self, d: dict[str, Any]) -> None:
+        self.models.update({str(k): int(v) for k, v in d.get("models", {}).items()})
+        for m, segs in d.get("segments", {}).items():
+            self.segments.setdefault(m, set()).update(segs)
+        self.names.update(self.models, (str(n) for n in d.get("names", ())))
+
+    # -- decoding --------------------------------------------------------------------------
+    def decode(self, records: list[bytes], origins: Sequence[str] | None = None,
+               meta: list[RecordMeta] | None = None) -> DecodedBatch:
+        """Decode and validate ``records`` (bytes or str, one JSON object each).
+
+        ``meta`` (one :class:`~connectors.base.RecordMeta` per record, or ``None``) gives ``ts`` to
+        records without one and the mapping's ``$key`` / ``$headers`` fields. With a mapping, the first
+        ``probe_records`` records must show every mapped path at least once, else
+        :class:`calmon.events.schema.MappingError` is raised (a configuration error, not a record's).
+
+        Every check runs once over the whole batch (issue #15: a batch of a thousand models costs
+        what a batch of one does, plus one group-by); the checks that depend on a model (its classes,
+        its segments) run on the rows of the models they concern.
+        """
+        now = self.clock()
+        reader = self.reader
+        self._changes = {}
+        out: dict[str, ModelBatch] = {}
+        present: Sequence[int]
+        f: EventFields | None = None
+        one_model: bool | None = None
+        if reader is None:
+            parsed, rejected = parse_columns(records, self.max_record_bytes)
+            present, f, models = _accepted(parsed, rejected, len(records))
+            one_model = None if f.facts is None else f.facts.one_model
+        else:
+            events, rejected = reader.parse(records, self.max_record_bytes)
+            names = reader.models(events, meta)  # None: the rows' ``model`` attribute has it
+            if names is None:  # a record is None exactly when it was rejected
+                present = range(len(events)) if not rejected else [i for i, ev in enumerate(events) if ev is not None]
+                evs = events if not rejected else [events[i] for i in present]
+                models = [ev.model for ev in evs]  # no None left
+            else:
+                present = range(len(names)) if None not in names else [i for i, n in enumerate(names) if n is not None]
+                evs = events if len(present) == len(events) else [events[i] for i in present]
+                models = names if len(present) == len(names) else [names[i] for i in present]
+        if present:
+            if f is None:
+                assert reader is not None
+                f = reader.fields(evs, present, meta)
+            facts = f.facts
+            if facts is not None and facts.model_codes is not None and not rejected:  # numbered by the parser
+                rows = _Rows.numbered(facts.model_names, facts.model_codes, np.arange(len(records), dtype=np.int64))
+            else:
+                rows = _Rows.of(models, present, one_model)
+            out = self._validate(rows, f, now, rejected, meta)
+        rejected.sort(key=lambda r: r.index)
+        if origins is not None:
+            for r in rejected:
+                r.origin = origins[r.index]
+        if reader is not None:
+            reader.after_batch(len(records), len(rejected))
+        return DecodedBatch(out, rejected, len(records))
+
+    def _validate(self, g: _Rows, f: EventFields, now: float, rejected: list[Rejection],
+                  meta: list[RecordMeta] | None) -> dict[str, ModelBatch]:
+        """The fixed order of checks over the batch's well-formed records: the first failed check of an
+        event names its reason, as if each model's events were checked on their own."""
+        v = Verdicts(g.index.size)
+        for j, reason, detail in f.rejects:
+            v.reject_one(j, reason, detail)
+        bad = [k for k, m in enumerate(g.models) if m and not _NAME_RE.match(m)]
+        for k in bad:
+            v.reject(g.codes == k, "bad_type", f"model name {g.models[k][:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+        c = columns_of(f)
+        facts = f.facts
+        check_structure(c, v, has_model=g.codes != g.orphan)
+        check_ids(c.ids, v, self.max_id_bytes, facts.id_chars if facts is not None and facts.ids_str else None)
+        if c.has_probs.any():  # whatever the model's classes, so the reason never depends on batch boundaries
+            lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
+            v.reject(lens > self.max_classes, "too_many_classes", f"more than {self.max_classes} classes")
+        self._admit(g, v)
+        score, probs, classes = self._payloads(g, c, v)
+        no_str = facts is not None and not facts.ts_str
+        ts = timestamps(f, v, slow=g.any_of(np.zeros(len(f.ts), bool) if no_str else _str_mask(f.ts)))
+        if meta is not None:  # no ts in the record: the transport's (a Kafka record's create/append time)
+            meta_ts = np.array([math.nan if m is None or m.timestamp_ms is None else m.timestamp_ms / 1000.0
+                                for m in meta])
+            ts = np.where(np.isnan(ts), meta_ts[g.index], ts)
+        self._check_time(ts, v, now)
+        segment = facts.segment_array if facts is not None and facts.segments else _segments(f.segment)
+        if not self._segments_known(g, facts):
+            self._check_segments(g, segment, v)
+        rejected.extend(v.rejections(g.index))
+        return g.split(v.ok, classes, c, ts, segment, score, probs)
+
+    def _admit(self, g: _Rows, v: Verdicts) -> None:
+        """Admit new model names in the record order of their first well-formed record, up to the cap."""
+        new = [k for k, m in enumerate(g.models) if m and m not in self.names]
+        if not new:
+            return
+        first = g.first(v.ok)
+        for k in sorted((k for k in new if first[k] >= 0), key=lambda k: first[k]):
+            model = g.models[k]
+            if not self.discover:
+                v.reject(g.codes == k, "too_many_models", f"model {model[:40]!r} is not declared")
+            elif len(self.names) >= self.max_models:
+                v.reject(g.codes == k, "too_many_models", f"more than {self.max_models} models")
+            else:
+                self.names.add(model)
+                self._changes[model] = [int(g.index[first[k]]), -1, 2]
+
+    def _payloads(self, g: _Rows, c: Columns, v: Verdicts
+                  ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]], list[int]]:
+        """The checks that depend on a model's classes: binary scores of every binary model's events at
+        once, class probabilities per multiclass model, the labels of outcomes without a model last (see
+        :meth:`_orphan_bound`). Returns the scores (NaN where none), per multiclass model its rows and
+        ``(rows, classes)`` probabilities, and each model's classes."""
+        classes, known_from = [2] * len(g.models), [0] * len(g.models)
+        unknown = [k for k, m in enumerate(g.models) if m and m not in self.models]
+        firsts = g.first(v.ok & (c.has_score | c.has_probs)) if unknown else None
+        for k, m in enumerate(g.models):
+            if m:
+                classes[k], known_from[k] = self._classes(m, c, k, g, firsts)
+        score = np.full(g.index.size, np.nan)
+        probs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        multi = [k for k, m in enumerate(g.models) if m and classes[k] > 2]
+        is_binary = np.array([m != "" and classes[k] == 2 for k, m in enumerate(g.models)])
+        binary = np.flatnonzero(is_binary[g.codes])
+        if binary.size:
+            names: str | dict[int, str] = g.models[0]
+            if len(g.models) > 1:  # the model of each row a message may name (one with probs), not of every row
+                named = np.flatnonzero(c.has_probs[binary])
+                names = dict(zip(named.tolist(), np.array(g.models, dtype=object)[g.codes[binary[named]]].tolist()))
+            score[binary] = _on_rows(binary, c, v, lambda cc, vv: binary_scores(cc, vv, names, self.prob_tolerance))
+        for k, rows in zip(multi, g.rows_of(multi)):
+            at = int(np.searchsorted(rows, known_from[k]))  # the position within the model's rows
+            check = partial(_class_probs, model=g.models[k], classes=classes[k], tol=self.prob_tolerance, at=at)
+            probs[k] = (rows, _on_rows(rows, c, v, check))
+        if g.orphan >= 0:
+            rows = np.flatnonzero(g.codes == g.orphan)
+            _on_rows(rows, c, v, lambda cc, vv: orphan_labels(cc, vv, self._orphan_bound(g.index[rows])))
+        return score, probs, classes
+
+    def finish(self) -> None:
+        """The input ended (offline reads): raise :class:`calmon.events.schema.MappingError` if a mapped path
+        matched none of the records decoded (fewer than ``probe_records``); nothing without a mapping."""
+        if self.reader is not None:
+            self.reader.finish()
+
+    def _classes(self, model: str, c: Columns, k: int, g: _Rows, firsts: np.ndarray | None) -> tuple[int, int]:
+        """The model's number of classes, fixed by its first valid prediction, and the batch position
+        from which it is known (0: known before the batch). Before that position (outcomes that precede
+        the model's first prediction in record order) the model counts as binary."""
+        known = self.models.get(model)
+        if known is not None:
+            return known, 0
+        first = -1 if firsts is None else int(firsts[k])
+        if first < 0:
+            return 2, g.index.size
+        kk = 2 if c.has_score[first] else len(c.probs[first] or [])
+        if kk >= 2:
+            self.models[model] = kk
+            self._changes.setdefault(model, [-1, -1, 2])[1:] = [int(g.index[first]), kk]
+            return kk, first
+        return 2, g.index.size
+
+    def _orphan_bound(self, index: np.ndarray) -> np.ndarray:
+        """Per outcome without a model (at record ``index``): the smallest number of classes of the models
+        admitted before it (a model counts as binary until its first prediction), 2 when there is none.
+
+        A label below it is valid for whichever model the outcome joins by id, so the joiner never
+        sees a label beyond its prediction's classes (issue #16: multiclass outcomes need no model).
+        """
+        changed = self._changes
+        before = [self.models.get(n, 2) for n in self.names if n not in changed]
+        bound = np.full(index.size, float(min(before, default=math.inf)))
+        for admitted, fixed, k in changed.values():
+            now_k = np.where((fixed >= 0) & (index > fixed), k, 2)
+            bound = np.where(index > admitted, np.minimum(bound, now_k), bound)
+        return np.where(np.isinf(bound), 2, bound)
+
+    def _check_time(self, ts: np.ndarray, v: Verdicts, now: float) -> None:
+        """Reject event times beyond the future skew or the past horizon of the wall clock."""
+        if math.isinf(self.future_skew) and math.isinf(self.past_horizon):
+            return
+        with np.errstate(invalid="ignore"):
+            v.reject(ts > now + self.future_skew, "future_timestamp",
+                     f"ts is more than {self.future_skew:g} s ahead of the wall clock")
+            v.reject(ts < now - self.past_horizon, "past_timestamp",
+                     f"ts is more than {self.past_horizon:g} s behind the wall clock")
+
+    def _segments_known(self, g: _Rows, facts: BatchFacts | None) -> bool:
+        """Whether the batch's distinct segments (``facts``) show that :meth:`_check_segments` has nothing to do:
+        every model of the batch knows every named segment of the batch already (made known to the state as that
+        method would), checked per distinct model instead of per record."""
+        if facts is None:
+            return False
+        names = facts.segment_names - {"", None}
+        if not names:
+            return True  # no named segment
+        segments = self.segments
+        if facts.one_model and g.orphan < 0 and facts.segments:  # the model has a named segment: it is made known
+            return segments.setdefault(g.models[0], set()).issuperset(names)
+        if len(names) * len(g.models) > g.index.size:  # more work than the record by record check
+            return False
+        # a model not in the state yet may have no named segment here: :meth:`_check_segments` decides
+        return all(m in segments and segments[m].issuperset(names) for m in g.models if m)
+
+    def _check_segments(self, g: _Rows, segment: np.ndarray, v: Verdicts) -> None:
+        """Admit new segment names of each model up to ``max_segments``, in record order."""
+        named = (segment != "") & (g.codes != g.orphan)
+        if not named.any():
+            return
+        has = g.has(named).tolist()
+        known = [self.segments.setdefault(m, set()) if h else set() for m, h in zip(g.models, has)]
+        if sum(has) == 1:  # the common case: one model with segments, all of them known already
+            if known[has.index(True)].issuperset((segment if named.all() else segment[named]).tolist()):
+                return
+        rows = np.flatnonzero(named & v.ok)
+        codes, segs = g.codes[rows].tolist(), segment[rows].tolist()
+        if all(s in known[k] for k, s in set(zip(codes, segs))):  # the common case: every segment known
+            return
+        for j, k, s in zip(rows.tolist(), codes, segs):
+            seen = known[k]
+            if s in seen:
+                continue
+            model = g.models[k]
+            if not _NAME_RE.match(s):
+                v.reject_one(j, "bad_type", f"segment {s[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+            elif len(seen) >= self.max_segments:
+                v.reject_one(j, "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
+            else:
+                seen.add(s)
+
+
+_T = TypeVar("_T")
+
+
+def _accepted(parsed: ParsedColumns, rejected: list[Rejection], n: int
+              ) -> tuple[Sequence[int], EventFields, list[str | None]]:
+    """The record indices, fields and models of the records :func:`parse_columns` did not reject."""
+    if not rejected:
+        return range(n), parsed.fields, parsed.model
+    bad = {r.index for r in rejected}
+    present = [i for i in range(n) if i not in bad]
+    f = parsed.fields
+    t, ids, ts, sc, pr, lab, seg = ([col[i] for i in present]
+                                    for col in (f.type, f.id, f.ts, f.score, f.probs, f.label, f.segment))
+    return present, EventFields(t, ids, ts, sc, pr, lab, seg), [parsed.model[i] for i in present]
+
+
+def _class_probs(c: Columns, v: Verdicts, *, model: str, classes: int, tol: float, at: int) -> np.ndarray:
+    return class_probs(c, v, model, classes, tol, at)
+
+
+def _on_rows(rows: np.ndarray, c: Columns, v: Verdicts, check: Callable[[Columns, Verdicts], _T]) -> _T:
+    """Run a check on some rows only (their verdicts are written back); on all rows without copying."""
+    if rows.size == v.n:
+        return check(c, v)
+    pick = rows.tolist()
+    sub = Columns(c.kind[rows], c.ids[rows], c.label[rows], c.label_f[rows], c.has_score[rows], c.has_probs[rows],
+                  c.has_label[rows], [c.scores[j] for j in pick], [c.probs[j] for j in pick])
+    sv = Verdicts(rows.size)
+    sv.bad = v.bad[rows]
+    out = check(sub, sv)
+    v.bad[rows] = sv.bad
+    v.details.update((pick[j], d) for j, d in sv.details.items())
+    return out
+
+
+def _segments(col: Sequence[Any]) -> np.ndarray:
+    """Segment names as an object array, ``""`` where absent."""
+    out = np.empty(len(col), dtype=object)
+    out[:] = col if None not in col else ["" if s is None else s for s in col]  # no None: no copy element by element
+    return out
+
+
+def _str_mask(col: Sequence[Any]) -> np.ndarray:
+    """Where a column holds strings."""
+    if str not in set(map(type, col)):  # the common case: no string, no mask built element by element
+        return np.zeros(len(col), bool)
+    return np.fromiter((t.__class__ is str for t in col), bool, len(col))

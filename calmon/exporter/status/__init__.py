@@ -1,0 +1,1 @@
+"""The status page served at ``/``: overview, reliability diagrams, label-free estimates."""

@@ -1,0 +1,1 @@
+"""Name -> object registries that refuse duplicates under a lock (testers, calibrators)."""

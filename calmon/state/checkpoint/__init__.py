@@ -1,0 +1,1 @@
+"""The checkpoint: its store, packs, incremental writer and document schema."""
