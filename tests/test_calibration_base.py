@@ -120,12 +120,13 @@ def test_fit_data_prefers_complete_raw_then_grid() -> None:
     assert raw.training["source"] == "raw"
     grid: Any = make_calibrator("platt").fit_data(CalibrationData(n=z.size, grid=g, z=z[:100], y=y[:100]))
     assert grid.training["source"] == "grid" and abs(grid.A - raw.A) < 1e-3
-    iso = make_calibrator("temperature")
-    assert not iso.supports_grid() and make_calibrator("isotonic").supports_grid()
+    assert not make_calibrator("lp").supports_grid() and make_calibrator("isotonic").supports_grid()
     ang = make_calibrator("angular").fit_data(CalibrationData(n=z.size, z=z[:500], y=y[:500]))
     assert ang.training["source"] == "reservoir"
     with pytest.raises(ValueError, match="multiclass"):
-        make_calibrator("temperature").fit_data(CalibrationData(n=1, z=z, y=y))
+        make_calibrator("lp").fit_data(CalibrationData(n=1, z=z, y=y))
+    temp = make_calibrator("temperature").fit_data(CalibrationData(n=z.size, grid=g, z=z[:100], y=y[:100]))
+    assert temp.kind == "binary" and temp.training["source"] == "grid"
 
 
 def test_unfitted_and_registration_errors() -> None:

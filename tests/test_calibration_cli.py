@@ -96,7 +96,7 @@ def test_usage_errors(tmp_path: Path, binary_csv: Path) -> None:
     with pytest.raises(ValueError, match="unknown calibration method"):
         run(["fit", str(binary_csv), "--method", "nope"])
     with pytest.raises(ValueError, match="needs multiclass"):
-        run(["fit", str(binary_csv), "--method", "temperature"])
+        run(["fit", str(binary_csv), "--method", "lp"])
     with pytest.raises(ValueError, match="bad option"):
         run(["fit", str(binary_csv), "--method", "isotonic", "--link", "probit"])
     with pytest.raises(ValueError, match="declared data link"):

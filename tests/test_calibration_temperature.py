@@ -47,3 +47,36 @@ def test_temperature_validation_and_bounds() -> None:
     assert cal.temperature == pytest.approx(0.05)
     with pytest.raises(ValueError, match="fitted on 2 classes"):
         cal.predict(np.full((1, 3), 1 / 3))
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.6])
+def test_binary_temperature_minimises_the_bernoulli_nll(factor: float) -> None:
+    """Binary scores: ``sigmoid(logit(z) / T)``, T from a brute-force search of the Bernoulli NLL (issue #32)."""
+    rng = np.random.default_rng(int(10 * factor))
+    u = 1.5 * rng.normal(size=8000)
+    y = (rng.uniform(size=u.size) < special.expit(u)).astype(float)
+    z = special.expit(factor * u)  # over-confident (factor > 1) or under-confident scores
+    cal = TemperatureCalibrator().fit(z, y)
+    assert cal.kind == "binary" and cal.classes == 2
+    lz = np.log(z) - np.log1p(-z)
+
+    def nll(t: float) -> float:
+        return float(np.mean(np.logaddexp(0.0, lz / t) - y * lz / t))
+
+    grid = np.exp(np.linspace(np.log(0.1), np.log(10), 201))
+    t0 = grid[int(np.argmin([nll(t) for t in grid]))]
+    ref = optimize.minimize_scalar(nll, bounds=(t0 / 1.05, t0 * 1.05), method="bounded", options={"xatol": 1e-8})
+    assert cal.temperature == pytest.approx(ref.x, rel=1e-5)
+    assert cal.temperature == pytest.approx(factor, rel=0.1)
+    np.testing.assert_allclose(cal.predict(z), special.expit(lz / cal.temperature))
+    # from binned statistics: the same temperature within the grid's resolution
+    from calmon.stats.grid import ScoreGrid
+    g = ScoreGrid(4096)
+    g.update(z, y)
+    assert TemperatureCalibrator().fit_grid(g).temperature == pytest.approx(cal.temperature, rel=2e-2)
+    # the document round-trips with its kind; a document without a kind (older releases) is multiclass
+    back = TemperatureCalibrator.from_params(cal.get_params())
+    assert back.kind == "binary"
+    np.testing.assert_allclose(back.predict(z), cal.predict(z))
+    old = {k: v for k, v in cal.get_params().items() if k != "kind"}
+    assert TemperatureCalibrator.from_params(old).kind == "multiclass"

@@ -62,6 +62,8 @@ class Calibrator:
         Registry name, stored in the document (e.g. ``"platt"``).
     kind
         ``"binary"`` (scores -> scores) or ``"multiclass"`` (probabilities -> probabilities).
+    kinds
+        The kinds the method can fit (temperature scaling: both; it takes the kind of its data).
 
     Instance attributes
     -------------------
@@ -85,7 +87,15 @@ class Calibrator:
     """
 
     method: ClassVar[str] = ""
-    kind: ClassVar[str] = "binary"
+    #: The kind of a new instance; a calibrator whose ``kinds`` hold both takes the kind of the data it is fitted on.
+    kind: str = "binary"
+    #: Every kind the method fits (default: just ``kind``).
+    kinds: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "kinds" not in cls.__dict__:
+            cls.kinds = (cls.kind,)
 
     def __init__(self) -> None:
         self.classes: int | None = 2 if self.kind == "binary" else None

@@ -37,7 +37,7 @@ from calmon.cluster.partition import Applied, PartitionIngest
 from calmon.config import Config
 from calmon.exporter.http import Endpoints, HTTPExporter
 from connectors.base import Batch, Committable, DeadLetterSink
-from connectors.kafka import KafkaDeadLetterSink, KafkaSource
+from connectors.kafka import KafkaSource
 
 log = logging.getLogger("calmon.cluster")
 
@@ -330,10 +330,3 @@ def build_input(cfg: Config) -> KafkaSource:
     src.position_policy = "checkpoint"  # every position comes from the state topic (see IngestWorker._restore)
     src.with_origins = True
     return src
-
-
-def dead_letter_kind(sink: Any) -> str:
-    """``kafka``, ``file`` or ``none`` (only a Kafka sink is exactly once across workers)."""
-    if sink is None:
-        return "none"
-    return "kafka" if isinstance(sink, KafkaDeadLetterSink) else "file"

@@ -88,7 +88,8 @@ def fit_dataset(ds: Dataset, method: str, options: dict[str, Any], *, holdout: f
         cal = make_calibrator(method, **options)
     except TypeError as exc:
         raise ValueError(f"bad option for method {method!r}: {exc}") from None
-    multiclass = cal.kind == "multiclass"
+    # a method fitting both kinds (temperature) is multiclass on multiclass data, binary on binary/top-label scores
+    multiclass = cal.kind == "multiclass" and ("binary" not in cal.kinds or ds.kind == "multiclass")
     if multiclass and ds.probs is None:
         raise ValueError(f"method {method!r} needs multiclass probabilities; {ds.source} has {ds.kind} data")
     if not 0.0 <= holdout < 1.0:

@@ -10,15 +10,6 @@ from __future__ import annotations
 from typing import Any, TypedDict
 
 
-class ReliabilityPoint(TypedDict):
-    """One bin of a reliability diagram (see :func:`calmon.algorithms.ece.reliability`)."""
-
-    bin: float
-    events: int
-    mean_score: float | None
-    mean_outcome: float | None
-
-
 class _EvaluationRequired(TypedDict):
     model: str
     segment: str

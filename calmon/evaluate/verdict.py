@@ -56,7 +56,7 @@ import numpy as np
 
 from calmon.stats.grid import ScoreGrid
 
-__all__ = ["Direction", "Region", "Summary", "summarize", "RECOMMENDED"]
+__all__ = ["Direction", "Region", "Summary", "summarize", "RECOMMENDED", "RECOMMENDED_METHODS"]
 
 Direction = Literal["over-confident", "under-confident", "biased up", "biased down", "mixed"]
 
@@ -67,6 +67,15 @@ RECOMMENDED: Mapping[str, str] = {
     "biased up": "Platt scaling (its intercept removes a shift), or histogram binning",
     "biased down": "Platt scaling (its intercept removes a shift), or histogram binning",
     "mixed": "a non-parametric recalibrator: isotonic regression or histogram binning",
+}
+
+#: The ``calmon fit --method`` names behind each recommendation (every one fits binary, top-label and multiclass data).
+RECOMMENDED_METHODS: Mapping[str, tuple[str, ...]] = {
+    "over-confident": ("temperature", "platt"),
+    "under-confident": ("temperature", "platt"),
+    "biased up": ("platt", "histogram"),
+    "biased down": ("platt", "histogram"),
+    "mixed": ("isotonic", "histogram"),
 }
 
 #: Bins with fewer events than this are not used for regions.
