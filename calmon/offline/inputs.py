@@ -10,7 +10,7 @@ Formats
 * **Parquet** and **Arrow IPC** (``.arrow``/``.feather``) files, or a directory of them (``*.parquet``,
   ``*.arrow``, ... in sorted path order, hidden and ``_``-prefixed names skipped): streamed by record
   batch, only the needed columns read (:mod:`calmon.formats.parquet`), each row decoded as a JSON object, so
-  memory does not grow with the file beyond the arrays ``check`` keeps (``scripts/bench_parquet.py``).
+  memory does not grow with the file beyond the arrays ``check`` keeps (``benchmarks/bench_parquet.py``).
   Without a schema mapping the columns are named as in CSV; a file without ``model`` column takes the
   ``--model`` name (or is the only model).
 * **CSV** with a header (read as :mod:`calmon.formats.csvrows` reads it for the agent): ``score,label``
@@ -27,22 +27,27 @@ which never raises for a record (invalid UTF-8, deep nesting, huge numbers all g
 but without the agent's wall-clock limits: offline files are historical and event times do not
 change the result of ``check``, so ``future_timestamp``/``past_timestamp`` are never raised here
 (epoch numbers above 1e11, probable milliseconds, are still ``bad_timestamp`` without a mapping's
-``ts_unit``). A truncated or corrupt compressed stream is an :class:`InputError` too.
+``ts_unit``). A truncated or corrupt compressed stream is an :class:`InputError` too, and so is a decompression
+bomb (a stream expanding more than 100 times over 64 MiB of output, :mod:`calmon.formats.compressed`): it is
+stopped there, so ``calmon check bomb.jsonl.gz`` answers at once. Compressed input is decompressed in bounded
+pieces, and a line of compressed JSON Lines longer than 16 MiB is read past without being held (``too_large``).
+A file of a directory named like a table (``*.parquet``...) that is not one is an error, not skipped.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 import msgspec
 import numpy as np
 
-from calmon.formats.compressed import CorruptStream, codec_of, iter_decompressed
+from calmon.formats.compressed import CorruptStream, DecompressedReader, DecompressionBomb, codec_of
 from calmon.formats.csvobjects import cell_value
 from calmon.formats.csvrows import CsvLayout, read_rows
 from calmon.formats.parquet import (
@@ -56,6 +61,7 @@ from calmon.formats.parquet import (
 )
 from calmon.offline.accumulator import Chunk, EventAccumulator, jsonl_chunks, make_decoder
 from calmon.offline.dataset import Dataset, InputError
+from connectors.filewhole import CompressedLines
 
 if TYPE_CHECKING:
     from calmon.events.schema import Mapping
@@ -64,6 +70,7 @@ __all__ = ["Dataset", "InputError", "read_input"]
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _SNIFF = 1 << 16
 _PIECE = 4 << 20
+_MAX_LINE = 16 << 20  # a longer line of a compressed input is too_large, read past without being held
 _DEFAULT_MODEL = "default"  # the model of a table without model column when no --model is given
 
 
@@ -116,8 +123,7 @@ def _read_data(name: str, data: bytes, suffix: str, model: str | None, skip_inva
         return _read_tables(name, [(data, kind, name)], model, skip_invalid, mapping)
     codec = codec_of(data[:4])
     if codec is not None:
-        pieces = iter_decompressed(io.BytesIO(data).read, codec)
-        return _read_pieces(name, pieces, "", model, skip_invalid, mapping)
+        return _read_stream(name, lambda: io.BytesIO(data), codec, "", model, skip_invalid, mapping)
     if suffix == ".npz" or data[:4] == b"PK\x03\x04":
         return _read_npz(name, data)
     if not _is_jsonl(suffix, data[:_SNIFF]):
@@ -130,29 +136,64 @@ def _read_compressed(path: str, codec: str, model: str | None, skip_invalid: boo
                      mapping: Mapping | None) -> Dataset:
     """A compressed file: JSON Lines are decoded as they are decompressed; CSV and NPZ decompressed whole."""
     inner = Path(Path(path).stem).suffix.lower()  # events.jsonl.gz -> .jsonl
-    with open(path, "rb") as fh:
-        return _read_pieces(path, iter_decompressed(fh.read, codec), inner, model, skip_invalid, mapping)
+    return _read_stream(path, lambda: open(path, "rb"), codec, inner, model, skip_invalid, mapping)
 
 
-def _read_pieces(name: str, pieces: Iterator[bytes], inner: str, model: str | None, skip_invalid: bool,
-                 mapping: Mapping | None) -> Dataset:
+def _read_stream(name: str, opener: Callable[[], BinaryIO], codec: str, inner: str, model: str | None,
+                 skip_invalid: bool, mapping: Mapping | None) -> Dataset:
+    """A compressed stream (``opener`` opens it at its start; it is read twice: its first bytes tell JSON Lines
+    from CSV), decompressed in bounded pieces (:mod:`calmon.formats.compressed`): a decompression bomb stops it
+    with one line, and so does a truncated or corrupt stream."""
     try:
-        head: list[bytes] = []
-        for piece in pieces:  # enough of the stream to tell JSON Lines from CSV
-            head.append(piece)
-            if b"".join(head).strip():
-                break
-        stream = itertools.chain(head, pieces)
-        if _is_jsonl(inner, b"".join(head)[:_SNIFF]):
-            return _read_events(name, jsonl_chunks(name, stream), model, skip_invalid, mapping)
-        return _read_data(name, b"".join(stream), inner, model, skip_invalid, mapping)
+        with opener() as fh:
+            head = _first_bytes(DecompressedReader(fh.read, codec))
+        with opener() as fh:
+            if _is_jsonl(inner, head[:_SNIFF]):
+                lines = CompressedLines(fh.read, codec, 0, 1, _MAX_LINE)
+                return _read_events(name, _line_chunks(name, lines), model, skip_invalid, mapping,
+                                    max_record_bytes=_MAX_LINE)
+            data = b"".join(iter(DecompressedReader(fh.read, codec).read, b""))
+        return _read_data(name, data, inner, model, skip_invalid, mapping)
     except CorruptStream as exc:
         raise InputError(f"{name}: {exc}") from None
 
 
+def _first_bytes(r: DecompressedReader) -> bytes:
+    """The decompressed bytes from the first that is not white space (or ``b""``)."""
+    while piece := r.read():
+        if piece.strip():
+            return piece.lstrip()
+    return b""
+
+
+def _line_chunks(name: str, lines: CompressedLines, n: int = 65_536) -> Iterator[Chunk]:
+    """The non-blank lines of a compressed stream as chunks (a line longer than :data:`_MAX_LINE` as one
+    :class:`~calmon.formats.records.OversizedRecord`, never held: the decoder rejects it as ``too_large``)."""
+    recs: list[bytes] = []
+    nums: list[int] = []
+    while not lines.finished:
+        for seg in lines.read(n):
+            if seg.oversized is not None and seg.oversized.reason == DecompressionBomb.reason:
+                raise InputError(f"{name}: line {seg.first}: {seg.oversized.reason}: {lines.error}")
+            if seg.oversized is not None:
+                recs.append(seg.oversized)
+                nums.append(seg.first)
+            for i, ln in enumerate(seg.lines or ()):
+                if ln.strip():
+                    recs.append(ln)
+                    nums.append(seg.first + i)
+        if len(recs) >= n or (lines.finished and recs):
+            yield Chunk(name, recs, nums)
+            recs, nums = [], []
+    if lines.error is not None:
+        raise InputError(f"{name}: {lines.error}")
+
+
 def _read_events(name: str, chunks: Iterator[Chunk], model: str | None, skip_invalid: bool,
-                 mapping: Mapping | None, what: str = "line") -> Dataset:
-    acc = EventAccumulator(make_decoder(mapping), what)
+                 mapping: Mapping | None, what: str = "line", max_record_bytes: float = math.inf) -> Dataset:
+    decoder = make_decoder(mapping)
+    decoder.max_record_bytes = max_record_bytes
+    acc = EventAccumulator(decoder, what)
     acc.add_all(chunks)
     return acc.dataset(name, model, skip_invalid)
 
@@ -164,9 +205,11 @@ def _table_files(d: Path) -> list[tuple[str | bytes, str, str]]:
         rel = f.relative_to(d).parts
         if f.is_file() and f.name.lower().endswith(TABLE_SUFFIXES) and not any(x[:1] in "._" for x in rel):
             with f.open("rb") as fh:
-                kind = table_kind(fh.read(8), str(f))
-            if kind is not None:
-                found.append((str(f), kind, str(f)))
+                head = fh.read(8)
+            kind = table_kind(head, str(f))
+            if kind is None:
+                raise InputError(f"{f}: not a Parquet or Arrow file (it begins with {head!r}); move it out of {d}")
+            found.append((str(f), kind, str(f)))
     if not found:
         raise InputError(f"{d}: is a directory without Parquet or Arrow files (*.parquet, *.arrow, *.feather)")
     return found
