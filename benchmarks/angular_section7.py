@@ -10,8 +10,8 @@ bivariate normal with covariance [[||w_hat||_Sigma^2, <w_hat, w*>_Sigma], [., 1]
 
 Usage::
 
-    python scripts/angular_section7.py --seeds 5          # ~1-2 min on one core
-    python scripts/angular_section7.py --seeds 5 --n 500 --d 1000   # quicker
+    python -m benchmarks.angular_section7 --seeds 5       # ~1-2 min on one core
+    python -m benchmarks.angular_section7 --seeds 5 --n 500 --d 1000   # quicker
 
 Columns: true and estimated <w*, w_hat>_Sigma (eq. 11 with the corrected gamma = Tr(Sigma H), sign by
 eq. 12 on the n_ho = 100 holdout), 15-bin ECE (drawn test labels) of the uncalibrated predictor
@@ -24,16 +24,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy import linalg, special
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from calmon.calibration.angular import AngularCalibrator, estimate_angle, platt_limit  # noqa: E402
-from calmon.calibration.metrics import binary_metrics  # noqa: E402
-from calmon.calibration.platt import PlattCalibrator  # noqa: E402
+from calmon.calibration.angular import AngularCalibrator, estimate_angle, platt_limit
+from calmon.calibration.metrics import binary_metrics
+from calmon.calibration.platt import PlattCalibrator
 
 LINK_A, LINK_B, LAM = 3.0, 1.0, 0.5
 HOLDOUTS = (100, 2000, 20000)

@@ -7,15 +7,16 @@ and the scheduler evaluating every 5 s (metrics only, or with --tests), and repo
 rate, the statistics' memory (sum of the time buckets) and the process's peak RSS.  It also times
 the decoder alone on the same records, since decoding is the largest share of the per-event cost.
 
-    python scripts/bench_agent.py                      # 1e5 and 1e6 events
-    python scripts/bench_agent.py --sizes 1e5,1e6,1e7  # the full table (generating 1e7 takes minutes)
+    python -m benchmarks.bench_agent                   # 1e5 and 1e6 events
+    python -m benchmarks.bench_agent --sizes 1e5,1e6,1e7  # the full table (generating 1e7 takes minutes)
 
 With ``--baseline DIR`` (a tree holding another version's ``calmon`` and ``connectors`` packages, e.g.
 ``git archive HEAD calmon connectors | tar -x -C /tmp/base``) each size is run ``--rounds`` times for
-both trees, interleaved (baseline, current, baseline, ...), and a second table gives both rates (min and
-median over the rounds) and their ratio, with the load average before and after:
+both trees, interleaved (baseline, current, baseline, ...), each in a child whose ``PYTHONPATH`` starts with its
+tree, and a second table gives both rates (min and median over the rounds) and their ratio, with the load average
+before and after:
 
-    python scripts/bench_agent.py --sizes 1e5,1e6 --baseline /tmp/base --rounds 5
+    python -m benchmarks.bench_agent --sizes 1e5,1e6 --baseline /tmp/base --rounds 5
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -34,10 +35,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-if "--code" in sys.argv:  # a child running another tree's packages (--baseline)
-    sys.path.insert(0, sys.argv[sys.argv.index("--code") + 1])
+from benchmarks._child import last_json, run_module
 
 SPAN = 2 * 86400.0
 
@@ -58,7 +56,7 @@ def child(path: str, tests: str, bins: int) -> None:
     """Run the agent on ``path`` in this process and print one JSON line of measurements."""
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
-    state = tempfile.mkdtemp(prefix="calmon-bench-")
+    state = tempfile.mkdtemp(prefix="calmon-bench-")  # removed once measured
     cfg = build_config({
         "state_dir": state, "sources": [{"name": "replay", "path": path}],
         "models": {"default": {"bins": bins, "reservoir": 256, "segments": ["web", "app"]}},
@@ -92,6 +90,7 @@ def child(path: str, tests: str, bins: int) -> None:
     ck = time.perf_counter() - t1
     stop.set()
     agent.close()
+    shutil.rmtree(state, ignore_errors=True)
     import calmon
 
     print(json.dumps({"code": calmon.__file__, "events": n, "ingest_seconds": ingest, "rate": n / ingest,
@@ -103,8 +102,8 @@ def child(path: str, tests: str, bins: int) -> None:
 
 def decode_rate(path: Path, m: int = 65536) -> float:
     from calmon.events.decoder import Decoder
-    with open(path, "rb") as f:
-        lines = [f.readline().rstrip(b"\n") for _ in range(m)]
+    with open(path, "rb") as f:  # the first m records (fewer in a smaller file)
+        lines = [line.rstrip(b"\n") for line, _ in zip(f, range(m))]
     dec = Decoder()
     best = 0.0
     for _ in range(5):
@@ -116,16 +115,10 @@ def decode_rate(path: Path, m: int = 65536) -> float:
 
 def run_child(path: Path, args: argparse.Namespace, code: str | None = None, decode: bool = False
               ) -> dict[str, Any]:
-    """One measurement in a fresh process (``code``: the tree whose packages it imports)."""
-    cmd = [sys.executable, __file__, "--child", str(path), "--tests", args.tests, "--bins", str(args.bins)]
-    if decode:
-        cmd.append("--decode")
-    if code:
-        cmd += ["--code", code]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    if out.returncode:
-        raise RuntimeError(out.stderr)
-    r: dict[str, Any] = json.loads(out.stdout.strip().splitlines()[-1])
+    """One measurement in a fresh process (``code``: the tree whose packages it imports; default this one)."""
+    out = run_module("benchmarks.bench_agent", "--child", path, "--tests", args.tests, "--bins", args.bins,
+                     *(["--decode"] if decode else []), code=code)
+    r: dict[str, Any] = last_json(out.stdout)
     return r
 
 
@@ -159,7 +152,7 @@ def compare(paths: dict[int, Path], args: argparse.Namespace) -> None:
                   f"{statistics.median(n) / statistics.median(b):.2f} | {max(n) / max(b):.2f} |")
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sizes", default="1e5,1e6", help="comma-separated event counts (default 1e5,1e6)")
     ap.add_argument("--tests", default="", help="testers evaluated every 5 s during the replay (e.g. tcal)")
@@ -169,17 +162,24 @@ def main() -> int:
     ap.add_argument("--new", default=None, help="with --baseline: the tree compared with it (default this one)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--decode", action="store_true", help=argparse.SUPPRESS)
-    ap.add_argument("--code", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--workdir", default=None)
-    args = ap.parse_args()
+    ap.add_argument("--workdir", default=None, help="keep the generated event files here (default: a temporary "
+                                                     "directory, removed at the end)")
+    args = ap.parse_args(argv)
     if args.child:
         if args.decode:
             print(json.dumps({"decode_rate": decode_rate(Path(args.child))}))
         else:
             child(args.child, args.tests, args.bins)
         return 0
-    work = Path(args.workdir or tempfile.mkdtemp(prefix="calmon-bench-"))
-    work.mkdir(parents=True, exist_ok=True)
+    if args.workdir:
+        Path(args.workdir).mkdir(parents=True, exist_ok=True)
+        return replay(Path(args.workdir), args)
+    with tempfile.TemporaryDirectory(prefix="calmon-bench-") as work:
+        return replay(Path(work), args)
+
+
+def replay(work: Path, args: argparse.Namespace) -> int:
+    """Generate the event files in ``work`` (unless there) and print the table(s)."""
     paths: dict[int, Path] = {}
     for size in [int(float(s)) for s in args.sizes.split(",")]:
         paths[size] = path = work / f"labeled-{size}.jsonl"

@@ -13,8 +13,8 @@ then measures, interleaved over ``--rounds`` rounds (``min/median`` printed):
 * **restore**: loading the newest generation into a fresh state (``load_doc`` with the pack reader);
 * **join copy**: the join buffers' copy under the lock with ``--pending`` predictions waiting.
 
-    python scripts/bench_checkpoint.py --models 10,100,1000 --events 2e6 --pending 2e6
-    python scripts/bench_checkpoint.py --quick
+    python -m benchmarks.bench_checkpoint --models 10,100,1000 --events 2e6 --pending 2e6
+    python -m benchmarks.bench_checkpoint --quick
 
 Run it under ``nice`` on a shared machine; the load average is printed with the table.
 """
@@ -31,18 +31,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.append(str(ROOT))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from calmon.config import build_config  # noqa: E402
-from calmon.state.agentstate import AgentState  # noqa: E402
-from calmon.state.checkpoint.incremental import Checkpointer, resolver  # noqa: E402
-from calmon.state.checkpoint.store import CheckpointStore, encode  # noqa: E402
-from calmon.state.ingest import Ingestor  # noqa: E402
-from connectors.base import Batch  # noqa: E402
+from calmon.config import build_config
+from calmon.state.agentstate import AgentState
+from calmon.state.checkpoint.incremental import Checkpointer, resolver
+from calmon.state.checkpoint.store import CheckpointStore, encode
+from calmon.state.ingest import Ingestor
+from connectors.base import Batch
 
 T0 = 1_767_225_600.0
 HEAD = {"format": "calmon.agent_state", "version": 2, "created": 0.0, "sources": {"bench": 0}}

@@ -18,8 +18,12 @@ Two measurements:
    reference run (a file source), so records per CPU-second per stage include the Kafka clients, process start-up
    and idle polling (small runs are dominated by those).
 
-    python scripts/bench_cluster.py --events 200000 --range 5000 --rounds 3
-    python scripts/bench_cluster.py --events 200000 --cluster
+The traffic and the scenario are the test suite's (``make_traffic``, ``cluster_run``, ... of
+``tests/test_cluster_kafka.py``, whose helpers import each other by module name): the measurement runs in a child
+with ``tests/`` on its ``PYTHONPATH``.
+
+    python -m benchmarks.bench_cluster --events 200000 --range 5000 --rounds 3
+    python -m benchmarks.bench_cluster --events 200000 --cluster
 """
 
 from __future__ import annotations
@@ -27,13 +31,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
+from benchmarks._child import NEUTRAL, child_env, module_cmd
 
 
 def config():
@@ -100,7 +103,7 @@ def evaluate_stage(cfg, encoded):
 
 
 def compute(args) -> dict:
-    from test_cluster_kafka import make_traffic
+    from test_cluster_kafka import make_traffic  # type: ignore[import-not-found, unused-ignore]  # tests/ on PYTHONPATH
 
     cfg = config()
     records, _ = make_traffic(args.events, seed=args.seed, partitions=args.partitions)
@@ -134,8 +137,15 @@ def cluster(args) -> dict:
     import tempfile
 
     import numpy as np
-    from kafka_broker import KafkaBroker
-    from test_cluster_kafka import PARTITIONS, TOPIC, check, cluster_run, file_reference, make_traffic
+    from kafka_broker import KafkaBroker  # type: ignore[import-not-found, unused-ignore]
+    from test_cluster_kafka import (  # type: ignore[import-not-found, unused-ignore]
+        PARTITIONS,
+        TOPIC,
+        check,
+        cluster_run,
+        file_reference,
+        make_traffic,
+    )
 
     records, n_bad = make_traffic(args.events, seed=args.seed)
     work = Path(tempfile.mkdtemp(prefix="calmon-bench-cluster-"))
@@ -160,7 +170,7 @@ def cluster(args) -> dict:
     return res
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--events", type=int, default=100_000, help="predictions (plus outcomes, ~1%% malformed)")
     ap.add_argument("--partitions", type=int, default=6)
@@ -168,9 +178,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cluster", action="store_true", help="run the broker scenario instead")
-    args = ap.parse_args()
-    print(json.dumps(cluster(args) if args.cluster else compute(args), indent=2))
-    return 0
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:  # the tests' helpers are importable here (tests/ on PYTHONPATH)
+        print(json.dumps(cluster(args) if args.cluster else compute(args), indent=2), flush=True)
+        return 0
+    given = sys.argv[1:] if argv is None else argv
+    return subprocess.run(module_cmd("benchmarks.bench_cluster", "--child", *given), env=child_env(tests=True),
+                          cwd=NEUTRAL, check=False).returncode
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Decode + bin throughput, JSONL -> statistics, for several JSON decoders side by side.
 
-Run on demand (prints a table):  python -m tests.benchmarks.bench_ingest [--events 1000000] [--repeat 5]
+Run on demand (prints a table):  python -m benchmarks.bench_decoders [--events 1000000] [--repeat 5]
 
 Every variant does the same work: split the file into lines, decode, validate (finite, in range,
 label 0/1) and update a 4096-cell grid, the 15-bin grid and a 2000-row reservoir.  ``calmon``
@@ -91,13 +91,13 @@ def run_mapped(mapping: Mapping) -> Callable[[list[bytes]], ModelStats]:
     return run
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default="", help="run only the decoders whose name contains this (e.g. calmon)")
     ap.add_argument("--no-memory", action="store_true", help="skip the statistics memory table")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     canonical = list(Simulator(SimulationSpec(seed=1)).stream(args.events))
     inputs = {"canonical": canonical, "flat": [flat_shape(x) for x in canonical],
               "nested": [nested_shape(x) for x in canonical]}
@@ -138,7 +138,7 @@ def main() -> None:
         print(f"{name:38s} {best:14,.0f} {med:10,.0f} {cbest:10,.0f} {min(times['json (stdlib)']) / min(ts):8.2f} "
               f"{ratio:>30s}")
     if args.no_memory:
-        return
+        return 0
     print("\nstatistics memory (bytes) by events ingested:")
     stats = ModelStats()
     sim = Simulator(SimulationSpec(seed=2))
@@ -151,7 +151,8 @@ def main() -> None:
             seen += m
         print(f"  {target:>10,d} events: {stats.nbytes():,d} bytes, checkpoint JSON "
               f"{len(json.dumps(stats.to_dict())):,d} bytes")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -1,4 +1,4 @@
-"""On-demand benchmark of the emitter's cost per call: ``python -m calmon.client.bench [--events N]``.
+"""On-demand benchmark of the emitter's cost per call: ``python -m benchmarks.bench_emitter [--events N]``.
 
 The baseline, measured in the same rounds, is ``json.dumps`` of the same event (what a serving
 process that logs its predictions already pays). Rounds are interleaved and each figure is the
@@ -18,8 +18,6 @@ from pathlib import Path
 from calmon.client.emitter import Emitter
 from calmon.client.kafkasink import KafkaSink
 
-__all__ = ["main"]
-
 
 def _timed(fn: Callable[[], object], n: int) -> float:
     t = time.perf_counter()
@@ -30,7 +28,7 @@ def _timed(fn: Callable[[], object], n: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     """Print microseconds per call (min / median over rounds) and the ratio to the baseline."""
-    ap = argparse.ArgumentParser(prog="python -m calmon.client.bench", description=__doc__)
+    ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--events", type=int, default=50_000, help="calls per round and variant")
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args(argv)

@@ -8,7 +8,7 @@ rounds interleave baseline and current, and the figures are min / median over ro
 ``--calls`` calls.  Also prints the largest difference of the published numbers (AUC interval excluded: its
 width is allowed to change) so a speed-up that changes results shows.
 
-    OPENBLAS_NUM_THREADS=1 nice -n 5 python scripts/bench_estimates.py --baseline HEAD --rounds 7
+    OPENBLAS_NUM_THREADS=1 nice -n 5 python -m benchmarks.bench_estimates --baseline HEAD --rounds 7
 """
 
 from __future__ import annotations
@@ -25,12 +25,12 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks._child import ROOT
 from calmon.config import EstimationConfig
 from calmon.evaluate import estimates as current
 from calmon.state.buckets import PRED_BINS, BucketStats
 from calmon.stats.grid import ScoreGrid
 
-ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 FILES = {"estimate": "calmon/algorithms/estimate.py", "scoredrift": "calmon/algorithms/scoredrift.py",
          "estimates": "calmon/evaluate/estimates.py"}
 
@@ -81,13 +81,13 @@ def cpu_per_call(fn: Callable[..., object], args: tuple[Any, ...], calls: int) -
     return (time.process_time() - t0) / calls
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--baseline", default="HEAD")
     ap.add_argument("--events", type=int, nargs="+", default=[100, 1000, 5000, 20000])
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=200)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     old = baseline(args.baseline)
     cfg = EstimationConfig()
     ref = ScoreGrid(PRED_BINS)
@@ -113,7 +113,8 @@ def main() -> None:
             ratio = statistics.median(times["baseline"]) / statistics.median(times["current"])
             print(f"{n:>7} {cname:>10} {s['baseline']:>15} {s['current']:>15} {ratio:>17.2f}x {diff:>10.2g}")
     print(f"load {os.getloadavg()[0]:.2f} (1 min) at the end")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -2,7 +2,7 @@
 
 Usage::
 
-    python scripts/bench_files.py --lines 1000000 [--max-records 65536] [--repeat 3]
+    python -m benchmarks.bench_files --lines 1000000 [--max-records 65536] [--repeat 3]
 
 Prints a table of lines/s and MB/s for: JSONL with and without origins, CSV ``score,label`` (fast
 path), CSV ``id,model,ts,score,label`` with RFC 3339 timestamps, CSV ``p0..p9,label``, and the dead-letter
@@ -14,17 +14,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from connectors.deadletter import FileDeadLetterSink  # noqa: E402
-from connectors.files import FileSource  # noqa: E402
+from connectors.deadletter import FileDeadLetterSink
+from connectors.files import FileSource
 
 
 def _write(path: Path, header: str | None, rows: list[str]) -> None:

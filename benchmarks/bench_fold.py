@@ -1,14 +1,15 @@
-"""Benchmark: the binary fold alone (``fold_binary``) of live-like ingest at M models, against another tree.
+"""Benchmark: the binary fold alone (``calmon.state.buckets.fold``) of live-like ingest at M models, against another
+tree.
 
-The folds of one ingest of ``scripts/bench_models.py``'s live-like traffic are recorded once with this tree
-(every ``fold_binary`` call of ``Ingestor``: its columns, parts and watermark, in a temporary ``.npz`` file),
-then replayed into fresh rings by each tree in turn, in subprocesses, interleaved (baseline, current,
-baseline, ...).  Each replay reports its fold time (wall and CPU: the machine may be shared) and a digest of
-every resulting ring document and version, so the output also says whether both trees built the same state.
-As under the agent's state lock, automatic garbage collection is off during a fold; the collection that fell due
-runs right after it and is counted.
+The folds of one ingest of ``benchmarks/bench_models.py``'s live-like traffic are recorded once with this tree
+(every fold call of ``Ingestor``: its columns, parts and watermark, in a temporary ``.npz`` file), then replayed
+into fresh rings by each tree in turn, in subprocesses, interleaved (baseline, current, baseline, ...; a tree from
+before ``fold`` replays with its ``fold_binary``).  Each replay reports its fold time (wall and CPU: the machine may
+be shared) and a digest of every resulting ring document and version, so the output also says whether both trees
+built the same state.  As under the agent's state lock, automatic garbage collection is off during a fold; the
+collection that fell due runs right after it and is counted.
 
-    python scripts/bench_fold.py --models 1000 --events 3e5 --rounds 5 --baseline /tmp/base
+    python -m benchmarks.bench_fold --models 1000 --events 3e5 --rounds 5 --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -20,33 +21,48 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks._child import last_json, run_module
+
+
+def tree_fold() -> Callable[..., None]:
+    """The binary fold of the tree this process imports, called as ``(parts, ts, segment, score, labels, watermark,
+    predictions)``: ``calmon.state.buckets.fold`` (scores by keyword), or an older tree's ``fold_binary``."""
+    try:
+        from calmon.state.buckets import fold
+    except ImportError:  # a tree from before fold (calmon.state.batchfold.fold_binary, the same arguments)
+        from calmon.state.batchfold import fold_binary  # type: ignore[import-not-found]
+
+        return cast(Callable[..., None], fold_binary)
+
+    def call(parts: Any, ts: np.ndarray, segment: np.ndarray, score: np.ndarray, labels: np.ndarray | None,
+             watermark: float, predictions: bool = False) -> None:
+        fold(parts, ts, segment, labels, watermark, score=score, predictions=predictions)
+    return call
 
 
 def record(models: int, events: int, seed: int, path: str) -> None:
-    """Ingest the traffic with this tree, recording every ``fold_binary`` call into ``path`` (npz) + JSON."""
+    """Ingest the traffic with this tree, recording every fold call into ``path`` (npz) + JSON."""
     if not path.endswith(".npz"):
         raise ValueError("the recording path must end with .npz")
-    from bench_models import MemorySource, Traffic, _ingest_all, _open_agent, bench_config
-
     import calmon.state.ingest as ing
+    from benchmarks.bench_models import MemorySource, Traffic, _ingest_all, _open_agent, bench_config
 
     arrays: dict[str, np.ndarray] = {}
     calls: list[dict[str, Any]] = []
     spec: dict[str, Any] = {}
-    real = ing.fold_binary
+    real = tree_fold()
 
-    def rec(parts: Any, ts: np.ndarray, segment: np.ndarray, score: np.ndarray, labels: np.ndarray | None,
-            watermark: float, predictions: bool = False) -> None:
+    def save(parts: Any, ts: np.ndarray, segment: np.ndarray, score: np.ndarray, labels: np.ndarray | None,
+             watermark: float, predictions: bool = False) -> None:
         i = len(calls)
         for mw, _ in parts:
             spec.setdefault(mw.name, {"tiers": mw.tiers, "segments": mw.segments, **mw.params})
@@ -59,7 +75,16 @@ def record(models: int, events: int, seed: int, path: str) -> None:
                       "watermark": watermark, "predictions": predictions, "labels": labels is not None})
         real(parts, ts, segment, score, labels, watermark, predictions)
 
-    ing.fold_binary = rec
+    def rec(parts: Any, ts: np.ndarray, segment: np.ndarray, labels: np.ndarray | None, watermark: float, *,
+            score: np.ndarray | None = None, probs: np.ndarray | None = None, predictions: bool = False) -> None:
+        if score is None or probs is not None:
+            raise ValueError("the benchmark's traffic is binary: every fold has scores")
+        save(parts, ts, segment, score, labels, watermark, predictions)
+
+    if hasattr(ing, "fold"):  # the ingestor calls its module's ``fold``
+        ing.fold = rec
+    else:  # an older tree: fold_binary, positional scores
+        ing.fold_binary = save  # type: ignore[attr-defined]
     records = list(Traffic("live", models, events, seed).records())
     with tempfile.TemporaryDirectory(prefix="calmon-bench-fold-") as tmp:
         src = MemorySource("live", iter(records))
@@ -73,8 +98,8 @@ def record(models: int, events: int, seed: int, path: str) -> None:
 def replay(path: str, profile: Any = None, repeat: int = 1) -> dict[str, Any]:
     """Replay the recorded folds into fresh rings with this tree, ``repeat`` times: the least fold seconds
     (wall, CPU) and a digest of the state."""
-    from calmon.state.batchfold import fold_binary
     from calmon.state.buckets import ModelWindows
+    fold_call = tree_fold()
     meta = json.loads(Path(path + ".json").read_text())
     data = np.load(path, allow_pickle=False)
     best = {"fold": math.inf, "cpu": math.inf}
@@ -96,7 +121,7 @@ def replay(path: str, profile: Any = None, repeat: int = 1) -> dict[str, Any]:
             if profile is not None:
                 profile.enable()
             gc.disable()  # as under the agent's state lock (StateLock): collection deferred to the release
-            fold_binary(*args)
+            fold_call(*args)
             gc.enable()
             _trigger: list[list[int]] = [[]]  # allocates: a collection that fell due runs now (counted)
             if profile is not None:
@@ -143,26 +168,25 @@ def main(argv: list[str] | None = None) -> int:
             print(replay(f"{tmp}/folds.npz", prof))
         pstats.Stats(prof).sort_stats("tottime").print_stats(30)
         return 0
-    trees = ([("baseline", args.baseline)] if args.baseline else []) + [("current", ROOT)]
+    trees: list[tuple[str, Path | None]] = [("baseline", args.baseline)] if args.baseline else []
+    trees.append(("current", None))
 
-    def child(code: Path, *extra: str) -> str:
-        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), str(ROOT / "scripts")]),
-                   OPENBLAS_NUM_THREADS="1")
-        cmd = [sys.executable, str(Path(__file__).resolve()), *extra]
-        return subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
+    def child(code: Path | None, *extra: str) -> str:
+        """This module in a fresh process importing the packages of ``code`` (default this checkout)."""
+        return run_module("benchmarks.bench_fold", *extra, code=code, env={"OPENBLAS_NUM_THREADS": "1"}).stdout
 
     with tempfile.TemporaryDirectory(prefix="calmon-bench-fold-") as tmp:
         path = f"{tmp}/folds.npz"
-        child(ROOT, "--record", path, "--models", str(args.models), "--events", str(args.events),
+        child(None, "--record", path, "--models", str(args.models), "--events", str(args.events),
               "--seed", str(args.seed))
         load0 = os.getloadavg()[0]
         res: dict[str, list[dict[str, Any]]] = {}
         for _ in range(args.rounds):
             for name, code in trees:
                 out = child(code, "--replay", path, "--repeat", str(args.repeat))
-                res.setdefault(name, []).append(json.loads(out.strip().splitlines()[-1]))
+                res.setdefault(name, []).append(last_json(out))
         load1 = os.getloadavg()[0]
-    print(f"fold_binary replay, M={args.models}, {args.events:.0e} predictions + outcomes, {args.rounds} "
+    print(f"fold replay, M={args.models}, {args.events:.0e} predictions + outcomes, {args.rounds} "
           f"interleaved rounds, load {load0:.1f} -> {load1:.1f}")
     for key in ("fold", "cpu"):
         base = statistics.median(r[key] for r in res[trees[0][0]])

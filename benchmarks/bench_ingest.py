@@ -1,19 +1,20 @@
 """Benchmark: live-like ingest at M models, split into stages, optionally against another tree (issue #15).
 
-Ingestion alone -- no rounds, no checkpoints -- of ``scripts/bench_models.py``'s live-like traffic (M binary
+Ingestion alone -- no rounds, no checkpoints -- of ``benchmarks/bench_models.py``'s live-like traffic (M binary
 models x segments ``web``/``app`` allow-listed, predictions with their outcomes ~60 s later, ``--events``
 predictions over 1 h of event time) through ``Agent.ingest``, each run in a fresh subprocess. Wall time is split
 into stages by timers around the ingestor's methods: ``decode`` (``Decoder.decode``), ``join``
-(``Joiner.process``), ``fold`` (the binary folds, ``fold_binary``), ``changes`` (the change detectors) and
+(``Joiner.process``), ``fold`` (the binary folds, ``calmon.state.buckets.fold``), ``changes`` (the change detectors) and
 ``other`` (the rest of ``Ingestor.ingest``: the per-model loop of ``_apply``, counters, the lock).  The live
 ratio is issue #15's goal: events/s at M models over events/s at one model (>= 0.5 at 1000).
 
-    python scripts/bench_ingest.py                                   # M = 1, 1000; 3 interleaved rounds
-    python scripts/bench_ingest.py --models 1,100,1000 --events 5e5 --rounds 5
+    python -m benchmarks.bench_ingest                                # M = 1, 1000; 3 interleaved rounds
+    python -m benchmarks.bench_ingest --models 1,100,1000 --events 5e5 --rounds 5
 
 With ``--baseline DIR`` (another version's packages: ``git archive HEAD calmon connectors | tar -x -C DIR``) each
-round runs the baseline tree and this one in turn (baseline, current, baseline, ...), and the table gives both,
-min/median over the rounds, with the load average before and after.
+round runs the baseline tree and this one in turn (baseline, current, baseline, ...), each in a child whose
+``PYTHONPATH`` starts with its tree, and the table gives both, min/median over the rounds, with the load average
+before and after.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,17 +30,17 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks._child import last_json, run_module
+
 STAGES = ("decode", "join", "fold", "changes", "other")
 
 
 def child(models: int, events: int, seed: int) -> dict[str, Any]:
     """Ingest the live-like traffic of ``models`` in this process; one JSON-able dict of timings."""
-    from bench_models import MemorySource, Traffic, _ingest_all, _open_agent, bench_config
-
     import calmon.events.decoder as ev
     import calmon.state.ingest as ing
     import calmon.state.join as jn
+    from benchmarks.bench_models import MemorySource, Traffic, _ingest_all, _open_agent, bench_config
 
     spent: defaultdict[str, float] = defaultdict(float)
 
@@ -59,9 +59,10 @@ def child(models: int, events: int, seed: int) -> dict[str, Any]:
     for obj, name, label in ((ev.Decoder, "decode", "decode"), (jn.Joiner, "process", "join"),
                              (ing.Ingestor, "_changes", "changes"), (ing.Ingestor, "ingest", "total")):
         timed(obj, name, label)
-    for module in (ing, sys.modules.get("calmon.state.batchapply")):  # wherever fold_binary is called from
-        if module is not None and hasattr(module, "fold_binary"):
-            timed(module, "fold_binary", "fold")
+    for module in (ing, sys.modules.get("calmon.state.batchapply")):  # wherever the fold is called from
+        for name in ("fold", "fold_binary"):  # fold_binary: a tree from before calmon.state.buckets.fold
+            if module is not None and hasattr(module, name):
+                timed(module, name, "fold")
     records = list(Traffic("live", models, events, seed).records())
     with tempfile.TemporaryDirectory(prefix="calmon-bench-ingest-") as tmp:
         src = MemorySource("live", iter(records))
@@ -75,13 +76,11 @@ def child(models: int, events: int, seed: int) -> dict[str, Any]:
     return {"models": models, "records": n, "wall": wall, "cpu": cpu, "rate": n / wall, **out}
 
 
-def run(code: Path, models: int, args: argparse.Namespace) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(code), str(ROOT / "scripts")]),
-               OPENBLAS_NUM_THREADS="1")
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(models), "--events", str(args.events),
-           "--seed", str(args.seed)]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
-    return dict(json.loads(res.stdout.strip().splitlines()[-1]))
+def run(code: Path | None, models: int, args: argparse.Namespace) -> dict[str, Any]:
+    """One M in a fresh process importing the packages of ``code`` (default this checkout)."""
+    res = run_module("benchmarks.bench_ingest", "--child", models, "--events", args.events, "--seed", args.seed,
+                     code=code, env={"OPENBLAS_NUM_THREADS": "1"})
+    return dict(last_json(res.stdout))
 
 
 def _mm(vals: list[float], fmt: str) -> str:
@@ -118,8 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         print(json.dumps(child(args.child, args.events, args.seed)))
         return 0
-    trees = [("baseline", args.baseline)] if args.baseline else []
-    trees.append(("current", ROOT))
+    trees: list[tuple[str, Path | None]] = [("baseline", args.baseline)] if args.baseline else []
+    trees.append(("current", None))
     rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
     load0 = os.getloadavg()[0]
     for _ in range(args.rounds):

@@ -2,9 +2,9 @@
 
 Usage::
 
-    python scripts/bench_join.py [--pending 2000000] [--batch 65536] [--rounds 5]
+    python -m benchmarks.bench_join [--pending 2000000] [--batch 65536] [--rounds 5]
     git show <old commit>:calmon/state/join.py > /tmp/join_old.py
-    python scripts/bench_join.py --module /tmp/join_old.py      # the same table for another join
+    python -m benchmarks.bench_join --module /tmp/join_old.py   # the same table for another join
 
 Two joiners with the same entry cap (``--pending``) in the same process: one holds ``--pending``
 predictions (every new prediction evicts the oldest), the other is empty (no eviction). Each
@@ -23,13 +23,10 @@ import importlib.util
 import statistics
 import sys
 import time
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from calmon.events.decoder import Decoder  # noqa: E402
+from calmon.events.decoder import Decoder
 
 
 def load_join(path: str | None) -> ModuleType:
@@ -58,13 +55,13 @@ def make_joiner(mod: ModuleType, cap: int) -> Any:
         return mod.Joiner(ttl=1e12, max_pending=cap)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pending", type=int, default=2_000_000)
     ap.add_argument("--batch", type=int, default=65536)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--module", default=None, help="path of another join.py to measure (default: calmon's)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     mod = load_join(args.module)
     dec = Decoder()
     full, empty = make_joiner(mod, args.pending), make_joiner(mod, args.pending)

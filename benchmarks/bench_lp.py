@@ -6,7 +6,7 @@ the calibrator to the 1e6 predictions -- and the end-to-end raw fit.
 
 Run::
 
-    python scripts/bench_lp.py [--n 1e6] [--classes 10] [--ids]
+    python -m benchmarks.bench_lp [--n 1e6] [--classes 10] [--ids]
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from calmon.algorithms.multiclass_lp import fit_lp, lambda_of, pools_needed
 from calmon.stats.levelset import LevelSetStats
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=float, default=1e6)
     ap.add_argument("--classes", type=int, default=10)
@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=20.0, help="Dirichlet concentration of the truth")
     ap.add_argument("--bias", type=float, default=4.5, help="per-class bias scale of the distortion")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     n, k, eps = int(args.n), args.classes, args.eps
     rng = np.random.default_rng(args.seed)
     q = rng.dirichlet(np.full(k, args.alpha), size=n)
@@ -57,7 +57,8 @@ def main() -> None:
     print(f"  total      {t2 - t0:7.2f} s   (target < 30 s)")
     print(f"  predict    {t3 - t2:7.2f} s   (1e6 rows)")
     print(f"  Theorem 7 budget {d['budget']['total']:.2e} samples vs {d['samples_used']:.0e} used")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -4,7 +4,7 @@ Synthetic published rounds of M models x 3 segments x 4 windows (metrics, a 20-b
 tcal + smce + ldtc results with ``evaluated_at``), rendered with the default budget, with
 ``exporter.reliability: none`` and with the default budget at 1000 models; min/median over interleaved rounds.
 
-    nice -n 10 python3 scripts/bench_metrics.py --models 1 100 1000 --rounds 3
+    nice -n 10 python3 -m benchmarks.bench_metrics --models 1 100 1000 --rounds 3
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import statistics
 import time
 
 from calmon.exporter.metrics import AgentMetrics, SeriesBudget
+from calmon.exporter.views import LiveView, RoundView
 
 
 def evaluation(model: str, segment: str, window: str) -> dict:
@@ -27,18 +28,18 @@ def evaluation(model: str, segment: str, window: str) -> dict:
                             for b in range(20)], "tests": tests}
 
 
-def round_state(models: int) -> dict:
+def round_state(models: int) -> RoundView:
     evs = [evaluation(f"model-{i:04d}", s, w) for i in range(models) for s in ("all", "web", "app")
            for w in ("1h", "24h", "7d", "all")]
-    return {"scheduler": {"evaluations": 1}, "evaluations": evs, "state_bytes": {f"model-{i:04d}": 1 for i in
-                                                                                 range(models)}}
+    return RoundView(scheduler={"evaluations": 1}, evaluations=evs,
+                     state_bytes={f"model-{i:04d}": 1 for i in range(models)})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--models", type=int, nargs="+", default=[1, 100, 1000])
     ap.add_argument("--rounds", type=int, default=3)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     budgets = {"default": SeriesBudget(), "reliability none": SeriesBudget(reliability="none"),
                "unbounded": SeriesBudget(max_series_per_model=10**9, max_series=10**9)}
     print(f"load {os.getloadavg()[0]:.2f}")
@@ -49,7 +50,7 @@ def main() -> None:
         size: dict[str, int] = {}
         for _ in range(args.rounds):
             for name, budget in budgets.items():
-                metrics = AgentMetrics(lambda: {"ready": True}, budget)
+                metrics = AgentMetrics(lambda: LiveView(ready=True), budget)
                 t0 = time.perf_counter()
                 metrics.prepare(st)
                 t1 = time.perf_counter()
@@ -61,7 +62,8 @@ def main() -> None:
             print(f"{m:5d} models  {name:>17}: prepare (once per round) min {min(times[name]):6.3f} s median "
                   f"{statistics.median(times[name]):6.3f} s; scrape min {min(scrape[name]):6.3f} s median "
                   f"{statistics.median(scrape[name]):6.3f} s; {size[name] / 1e6:6.2f} MB")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

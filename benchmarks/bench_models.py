@@ -23,9 +23,9 @@ M = 1 runs again at the end (interleaved), so the ratios use the median of the M
 ``min/median``.  A restore time marked ``(!)`` means the restored buckets' event counts differ from the
 checkpointed ones.
 
-    python scripts/bench_models.py                                 # M = 1, 10, 100, 1000 (1000 takes minutes)
-    python scripts/bench_models.py --models 1,10,100 --events 3e5 --rounds 3
-    python scripts/bench_models.py --quick                         # a smoke run (seconds)
+    python -m benchmarks.bench_models                              # M = 1, 10, 100, 1000 (1000 takes minutes)
+    python -m benchmarks.bench_models --models 1,10,100 --events 3e5 --rounds 3
+    python -m benchmarks.bench_models --quick                      # a smoke run (seconds)
 
 Only public entry points are used (``Agent(cfg, sources)``, ``open``, ``ingest``, ``evaluate_round``,
 ``checkpoint``, ``metrics.render``, ``state.nbytes``), so the script works across internal rewrites.
@@ -37,21 +37,17 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # a copy run from elsewhere uses PYTHONPATH instead
-    sys.path.append(str(ROOT))
+from benchmarks._child import last_json, run_module
 
 START = 1_767_225_600.0  # 2026-01-01: fixed, so the traffic is the same in every run
 LIVE_SPAN, REPLAY_SPAN, LIVE_DELAY = 3600.0, 8 * 86400.0, 60.0
@@ -369,12 +365,11 @@ def _content(agent: Any) -> list[int]:
 
 def restore(models: int, state_dir: str, budget: float, before: list[int]) -> dict[str, Any]:
     """Restore the checkpoint in ``state_dir`` in a fresh process: its seconds, peak RSS and whether it is whole."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--restore", state_dir, "--child", str(models),
-           "--budget", str(budget)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = run_module("benchmarks.bench_models", "--restore", state_dir, "--child", models, "--budget", budget,
+                     check=False)
     if res.returncode:
         raise RuntimeError(f"restore failed (exit {res.returncode}): {res.stderr[-2000:]}")
-    got = json.loads(res.stdout.strip().splitlines()[-1])
+    got = last_json(res.stdout)
     return {"restore_s": got["restore_s"], "restore_open_s": got["open_s"], "restore_rss": got["peak_rss"],
             "restore_same": got["content"] == before}
 
@@ -409,14 +404,13 @@ def restore_child(models: int, state_dir: str, budget: float) -> dict[str, Any]:
 # -- parent: run children, print the table -----------------------------------------------------------------------
 def run_child(models: int, args: argparse.Namespace) -> dict[str, Any] | None:
     """One M in a fresh process; ``None`` (and the child's stderr on ours) if it failed."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", str(models), "--events", str(args.events),
-           "--seed", str(args.seed), "--rounds", str(args.rounds), "--budget", str(args.budget)]
     t = time.time()
-    res = subprocess.run(cmd, capture_output=True, text=True)
+    res = run_module("benchmarks.bench_models", "--child", models, "--events", args.events, "--seed", args.seed,
+                     "--rounds", args.rounds, "--budget", args.budget, check=False)
     if res.returncode:
         print(f"M = {models} failed (exit {res.returncode}):\n{res.stderr[-4000:]}", file=sys.stderr, flush=True)
         return None
-    row: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+    row: dict[str, Any] = last_json(res.stdout)
     # the raw row too, so that an interrupted run still leaves its figures
     print(f"M = {models}: {time.time() - t:.0f} s, load {os.getloadavg()[0]:.1f}: {json.dumps(row)}", file=sys.stderr,
           flush=True)

@@ -14,8 +14,8 @@ own subprocess (peak RSS from ``resource.getrusage(RUSAGE_CHILDREN)`` of a wrapp
 
 Usage::
 
-    nice -n 10 python scripts/bench_parquet.py            # 1e6 and 1e7 rows
-    python scripts/bench_parquet.py --rows 1e5 3e5         # quicker
+    nice -n 10 python -m benchmarks.bench_parquet         # 1e6 and 1e7 rows
+    python -m benchmarks.bench_parquet --rows 1e5 3e5      # quicker
 """
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ def measure(cmd: list[str]) -> tuple[float, float]:
     return int(rss_kib) / 1024, float(wall)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", nargs="+", type=float, default=[1e6, 1e7])
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows]
     print(f"{'rows':>12} {'what':>9} {'peak RSS MiB':>13} {'seconds':>8} {'rows/s':>10}")
     base, _ = measure([sys.executable, "-c", BASELINE])
@@ -99,7 +99,8 @@ def main() -> None:
                                          "none"])):
                 rss, wall = measure(cmd)
                 print(f"{n:>12,} {what:>9} {rss:13.0f} {wall:8.1f} {n / wall:10,.0f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

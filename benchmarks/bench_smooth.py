@@ -2,9 +2,10 @@
 
 Usage::
 
-    python scripts/bench_smooth.py                 # HiGHS at 1e4 and 1e5 (the latter takes ~1 min)
-    python scripts/bench_smooth.py --no-highs-1e5  # skip the slow HiGHS run
-    python scripts/bench_smooth.py --curtail       # only: the smce tester's null simulation, curtailed vs all draws
+    python -m benchmarks.bench_smooth              # HiGHS at 1e4 and 1e5 (the latter takes ~1 min)
+    python -m benchmarks.bench_smooth --no-highs-1e5  # skip the slow HiGHS run
+    python -m benchmarks.bench_smooth --curtail    # only: the smce tester's null simulation, curtailed vs all draws
+    python -m benchmarks.bench_smooth --sizes 1e3 --large 1e4 --repeat 1   # a smoke run (seconds)
 
 Prints one table (CPU seconds of this process -- the machine is shared, so wall time is shown too --
 best of ``--repeat`` for the fast rows) and the budgets of
@@ -17,14 +18,20 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from collections.abc import Callable
+from functools import partial
+from typing import TypeVar
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+if __name__ == "__main__":  # one OpenMP thread for the timings (before numpy loads; not when merely imported)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
 from calmon.algorithms.ldtc import ldtc_grid, u_grid  # noqa: E402
 from calmon.algorithms.smooth import smce, smce_chain_lp, smce_grid  # noqa: E402
 from calmon.stats.grid import ScoreGrid  # noqa: E402
+
+T = TypeVar("T")
 
 
 def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -34,14 +41,19 @@ def _data(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     return z, y
 
 
-def _best(fn, repeat: int) -> tuple[float, float, object]:
-    """Best CPU time and best wall time over ``repeat`` calls, and the result."""
-    cpu, wall, out = float("inf"), float("inf"), None
-    for _ in range(repeat):
+def _best(fn: Callable[[], T], repeat: int) -> tuple[float, float, T]:
+    """Best CPU time and best wall time over ``repeat`` (at least one) calls, and the result."""
+    cpu, wall = float("inf"), float("inf")
+    for _ in range(max(1, repeat)):
         t, w = time.process_time(), time.perf_counter()
         out = fn()
         cpu, wall = min(cpu, time.process_time() - t), min(wall, time.perf_counter() - w)
     return cpu, wall, out
+
+
+def _chain_lp(z: np.ndarray, y: np.ndarray) -> float:
+    """smCE by HiGHS on the chain LP (objective rescaled to max|c| = 1)."""
+    return float(smce_chain_lp(z, y - z, z.size)[0])
 
 
 def _naive_chain_lp(z: np.ndarray, y: np.ndarray) -> float:
@@ -84,46 +96,49 @@ def bench_curtail(repeat: int) -> None:
     print(f"load average: {os.getloadavg()[0]:.1f}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--no-highs-1e5", action="store_true", help="skip HiGHS at n = 1e5 (~1 min)")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--naive", action="store_true", help="also time the unscaled chain LP at n = 1e4 and 1e5")
     ap.add_argument("--curtail", action="store_true", help="only the smce null simulation: curtailed vs all draws")
-    args = ap.parse_args()
+    ap.add_argument("--sizes", default="1e4,1e5", help="n of the DP vs HiGHS rows (default 1e4,1e5)")
+    ap.add_argument("--large", type=float, default=1e6, help="n of the DP, grid and LDTC rows (default 1e6)")
+    args = ap.parse_args(argv)
     if args.curtail:
         bench_curtail(args.repeat)
-        return
+        return 0
 
     rows: list[tuple[str, str, float, float, float, str]] = []
     ratios: dict[int, float] = {}
-    for n in (10_000, 100_000):
+    for n in (int(float(x)) for x in args.sizes.split(",")):
         z, y = _data(n, n)
-        c_dp, w_dp, v_dp = _best(lambda z=z, y=y: smce(z, y), args.repeat)
+        c_dp, w_dp, v_dp = _best(partial(smce, z, y), args.repeat)
         if args.naive:
-            c_nv, w_nv, v_nv = _best(lambda z=z, y=y: _naive_chain_lp(z, y), 1)
+            c_nv, w_nv, v_nv = _best(partial(_naive_chain_lp, z, y), 1)
             rows.append((f"smCE raw n={n}", "HiGHS naive LP", c_nv, w_nv, v_nv,
                          f"|DP-LP|={abs(v_dp - v_nv):.1e}, DP speed-up {c_nv / c_dp:.0f}x"))
         if n == 100_000 and args.no_highs_1e5:
             rows.append((f"smCE raw n={n}", "DP", c_dp, w_dp, v_dp, ""))
             continue
-        c_lp, w_lp, v_lp = _best(lambda z=z, y=y: smce_chain_lp(z, y - z, z.size)[0], 1)
+        c_lp, w_lp, v_lp = _best(partial(_chain_lp, z, y), 1)
         ratios[n] = c_lp / c_dp
         rows.append((f"smCE raw n={n}", "HiGHS chain LP", c_lp, w_lp, v_lp,
                      "objective rescaled to max|c| = 1"))
         rows.append((f"smCE raw n={n}", "DP", c_dp, w_dp, v_dp,
                      f"|DP-LP|={abs(v_dp - v_lp):.1e}, speed-up {c_lp / c_dp:.0f}x"))
-    z, y = _data(1_000_000, 7)
+    large = int(args.large)
+    z, y = _data(large, 7)
     c_dp, w_dp, v_dp = _best(lambda: smce(z, y), args.repeat)
-    rows.append(("smCE raw n=1e6", "DP", c_dp, w_dp, v_dp, "budget 5 s"))
+    rows.append((f"smCE raw n={large:.0e}", "DP", c_dp, w_dp, v_dp, "budget 5 s at 1e6"))
     g = ScoreGrid(4096)
     g.update(z, y)
     c_g, w_g, res = _best(lambda: smce_grid(g), max(args.repeat, 10))
-    rows.append(("smCE 4096-cell stats (n=1e6)", "DP", c_g, w_g, res["value"],
+    rows.append((f"smCE 4096-cell stats (n={large:.0e})", "DP", c_g, w_g, res["value"],
                  f"|grid-raw|={abs(res['value'] - v_dp):.1e} <= bound {res['error_bound']:.1e}; "
                  "budget 0.02 s"))
     c_l, w_l, lres = _best(lambda: ldtc_grid(g, bins=256, u=u_grid(101)), args.repeat)
-    rows.append(("LDTC 256 bins x 101 u (n=1e6)", "HiGHS LP", c_l, w_l, lres["value"],
+    rows.append((f"LDTC 256 bins x 101 u (n={large:.0e})", "HiGHS LP", c_l, w_l, lres["value"],
                  f"bounds [{lres['bounds'][0]:.4f}, {lres['bounds'][1]:.4f}]; budget 2 s"))
 
     print(f"{'case':32s} {'solver':15s} {'cpu s':>8s} {'wall s':>8s} {'value':>11s}  note")
@@ -132,7 +147,8 @@ def main() -> None:
     for n, r in ratios.items():
         target = "  (target >= 50x)" if n == 100_000 else ""
         print(f"CPU-time speed-up DP vs HiGHS at n={n}: {r:.0f}x{target}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

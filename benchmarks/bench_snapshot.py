@@ -1,22 +1,23 @@
 """Benchmark: the cost of one round's snapshot of every window sum (``AgentState.snapshot``) at M binary models.
 
-Builds an agent as ``scripts/bench_models.py`` does (M models x 3 rings, the default tiers and windows, replay
+Builds an agent as ``benchmarks/bench_models.py`` does (M models x 3 rings, the default tiers and windows, replay
 traffic of ``--events`` labeled events over 8 days) and times the very first snapshot (it also aggregates the folds
 pending from the ingest).  Then, per path, ``--first`` snapshots from scratch (an empty reuse cache, as after a
 restart) and ``--rounds`` later ones: before each, one more minute of events of every model ``--minutes`` later
 (as between two evaluation rounds; 5: every round enters a new tier-0 bucket, so every stable sum is recomputed --
 the expensive rounds).  The paths run interleaved, each from the same kept sums, on the same state (pending folds
 are aggregated first, so that none pays them): ``new`` (this tree); with ``--compare`` ``reference``
-(``windowsums.REFERENCE``: :meth:`~calmon.state.windowsums.Plan.run_reference`'s pairwise merges and full bucket
-copies); with ``--baseline DIR`` ``baseline``: the snapshot code of a tree exported by
-``git archive HEAD calmon | tar -x -C DIR`` (its ``AgentState.snapshot``, ``windowsums``, ``BucketStats.summed``
-and ``read_copy``, ``ModelStats.summed`` and ``copy``, ``Reservoir.merged`` and ``sample_copy``).  Every path's
+(:meth:`~calmon.state.windows.Plan.run_reference`, the definition's pairwise merges, swapped in for ``Plan.run`` by
+this benchmark, with full bucket copies); with ``--baseline DIR`` ``baseline``: the snapshot code of a tree exported
+by ``git archive HEAD calmon | tar -x -C DIR`` (its ``AgentState.snapshot``, window sums (``capture``,
+``RingSums``), ``BucketStats.summed`` and ``read_copy``, ``ModelStats.summed`` and ``copy``, ``Reservoir.merged``
+and ``sample_copy``; the tree's layout is read from its files).  Every path's
 windows are checked equal to ``new``'s.  Prints per path and kind min/median wall seconds, the snapshot thread's
 CPU seconds (steadier on a loaded machine), the seconds spent in garbage collection, the ratios, and the load.
 
-    nice -n 5 python scripts/bench_snapshot.py --models 100 --events 1e6 --rounds 5 --compare
-    mkdir -p /tmp/h3_base && git archive HEAD calmon | tar -x -C /tmp/h3_base
-    nice -n 5 python scripts/bench_snapshot.py --models 1000 --events 1e6 --rounds 4 --compare --baseline /tmp/h3_base
+    nice -n 5 python -m benchmarks.bench_snapshot --models 100 --events 1e6 --rounds 5 --compare
+    mkdir -p /tmp/base && git archive HEAD calmon | tar -x -C /tmp/base
+    nice -n 5 python -m benchmarks.bench_snapshot --models 1000 --events 1e6 --rounds 4 --compare --baseline /tmp/base
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import gc
 import importlib.util
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -34,10 +36,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT, ROOT / "scripts"):
-    if str(p) not in sys.path:
-        sys.path.append(str(p))
+from benchmarks import bench_models as bm
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -84,39 +83,47 @@ def _load_baseline(root: Path) -> dict[tuple[type, str], Any]:
     from calmon.state.buckets import BucketStats
     from calmon.stats.model import ModelStats
     from calmon.stats.reservoir import Reservoir
+    #: role -> the module's path in the trees of successive layouts (the first that exists is loaded)
+    layouts = {"reservoir": ("stats/reservoir",), "model": ("stats/model",),
+               "buckets": ("state/buckets", "agent/buckets"),
+               "sums": ("state/windows", "state/windowsums", "agent/windowsums"),
+               "state": ("state/agentstate", "agent/state")}
     mods: dict[str, Any] = {}
-    for rel in ("stats/reservoir", "stats/model", "agent/buckets", "agent/windowsums", "agent/state"):
+    for role, paths in layouts.items():
+        rel = next((r for r in paths if (root / "calmon" / f"{r}.py").exists()), None)
+        if rel is None:
+            raise SystemExit(f"--baseline {root}: none of calmon/{{{','.join(paths)}}}.py")
         name = "baseline_" + rel.replace("/", "_")
         spec = importlib.util.spec_from_file_location(name, root / "calmon" / f"{rel}.py")
         assert spec is not None and spec.loader is not None
         mod = importlib.util.module_from_spec(spec)
         sys.modules[spec.name] = mod  # dataclasses look their module up
         spec.loader.exec_module(mod)
-        mods[rel] = mod
+        mods[role] = mod
     out: dict[tuple[type, str], Any] = {}
-    for rel, cls, names in (("stats/reservoir", Reservoir, ("merged", "sample_copy")),
-                            ("stats/model", ModelStats, ("summed", "copy")),
-                            ("agent/buckets", BucketStats, ("summed", "read_copy")),
-                            ("agent/state", AgentState, ("snapshot",))):
-        mod = mods[rel]
+    for role, cls, names in (("reservoir", Reservoir, ("merged", "sample_copy")),
+                             ("model", ModelStats, ("summed", "copy")),
+                             ("buckets", BucketStats, ("summed", "read_copy")),
+                             ("state", AgentState, ("snapshot",))):
+        mod = mods[role]
         for name in names:
             out[(cls, name)] = getattr(mod, cls.__name__).__dict__[name]
         setattr(mod, cls.__name__, cls)  # the baseline's methods build installed objects
-    mods["agent/state"].capture = mods["agent/windowsums"].capture
-    mods["agent/state"].RingSums = mods["agent/windowsums"].RingSums
+    mods["state"].capture = mods["sums"].capture
+    mods["state"].RingSums = mods["sums"].RingSums
     return out
 
 
 @contextmanager
 def _path(path: str, baseline: dict[tuple[type, str], Any] | None) -> Iterator[None]:
     """Run the snapshot by ``path``: "new" (this tree), "reference" (its pairwise path) or "baseline"."""
-    from calmon.state import windowsums
     from calmon.state.buckets import BucketStats
+    from calmon.state.windows import Plan
     saved = {(cls, name): cls.__dict__[name] for cls, name in (baseline or {})}
-    read_copy = BucketStats.read_copy
+    read_copy, run = BucketStats.read_copy, Plan.run
     try:
-        if path == "reference":  # the bucket copies as before, generator included
-            windowsums.REFERENCE = True
+        if path == "reference":  # the definition's merges and the bucket copies as before, generator included
+            Plan.run = Plan.run_reference  # type: ignore[method-assign]
             BucketStats.read_copy = BucketStats.copy  # type: ignore[method-assign]
         elif path == "baseline":
             assert baseline is not None
@@ -124,7 +131,7 @@ def _path(path: str, baseline: dict[tuple[type, str], Any] | None) -> Iterator[N
                 setattr(cls, name, fn)
         yield
     finally:
-        windowsums.REFERENCE = False
+        Plan.run = run  # type: ignore[method-assign]
         BucketStats.read_copy = read_copy  # type: ignore[method-assign]
         for (cls, name), fn in saved.items():
             setattr(cls, name, fn)
@@ -169,12 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", type=Path, default=None,
                     help="a tree exported by `git archive HEAD calmon | tar -x -C DIR`: interleave its snapshot too")
     args = ap.parse_args(argv)
-    import bench_models as bm
-
     baseline = None if args.baseline is None else _load_baseline(args.baseline.resolve())
     paths = ["new"] + (["reference"] if args.compare else []) + (["baseline"] if baseline else [])
     m, ev = args.models, int(args.events)
-    cfg = bm.bench_config(tempfile.mkdtemp(), m, 30.0)
+    state_dir = tempfile.mkdtemp(prefix="calmon-bench-snapshot-")
+    cfg = bm.bench_config(state_dir, m, 30.0)
     src = bm.MemorySource("replay", bm.Traffic("replay", m, ev, 0).records())
     agent, _ = bm._open_agent(cfg, src, timed=False)
     t = time.perf_counter()
@@ -206,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     _report(times)
     print("full collections in the run:", gct.full, "; load:", os.getloadavg())
     agent.close()
+    shutil.rmtree(state_dir, ignore_errors=True)
     return 0
 
 

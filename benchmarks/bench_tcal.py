@@ -17,9 +17,10 @@ Also: cost from binned statistics at n = 1e4 and n = 1e7 events (the grid is bui
 
 Usage::
 
-    python scripts/bench_tcal.py                 # everything (the authors' procedure takes minutes)
-    python scripts/bench_tcal.py --skip-nine     # calibrated sample and scaling only
-    python scripts/bench_tcal.py --tables        # Tables 1-3 row 'None': ECE and decisions (fast)
+    python -m benchmarks.bench_tcal              # everything (the authors' procedure takes minutes)
+    python -m benchmarks.bench_tcal --skip-nine  # calibrated sample and scaling only
+    python -m benchmarks.bench_tcal --tables     # Tables 1-3 row 'None': ECE and decisions (fast)
+    python -m benchmarks.bench_tcal --skip-nine --authors-seconds 60 --ref-draws 0 --scaling 1e4 --repeat 1  # smoke
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -64,13 +66,20 @@ def authors_adaptive_tcal(scores: np.ndarray, labels: np.ndarray, alpha: float =
     return False, B
 
 
-def ours(grid: ScoreGrid, mode: str, seed: int, mc: int = 3000) -> tuple[dict, float]:
-    kw = {"default": {}, "no-screen": {"screen": False}, "full": {"screen": False, "curtail": False},
-          "moment3": {"method": "moment3"}}[mode]
+def ours(grid: ScoreGrid, mode: str, seed: int, mc: int = 3000) -> tuple[dict[str, Any], float]:
+    modes: dict[str, dict[str, Any]] = {"default": {}, "no-screen": {"screen": False},
+                                        "full": {"screen": False, "curtail": False}, "moment3": {"method": "moment3"}}
+    kw = dict(modes[mode])
     kw.setdefault("method", "mc-grid")
     t0 = time.perf_counter()
     r = tcal_test(grid=grid, mc=mc, rng=seed, **kw)
     return r, time.perf_counter() - t0
+
+
+def timed(grid: ScoreGrid, mode: str, seed: int, repeat: int) -> tuple[dict[str, Any], list[float]]:
+    """:func:`ours` ``repeat`` times (at least once), seeds ``seed, seed + 1, ...``: the last result, every time."""
+    runs = [ours(grid, mode, seed + k) for k in range(max(1, repeat))]
+    return runs[-1][0], [dt for _, dt in runs]
 
 
 def build_grid(z: np.ndarray, y: np.ndarray) -> tuple[ScoreGrid, float]:
@@ -101,14 +110,19 @@ def accuracy(g: ScoreGrid, ref_draws: int, chunk: int, seed: int, alpha: float =
     print("(sd(3000 draws): spread of the 3000-draw empirical quantile over disjoint chunks of the reference)")
 
 
-def tables(seed: int) -> None:
+def data_files(models: str = "") -> list[Path]:
+    """The T-Cal data files (``../shared/data/tcal``), or those whose stem is in the comma list ``models``."""
+    return [p for p in sorted(DATA.glob("*.npz")) if not models or p.stem in models.split(",")]
+
+
+def tables(seed: int, models: str = "") -> None:
     """Tables 1-3, row 'None': 15-bin l1-ECE and the tester's decision from the file and from a window."""
     from calmon.testers import CalibrationData, run_tester
     print("== Tables 1-3, row 'None' (tester 'tcal', alpha = 0.05): file = complete raw data; window = grid + "
           "2000-event reservoir ==")
     print(f"{'model':28s} {'n':>6s} {'ECE15 %':>7s} | {'file':>4s} {'method':8s} {'adj p':>9s} {'ms':>6s} | "
           f"{'window':>6s} {'method':8s} {'adj p':>9s} {'ms':>6s} | {'grid MC, no screen':>18s}")
-    for path in sorted(DATA.glob("*.npz")):
+    for path in data_files(models):
         d = np.load(path)
         z, y = d["confidence"].astype(float), d["correct"].astype(float)
         idx = np.minimum((z * 15).astype(int), 14)
@@ -160,7 +174,7 @@ def fmt_decision(rejected: bool) -> str:
     return "R" if rejected else "A"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trials", type=int, default=3000, help="authors' bootstrap resamples per level")
     ap.add_argument("--seed", type=int, default=0)
@@ -172,15 +186,17 @@ def main() -> None:
     ap.add_argument("--skip-calibrated", action="store_true")
     ap.add_argument("--repeat", type=int, default=5, help="timing repetitions for our method (median)")
     ap.add_argument("--ref-draws", type=int, default=30_000, help="reference Monte Carlo for the accuracy table")
-    args = ap.parse_args()
+    ap.add_argument("--models", default="", help="with --tables or the nine: comma-separated file stems only")
+    ap.add_argument("--scaling", default="1e4,1e7", help="event counts of the cost table (default 1e4,1e7)")
+    args = ap.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
     if args.tables:
-        tables(args.seed)
-        return
+        tables(args.seed, args.models)
+        return 0
     if args.agreement:
         agreement(args.agreement, args.seed)
-        return
+        return 0
     if not args.skip_calibrated:
         print("== calibrated sample, n = 10,000, Z ~ U[0, 1], Y ~ Ber(Z) ==")
         z = rng.uniform(size=10_000)
@@ -195,10 +211,7 @@ def main() -> None:
             print(f"authors' procedure: not run; speed-ups relative to --authors-seconds {t_auth:.0f}")
         g, t_build = build_grid(z, y)
         for mode in ("default", "no-screen", "full", "moment3"):
-            times, r = [], None
-            for k in range(args.repeat):
-                r, dt = ours(g, mode, args.seed + k)
-                times.append(dt)
+            r, times = timed(g, mode, args.seed, args.repeat)
             t = float(np.median(times))
             print(f"ours ({mode:9s}): decision {fmt_decision(r['decision'] == 'miscalibrated')}, "
                   f"adjusted p {r['p_value']:.3f}, draws {r['mc_draws']}/{r['mc_requested']}, "
@@ -208,17 +221,16 @@ def main() -> None:
         if args.ref_draws:
             accuracy(g, args.ref_draws, args.trials, args.seed)
 
-        print("\n== cost from binned statistics: n = 1e4 vs 1e7 events (calibrated, Z ~ U[0, 1]) ==")
-        for n in (10_000, 10_000_000):
+        sizes = [int(float(x)) for x in args.scaling.split(",")]
+        print(f"\n== cost from binned statistics: n = {' vs '.join(f'{n:.0e}' for n in sizes)} events (calibrated, "
+              "Z ~ U[0, 1]) ==")
+        for n in sizes:
             zz = rng.uniform(size=n)
             yy = (rng.uniform(size=n) < zz).astype(float)
             gg, tb = build_grid(zz, yy)
             del zz, yy
             for mode in ("default", "full", "moment3"):
-                times = []
-                for k in range(args.repeat):
-                    r, dt = ours(gg, mode, args.seed + k)
-                    times.append(dt)
+                r, times = timed(gg, mode, args.seed, args.repeat)
                 print(f"n = {n:>10,d} {mode:8s}: test {np.median(times) * 1e3:7.1f} ms "
                       f"(draws {r['mc_draws']}/{r['mc_requested']}, non-empty cells {int((gg.n > 0).sum())}); "
                       f"grid build {tb:.2f} s (streaming, once)")
@@ -227,7 +239,7 @@ def main() -> None:
         print("\n== the nine models of Tables 1-3 (row 'None'), alpha = 0.05 ==")
         print(f"{'model':30s} {'n':>6s} | {'authors':>7s} {'time':>7s} | {'ours':>4s} {'time':>8s} {'x':>7s} | "
               f"{'no-screen':>9s} {'time':>8s} {'x':>6s}")
-        for path in sorted(DATA.glob("*.npz")):
+        for path in data_files(args.models):
             d = np.load(path)
             z, y = d["confidence"].astype(float), d["correct"].astype(float)
             t0 = time.perf_counter()
@@ -236,17 +248,15 @@ def main() -> None:
             g, _ = build_grid(z, y)
             res = {}
             for mode in ("default", "no-screen"):
-                times = []
-                for k in range(args.repeat if mode == "default" else 1):
-                    r, dt = ours(g, mode, args.seed + k)
-                    times.append(dt)
+                r, times = timed(g, mode, args.seed, args.repeat if mode == "default" else 1)
                 res[mode] = (r, float(np.median(times)))
             (r1, t1), (r2, t2) = res["default"], res["no-screen"]
             print(f"{path.stem:30s} {z.size:6d} | {fmt_decision(rej):>7s} {t_auth:6.1f}s | "
                   f"{fmt_decision(r1['decision'] == 'miscalibrated'):>4s} {t1 * 1e3:6.1f}ms {t_auth / t1:7.0f} | "
                   f"{fmt_decision(r2['decision'] == 'miscalibrated'):>9s} {t2 * 1e3:6.0f}ms {t_auth / t2:6.0f}",
                   flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,7 +9,7 @@ warm-up call), and the results (p-values, draws, decisions) must be equal.
 Usage::
 
     git archive <base-commit> calmon | tar -x -C /tmp/tcal_base    # the code before the change
-    python scripts/bench_tcal_kernel.py --baseline /tmp/tcal_base --rounds 5
+    python -m benchmarks.bench_tcal_kernel --baseline /tmp/tcal_base --rounds 5
 """
 
 from __future__ import annotations
@@ -18,13 +18,12 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks._child import run_module
 
 #: The agent's call (screens pinned: the windows are those whose Monte Carlo runs, in both trees).
 CALL: dict[str, Any] = {"alpha": 0.05, "mc": 1000, "screen": True, "accept_margin": 4.0}
@@ -45,11 +44,11 @@ def window(kind: str, n: int, seed: int) -> dict[str, Any]:
     return {"grid": g, "method": "mc-grid"}
 
 
-def worker(reps: int) -> None:
+def worker(reps: int, windows: list[tuple[str, int]]) -> None:
     """Time every window in this process; print per-call CPU seconds and a digest of the results."""
     from calmon.algorithms.tcal import tcal_test
     out = {}
-    for kind, n in WINDOWS:
+    for kind, n in windows:
         for seed in range(200):  # the first window the screens leave to the Monte Carlo (also a warm-up)
             kw = window(kind, n, seed)
             if tcal_test(**kw, **CALL, rng=seed)["mc_draws"]:
@@ -63,24 +62,24 @@ def worker(reps: int) -> None:
     print(json.dumps(out))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=False, help="directory holding a baseline 'calmon' package")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--windows", default=",".join(f"{k}:{n}" for k, n in WINDOWS),
+                    help="comma list of KIND:N, KIND grid or raw (default: %(default)s)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.worker:
-        worker(a.reps)
-        return
-    here = str(Path(__file__).resolve().parents[1])
-    trees = {"current": here} | ({"baseline": a.baseline} if a.baseline else {})
+        worker(a.reps, [(k, int(n)) for k, n in (w.split(":") for w in a.windows.split(","))])
+        return 0
+    trees: dict[str, str | None] = {"current": None} | ({"baseline": a.baseline} if a.baseline else {})
     runs: dict[str, list[dict]] = {t: [] for t in trees}
     for i in range(a.rounds):
         for name in (list(trees) if i % 2 else list(trees)[::-1]):  # interleaved, alternating order
-            env = dict(os.environ, PYTHONPATH=trees[name])
-            cmd = [sys.executable, __file__, "--worker", "--reps", str(a.reps)]
-            res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd="/")
+            res = run_module("benchmarks.bench_tcal_kernel", "--worker", "--reps", a.reps, "--windows", a.windows,
+                             code=trees[name])
             runs[name].append(json.loads(res.stdout))
     print(f"load: {os.getloadavg()}  rounds {a.rounds} x {a.reps} calls; CPU ms per call, min / median")
     print(f"{'window':<14}{'draws':>6}" + "".join(f"{t:>18}" for t in trees) + ("   ratio(min)" if a.baseline else ""))
@@ -93,7 +92,8 @@ def main() -> None:
         same = all(r[w]["digest"] == runs["current"][0][w]["digest"] for t in trees for r in runs[t])
         ratio = f"   {mins[1] / mins[0]:.2f}x{'' if same else '  RESULTS DIFFER'}" if a.baseline else ""
         print(f"{w:<14}{runs['current'][0][w]['digest'][0]:>6}" + "".join(f"{c:>18}" for c in cells) + ratio)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -11,7 +11,7 @@ must be equal, float for float (compared as JSON text, which keeps every bit of 
 Usage::
 
     git archive HEAD calmon | tar -x -C /tmp/h1_base    # the code before the change
-    OPENBLAS_NUM_THREADS=1 nice -n 5 python scripts/bench_tcal_screen.py --baseline /tmp/h1_base --rounds 7
+    OPENBLAS_NUM_THREADS=1 nice -n 5 python -m benchmarks.bench_tcal_screen --baseline /tmp/h1_base --rounds 7
 """
 
 from __future__ import annotations
@@ -21,13 +21,12 @@ import hashlib
 import json
 import os
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from benchmarks._child import run_module
 
 SIZES = (100, 300, 1000, 3000, 10000)
 #: The round's call (``cfg.mc``, ``cfg.seed``: neither matters to the screens, which draw nothing).
@@ -67,26 +66,24 @@ def worker(reps: int, count: int) -> None:
     print(json.dumps(out))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--baseline", required=False, help="directory holding a baseline 'calmon' package")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--windows", type=int, default=40, help="windows per size")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.worker:
         worker(a.reps, a.windows)
-        return
-    here = str(Path(__file__).resolve().parents[1])
-    trees = {"current": here} | ({"baseline": a.baseline} if a.baseline else {})
+        return 0
+    trees: dict[str, str | None] = {"current": None} | ({"baseline": a.baseline} if a.baseline else {})
     runs: dict[str, list[dict]] = {t: [] for t in trees}
     load0 = os.getloadavg()
     for i in range(a.rounds):
         for name in (list(trees) if i % 2 else list(trees)[::-1]):  # interleaved, alternating order
-            env = dict(os.environ, PYTHONPATH=trees[name], OPENBLAS_NUM_THREADS="1")
-            cmd = [sys.executable, __file__, "--worker", "--reps", str(a.reps), "--windows", str(a.windows)]
-            res = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True, cwd="/")
+            res = run_module("benchmarks.bench_tcal_screen", "--worker", "--reps", a.reps, "--windows", a.windows,
+                             code=trees[name], env={"OPENBLAS_NUM_THREADS": "1"})
             runs[name].append(json.loads(res.stdout))
     print(f"load: {load0} -> {os.getloadavg()}  rounds {a.rounds} x {a.reps} passes over {a.windows} windows; "
           "CPU ms per call, min / median")
@@ -103,7 +100,8 @@ def main() -> None:
         ratio = (f"   {mins[1] / mins[0]:9.2f}x  {meds[1] / meds[0]:12.2f}x{'' if same else '  RESULTS DIFFER'}"
                  if a.baseline else "")
         print(f"{w:>6}{runs['current'][0][w]['open']:>6}" + "".join(f"{c:>18}" for c in cells) + ratio)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

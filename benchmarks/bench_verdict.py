@@ -4,7 +4,7 @@ Target: under 1 ms per call (the agent calls it for every window every round).  
 over interleaved rounds of summarize and of a baseline in the same run (the debiased l2-ECE of the
 same grid, which the agent computes anyway), and their ratio.
 
-    python3 scripts/bench_verdict.py --rounds 30
+    python3 -m benchmarks.bench_verdict --rounds 30
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ def timed(fn, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=30)
     ap.add_argument("--calls", type=int, default=200)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     z = rng.beta(2, 2, 100_000)
     y = rng.random(z.size) < z ** 1.3
@@ -48,7 +48,8 @@ def main() -> None:
     for name, xs in (("summarize", verdict), ("baseline l2_ece_squared", base)):
         print(f"{name:24s} min {1e3 * min(xs):.3f} ms  median {1e3 * statistics.median(xs):.3f} ms")
     print(f"ratio (median) {statistics.median(verdict) / statistics.median(base):.1f}x")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

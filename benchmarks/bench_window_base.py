@@ -5,12 +5,13 @@ Windows as the agent evaluates them at 1,000 binary models: ``BucketStats(2, bin
 5 to 5,000 predictions (log-uniform), Beta scores, labels drawn from the score with a temperature, 0-100 % of them
 labelled; the score-drift reference is the ``all`` window's prediction grid minus the window's (as
 ``Evaluator._refresh_all`` builds it, outside the timed call); the calibrator in service is none for two windows
-in three, else a monotone map.  Each tree runs in its own worker process (``--baseline DIR`` holds an exported
-``calmon`` package: ``git archive HEAD calmon | tar -x -C DIR``); the driver interleaves the workers' rounds, and
-the figures are min / median over rounds of the mean CPU time per window (``time.process_time`` in the worker).
-The workers also hash the documents (``json.dumps``, floats through ``repr``): the hashes must agree.
+in three, else a monotone map.  Each tree runs in its own worker process, whose ``PYTHONPATH`` starts with the tree
+(``--baseline DIR`` holds an exported ``calmon`` package: ``git archive HEAD calmon | tar -x -C DIR``); the
+driver interleaves the workers' rounds, and the figures are min / median over rounds of the mean CPU time per window
+(``time.process_time`` in the worker).  The workers also hash the documents (``json.dumps``, floats through
+``repr``): the hashes must agree.
 
-    OPENBLAS_NUM_THREADS=1 nice -n 5 python scripts/bench_window_base.py --baseline /tmp/h4_base --rounds 9
+    OPENBLAS_NUM_THREADS=1 nice -n 5 python -m benchmarks.bench_window_base --baseline /tmp/h4_base --rounds 9
 
 ``--profile`` runs cProfile on this tree's calls instead (no baseline).
 """
@@ -27,12 +28,11 @@ import sys
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from benchmarks._child import NEUTRAL, child_env, current, module_cmd
 
 
 def windows(count: int, seed: int) -> list[tuple[Any, Any, Any]]:
-    """``count`` (bucket, reference, predictor) triples; imports ``calmon`` from ``sys.path``."""
+    """``count`` (bucket, reference, predictor) triples."""
     import numpy as np
 
     from calmon.state.buckets import BucketStats
@@ -63,8 +63,8 @@ def windows(count: int, seed: int) -> list[tuple[Any, Any, Any]]:
 
 
 def worker(path: str, count: int, seed: int) -> None:
-    """Serve rounds on stdin ("run CALLS" -> CPU seconds per window; "hash" -> documents' sha256)."""
-    sys.path.insert(0, path)
+    """Serve rounds on stdin ("run CALLS" -> CPU seconds per window; "hash" -> documents' sha256), with the
+    ``calmon`` of tree ``path`` (first on this process's ``PYTHONPATH``)."""
     from calmon.config import EstimationConfig
     from calmon.evaluate.round import window_base
     from calmon.evaluate.verdict import summarize
@@ -110,10 +110,9 @@ def worker(path: str, count: int, seed: int) -> None:
 
 class Worker:
     def __init__(self, path: str, count: int, seed: int) -> None:
-        env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-        self.p = subprocess.Popen([sys.executable, __file__, "--worker", path, "--windows", str(count),
-                                   "--seed", str(seed)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                  env=env, cwd="/")
+        self.p = subprocess.Popen(module_cmd("benchmarks.bench_window_base", "--worker", path, "--windows", count,
+                                             "--seed", seed), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                  env=child_env(path, OPENBLAS_NUM_THREADS="1"), cwd=NEUTRAL)
 
     def ask(self, cmd: str) -> str:
         assert self.p.stdin is not None and self.p.stdout is not None
@@ -131,7 +130,6 @@ def profile(count: int, seed: int) -> None:
     import cProfile
     import pstats
 
-    sys.path.insert(0, ROOT)
     from calmon.config import EstimationConfig
     from calmon.evaluate.round import window_base
     ws = windows(count, seed)
@@ -145,7 +143,7 @@ def profile(count: int, seed: int) -> None:
     pstats.Stats(pr).sort_stats(os.environ.get("SORT", "tottime")).print_stats(int(os.environ.get("TOP", "30")))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--baseline", help="directory holding the baseline's calmon package")
     ap.add_argument("--windows", type=int, default=300)
@@ -154,16 +152,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="passes over the windows per round")
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.worker:
         worker(args.worker, args.windows, args.seed)
-        return
+        return 0
     if args.profile:
         profile(args.windows, args.seed)
-        return
+        return 0
     if not args.baseline:
         raise SystemExit("--baseline DIR is required (or --profile)")
-    trees = {"baseline": os.path.abspath(args.baseline), "current": ROOT}
+    trees = {"baseline": os.path.abspath(args.baseline), "current": str(current())}
     workers = {k: Worker(p, args.windows, args.seed) for k, p in trees.items()}
     try:
         hashes = {k: w.ask("hash") for k, w in workers.items()}
@@ -193,7 +191,8 @@ def main() -> None:
     finally:
         for w in workers.values():
             w.close()
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

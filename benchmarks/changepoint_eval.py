@@ -9,7 +9,7 @@ Prints three tables (the README's figures come from ``--events 20000000 --trials
    1-hour window evaluated every ``--every`` seconds;
 3. the detector's cost per event as a ratio to the agent's decode + join + bin cost per event, same run, interleaved.
 
-Usage: ``OPENBLAS_NUM_THREADS=1 python scripts/changepoint_eval.py [--events N] [--trials T] [--rate R]``
+Usage: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.changepoint_eval [--events N] [--trials T] [--rate R]``
 """
 
 from __future__ import annotations
@@ -18,17 +18,15 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from calmon.algorithms.changepoint import SIGNALS, CalibrationChangeDetector  # noqa: E402
-from calmon.stats.data import CalibrationData  # noqa: E402
-from calmon.stats.grid import ScoreGrid  # noqa: E402
-from calmon.testers import run_tester  # noqa: E402
+from calmon.algorithms.changepoint import SIGNALS, CalibrationChangeDetector
+from calmon.stats.data import CalibrationData
+from calmon.stats.grid import ScoreGrid
+from calmon.testers import run_tester
 
 DISTRIBUTIONS = {
     "uniform(0.05, 0.95)": lambda rng, n: rng.uniform(0.05, 0.95, n),
@@ -101,7 +99,7 @@ def windowed_delay(q: np.ndarray, y: np.ndarray, ts: np.ndarray, t_drift: float,
 
 
 def delays(trials: int, rate: float, every: float, seed: int) -> list[dict[str, object]]:
-    rows = []
+    rows: list[dict[str, object]] = []
     pre, post = int(3600 * rate), int(3600 * rate)  # one hour calibrated, one hour drifted
     for name, drift in DRIFTS.items():
         rng = np.random.default_rng(seed)
@@ -127,7 +125,7 @@ def delays(trials: int, rate: float, every: float, seed: int) -> list[dict[str, 
     return rows
 
 
-def _med(xs: list[float | None]) -> float | None:
+def _med(xs: Sequence[float | None]) -> float | None:
     got = [x for x in xs if x is not None]
     return statistics.median(got) if got else None
 
@@ -173,7 +171,7 @@ def table(rows: list[dict[str, object]]) -> str:
     return "\n".join(out)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--events", type=int, default=2_000_000, help="events per calibrated stream and trial")
     ap.add_argument("--trials", type=int, default=5)
@@ -181,7 +179,7 @@ def main() -> None:
     ap.add_argument("--every", type=float, default=30.0, help="seconds between windowed T-Cal rounds")
     ap.add_argument("--cost-events", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print(f"# false alarms per 1e6 events ({args.trials} x {args.events:.0e} events per row)")
     print(table(false_alarms(args.events, args.trials, args.rate, args.seed)))
     print(f"\n# median detection delay after the drift ({args.trials} trials, {args.rate:g} events/s, "
@@ -189,7 +187,8 @@ def main() -> None:
     print(table(delays(args.trials, args.rate, args.every, args.seed)))
     print("\n# cost per event (min over 3 interleaved rounds; ratio = detector / agent ingest)")
     print(table([cost(args.cost_events, 3, args.seed)]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -10,24 +10,20 @@ Prints the README's tables (``--windows 1000``):
    hour), (b) the estimate leaving the first hour's interval, (c) the first T-Cal rejection on the outcomes that
    have arrived (exponential delay, ``--delay`` minutes on average).
 
-Usage: ``OPENBLAS_NUM_THREADS=1 python scripts/estimate_eval.py [--windows N] [--rate R] [--delay MIN]``
+Usage: ``OPENBLAS_NUM_THREADS=1 python -m benchmarks.estimate_eval [--windows N] [--rate R] [--delay MIN]``
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from calmon.algorithms.estimate import METRICS, estimate_performance, realised_metrics  # noqa: E402
-from calmon.algorithms.scoredrift import score_drift  # noqa: E402
-from calmon.stats.data import CalibrationData  # noqa: E402
-from calmon.stats.grid import ScoreGrid  # noqa: E402
-from calmon.testers import run_tester  # noqa: E402
+from calmon.algorithms.estimate import METRICS, estimate_performance, realised_metrics
+from calmon.algorithms.scoredrift import score_drift
+from calmon.stats.data import CalibrationData
+from calmon.stats.grid import ScoreGrid
+from calmon.testers import run_tester
 
 BINS = 1024
 
@@ -75,7 +71,7 @@ def scenario(kind: str, rate: float, delay_min: float, seed: int) -> dict[str, o
     ref = (ts < 3600)
     ref_grid, ref_est = grid(z[ref]), estimate_performance(grid(z[ref]))["accuracy"]
     out: dict[str, object] = {"scenario": kind}
-    first = {"score_drift": None, "estimate": None, "tcal": None}
+    first: dict[str, float | None] = {"score_drift": None, "estimate": None, "tcal": None}
     false_tcal = 0
     for t in np.arange(3600, hours * 3600 + 1, 300.0):
         win = (ts > t - 3600) & (ts <= t)
@@ -116,20 +112,21 @@ def table(rows: list[dict[str, object]]) -> str:
                      + ["  ".join(c[j].ljust(w) for j, w in enumerate(width)) for c in cells])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--windows", type=int, default=300)
     ap.add_argument("--n", type=int, default=2000, help="predictions per coverage window")
     ap.add_argument("--rate", type=float, default=5.0, help="predictions per second in the scenarios")
     ap.add_argument("--delay", type=float, default=30.0, help="mean outcome delay, minutes")
     ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print(f"# coverage of 95 % intervals ({args.windows} calibrated windows of {args.n} predictions each)")
     print(table(coverage(args.windows, args.n, args.seed)))
     print(f"\n# 12 h streams, change at 6 h, {args.rate:g} predictions/s, outcomes {args.delay:g} min late on average;"
           " 1 h windows every 5 min; accuracy at threshold 0.5")
     print(table([scenario(k, args.rate, args.delay, args.seed) for k in ("covariate shift", "calibration drift")]))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -6,8 +6,8 @@ a 4096-cell grid), with the ldtc tester's defaults (16 cells, 17 u-points, ``--m
 
 Usage::
 
-    OPENBLAS_NUM_THREADS=1 python scripts/ldtc_level.py                    # 1000 replications
-    OPENBLAS_NUM_THREADS=1 python scripts/ldtc_level.py --reps 200 --powers 1.0,1.2,1.5
+    OPENBLAS_NUM_THREADS=1 python -m benchmarks.ldtc_level                 # 1000 replications
+    OPENBLAS_NUM_THREADS=1 python -m benchmarks.ldtc_level --reps 200 --powers 1.0,1.2,1.5
     # chunks: run --seed 1, --seed 2, ... (independent streams) and add the "[r/m]" counts
 """
 
@@ -15,16 +15,12 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from calmon.algorithms.ldtc import ldtc_null_pvalue  # noqa: E402
-from calmon.stats.grid import ScoreGrid  # noqa: E402
+from calmon.algorithms.ldtc import ldtc_null_pvalue
+from calmon.stats.grid import ScoreGrid
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,8 @@ E||h - q||^2 - E||f - q||^2``.
 
 Run::
 
-    python scripts/lp_groundtruth.py                 # full table (n up to 1e6; a few minutes)
-    python scripts/lp_groundtruth.py --quick         # n up to 1e5, smaller evaluation sample
+    python -m benchmarks.lp_groundtruth              # full table (n up to 1e6; a few minutes)
+    python -m benchmarks.lp_groundtruth --quick      # n up to 1e5, smaller evaluation sample
 
 Columns: Err_inf / Err_2 of f (before) and h (after) at the algorithm's lambda, the squared-error
 change ``dSq`` against the Lemma 11 + 13 bound ``(4/lambda)(1 + log2(36/beta))``, |B|, groups,
@@ -52,7 +52,7 @@ def world(n: int, k: int, alpha: float, bias: float, rng: np.random.Generator,
     return q, y, f
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="1e4,1e5,1e6", help="training sizes (comma separated)")
     ap.add_argument("--eval-n", type=float, default=1e6, help="fresh evaluation sample size")
@@ -60,7 +60,10 @@ def main() -> None:
     ap.add_argument("--passthrough", action="store_true", help="pass light-bin predictions through")
     ap.add_argument("--pools", type=int, default=None, help="sample pools (default: what Algorithm 2 needs)")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    ap.add_argument("--settings", default=None,
+                    help=f"comma-separated rows of the settings table, 0..{len(SETTINGS) - 1} (default all)")
+    args = ap.parse_args(argv)
+    rows = range(len(SETTINGS)) if args.settings is None else [int(i) for i in args.settings.split(",")]
     sizes = [int(float(s)) for s in ("1e4,1e5" if args.quick else args.sizes).split(",")]
     eval_n = int(2e5 if args.quick else args.eval_n)
     head = (f"{'setting':<13}{'K':>3}{'p':>5}{'eps':>6}{'lam':>5}{'n':>9} | {'Einf f':>7}{'Einf h':>7} "
@@ -68,7 +71,8 @@ def main() -> None:
             f"{'stopped':>9}{'fit s':>7}{'budget':>9}")
     print(head)
     print("-" * len(head))
-    for si, (name, k, alpha, bias, eps, p) in enumerate(SETTINGS):
+    for si in rows:
+        name, k, alpha, bias, eps, p = SETTINGS[si]
         rng = np.random.default_rng([args.seed, si])
         lam = lambda_of(eps, p)
         q_e, _, f_e = world(eval_n, k, alpha, bias, rng)
@@ -89,7 +93,8 @@ def main() -> None:
                   f"{b['err_2']:>7.4f}{a['err_2']:>7.4f} | {dsq:>+8.4f}{d['squared_error_bound']:>7.2f} | "
                   f"{d['heavy_bins']:>4}{d['groups']:>4}{d['iterations']:>6}{d['merges']:>5} "
                   f"{d['stopped'][:9]:>9}{dt:>7.2f}{d['budget']['total']:>9.1e}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -10,8 +10,8 @@ tester's ``method = "auto"`` does the same when the predictions take few values.
 
 Usage::
 
-    python scripts/recal_tcal_tables.py                  # 1 split, T-Cal with 1000 draws (~minutes)
-    python scripts/recal_tcal_tables.py --splits 5 --no-test   # ECE only, mean over 5 splits
+    python -m benchmarks.recal_tcal_tables               # 1 split, T-Cal with 1000 draws (~minutes)
+    python -m benchmarks.recal_tcal_tables --splits 5 --no-test   # ECE only, mean over 5 splits
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from calmon.calibration import make_calibrator  # noqa: E402
-from calmon.calibration.metrics import binary_metrics  # noqa: E402
+from benchmarks._child import ROOT
+from calmon.calibration import make_calibrator
+from calmon.calibration.metrics import binary_metrics
 
 DATA = ROOT / ".." / "shared" / "data" / "tcal"
 MODELS = [

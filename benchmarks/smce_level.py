@@ -2,9 +2,9 @@
 
 Usage::
 
-    python scripts/smce_level.py --reps 1000                      # raw resampling, n = 500, mc = 199
-    python scripts/smce_level.py --reps 1000 --mode grid --n 20000 # per-cell binomial null on the grid
-    python scripts/smce_level.py --reps 200 --shift 0.03           # power against y ~ Bern(z + 0.03)
+    python -m benchmarks.smce_level --reps 1000                   # raw resampling, n = 500, mc = 199
+    python -m benchmarks.smce_level --reps 1000 --mode grid --n 20000 # per-cell binomial null on the grid
+    python -m benchmarks.smce_level --reps 200 --shift 0.03        # power against y ~ Bern(z + 0.03)
 
 Calibrated data: z ~ Beta(a, b) (default Beta(2, 3)), y ~ Bernoulli(z).  Prints the rejection rate at
 alpha = 0.01, 0.05, 0.10 with a binomial 95 % interval.  Acceptance for issue 5: the rate at 0.05 lies
@@ -22,7 +22,7 @@ from calmon.algorithms.smooth import smce_null_pvalue, smce_null_pvalue_grid
 from calmon.stats.grid import ScoreGrid
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=1000)
     ap.add_argument("--n", type=int, default=500)
@@ -32,13 +32,13 @@ def main() -> None:
     ap.add_argument("--beta", type=float, nargs=2, default=(2.0, 3.0), help="score distribution Beta(a, b)")
     ap.add_argument("--shift", type=float, default=0.0, help="miscalibration: y ~ Bern(clip(z + shift))")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
     pvals = np.empty(args.reps)
     t0 = time.perf_counter()
     for r in range(args.reps):
-        z = rng.beta(*args.beta, size=args.n)
+        z = rng.beta(args.beta[0], args.beta[1], size=args.n)
         y = (rng.random(args.n) < np.clip(z + args.shift, 0, 1)).astype(float)
         if args.mode == "raw":
             pvals[r] = smce_null_pvalue(z, y, mc=args.mc, rng=rng)["p_value"]
@@ -54,7 +54,8 @@ def main() -> None:
         rate = float(np.mean(pvals <= alpha))
         half = 1.96 * np.sqrt(max(rate * (1 - rate), 1e-12) / args.reps)
         print(f"{alpha:6.2f} {rate:7.3f} [{max(0.0, rate - half):.3f}, {min(1.0, rate + half):.3f}]")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

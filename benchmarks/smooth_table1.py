@@ -9,8 +9,8 @@ under the convention "pass iff estimate <= eps/2" (section 6 of the paper) and "
 
 Usage::
 
-    python scripts/smooth_table1.py                 # ~1-2 min
-    python scripts/smooth_table1.py --runs 20 --dce-max-n 129
+    python -m benchmarks.smooth_table1              # ~1-2 min
+    python -m benchmarks.smooth_table1 --runs 20 --dce-max-n 129
 """
 
 from __future__ import annotations
@@ -37,14 +37,14 @@ def _smallest_passed(values: np.ndarray, factor: float) -> str:
     return ">0.1"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=100)
     ap.add_argument("--eps-star", type=float, default=0.01)
     ap.add_argument("--dce-max-n", type=int, default=257)
     ap.add_argument("--u-points", type=int, default=201)
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     rng = np.random.default_rng(args.seed)
     eps = args.eps_star
@@ -73,7 +73,8 @@ def main() -> None:
             print(f"{n:5d} {name:7s} {q25:7.4f} {q50:7.4f} {q75:7.4f} {spec.get(n, float('nan')):8.3f} "
                   f"{_smallest_passed(vals, 0.5):>8s} {_smallest_passed(vals, 1.0):>7s} "
                   f"{paper.get(n, float('nan')):8.2f} {secs:6.1f}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

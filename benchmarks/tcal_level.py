@@ -13,9 +13,9 @@ sample, (b) Monte Carlo on the fine 4096-cell grid -- the script reports the rej
 
 Usage::
 
-    python scripts/tcal_level.py --reps 1000                 # the full table (slow)
-    python scripts/tcal_level.py --reps 200 --n 1000 10000   # reduced
-    python scripts/tcal_level.py --tests screened --methods mc-grid --mc 1000   # the agent's configuration
+    python -m benchmarks.tcal_level --reps 1000              # the full table (slow)
+    python -m benchmarks.tcal_level --reps 200 --n 1000 10000   # reduced
+    python -m benchmarks.tcal_level --tests screened --methods mc-grid --mc 1000   # the agent's configuration
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def sample(kind: str, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.
     return z, (rng.uniform(size=n) < z).astype(float)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=1000)
     ap.add_argument("--n", type=int, nargs="+", default=[1000, 10_000, 100_000])
@@ -53,7 +53,7 @@ def main() -> None:
     ap.add_argument("--alpha", type=float, default=0.05)
     ap.add_argument("--mc", type=int, default=199, help="draws for single and minp (alpha (R+1) integer)")
     ap.add_argument("--seed", type=int, default=2026)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     print(f"alpha = {args.alpha}, reps = {args.reps}; 95% band for an exact test: "
           f"{args.alpha:.3f} +- {1.96 * math.sqrt(args.alpha * (1 - args.alpha) / args.reps):.3f}")
@@ -97,7 +97,8 @@ def main() -> None:
                     label = f"{test}" + (f"@{m_single}" if test == "single" else "")
                     print(f"{dist:8s} {n:7d} {method:8s} {label:9s} {args.reps:5d} {rate:7.3f} {se:6.3f} {dt:7.3f}",
                           flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -14,8 +14,8 @@ Monte Carlo test, no screens), ``canonical-bonf`` (Bonferroni over levels, Algor
 
 Usage::
 
-    OPENBLAS_NUM_THREADS=1 python scripts/tcal_multiclass_level.py                     # level, 1000 reps
-    OPENBLAS_NUM_THREADS=1 python scripts/tcal_multiclass_level.py --ns 1000 --reps 200 --alternatives temp0.8,bias0
+    OPENBLAS_NUM_THREADS=1 python -m benchmarks.tcal_multiclass_level                  # level, 1000 reps
+    OPENBLAS_NUM_THREADS=1 python -m benchmarks.tcal_multiclass_level --ns 1000 --reps 200 --alternatives temp0.8,bias0
     # chunks: run --seed 1, --seed 2, ... (independent streams) and add the "[r/m]" counts
 """
 
@@ -23,18 +23,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from calmon.algorithms.tcal import tcal_test  # noqa: E402
-from calmon.algorithms.tcal.multiclass import canonical_tcal_test  # noqa: E402
-from calmon.algorithms.tcal.views import classwise_tcal_test, top_label_arrays  # noqa: E402
+from calmon.algorithms.tcal import tcal_test
+from calmon.algorithms.tcal.multiclass import canonical_tcal_test
+from calmon.algorithms.tcal.views import classwise_tcal_test, top_label_arrays
 
 VIEWS = ("canonical", "top_label", "classwise", "canonical-mc", "canonical-bonf")
 

@@ -12,8 +12,8 @@ l2-ECE = rho ||zeta||_2 m^-s.  Reported: type II error (1 - rejection rate) at a
 
 Usage::
 
-    python scripts/tcal_power.py --reps 200
-    python scripts/tcal_power.py --reps 100 --m 64 --n 2000 5000 10000
+    python -m benchmarks.tcal_power --reps 200
+    python -m benchmarks.tcal_power --reps 100 --m 64 --n 2000 5000 10000
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def plugin_test(z: np.ndarray, y: np.ndarray, bins: int, p: int, alpha: float, m
     return (1 + np.sum(draws >= t - 1e-15)) / (mc + 1) <= alpha
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=200)
     ap.add_argument("--n", type=int, nargs="+", default=[2000, 5000, 10_000])
@@ -82,7 +82,7 @@ def main() -> None:
     ap.add_argument("--tests", nargs="+", default=["tcal-bonf", "tcal-minp", "tcal-grid", "plugin15-l2",
                                                     "plugin15-l1"])
     ap.add_argument("--seed", type=int, default=7)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print(f"alpha = {args.alpha}, s = {args.s}, rho = {args.rho}, reps = {args.reps}, mc = {args.mc}")
     print(f"{'m':>4s} {'l2-ECE':>7s} {'n':>6s} {'test':12s} {'typeII':>7s} {'se':>6s} {'s/rep':>6s}")
     for m in args.m:
@@ -117,7 +117,8 @@ def main() -> None:
                 t2 = 1 - rej / args.reps
                 se = math.sqrt(max(t2 * (1 - t2), 1e-12) / args.reps)
                 print(f"{m:4d} {ece:7.4f} {n:6d} {test:12s} {t2:7.3f} {se:6.3f} {dt:6.2f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -9,7 +9,7 @@ the replications the wide margin leaves to the Monte Carlo, those the narrow mar
 screen (every level's approximate p-value in ``[narrow, wide)`` times its level) and the Monte Carlo rejected:
 the rejections the narrow margin loses.
 
-    python scripts/tcal_screen_power.py --reps 400
+    python -m benchmarks.tcal_screen_power --reps 400
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from calmon.algorithms.tcal import tcal_test
 from calmon.stats.grid import ScoreGrid
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=400)
     ap.add_argument("--n", type=int, nargs="+", default=[200, 500, 2000, 10_000])
@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--wide", type=float, default=4.0)
     ap.add_argument("--narrow", type=float, default=2.0)
     ap.add_argument("--mc", type=int, default=1000)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     print(f"{'temp':>5s} {'n':>6s} {'reject':>7s} {'in band':>8s} {'lost':>6s} {'s/rep':>6s}")
     for temp in args.temps:
         for n in args.n:
@@ -53,7 +53,8 @@ def main() -> None:
             dt = (time.perf_counter() - t0) / args.reps
             print(f"{temp:5.2f} {n:6d} {rejected / args.reps:7.3f} {band / args.reps:8.3f} {lost / args.reps:6.3f} "
                   f"{dt:6.3f}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -5,7 +5,7 @@ with *different* score distributions (reference Beta(2, 2) scores, current Beta(
 rate at alpha = 0.05 over ``--reps`` replications must lie in [0.035, 0.065] (1000 replications).
 Power: reference calibrated, current with temperature T or logit shift b.
 
-    python3 scripts/twosample_level.py --reps 1000
+    python3 -m benchmarks.twosample_level --reps 1000
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ def rate(reps: int, n: int, perms: int, cur: dict[str, float], ref_t: float = 1.
     return rejections / reps
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=1000)
     ap.add_argument("--n", type=int, default=2000, help="events per sample")
     ap.add_argument("--permutations", type=int, default=199)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     start = time.perf_counter()
     for label, cur, ref_t in (("level, both calibrated", {}, 1.0),
                               ("level, both temperature 0.7", {"temperature": 0.7}, 0.7)):
@@ -58,7 +58,8 @@ def main() -> None:
         for n in (args.n, 5 * args.n):
             r = rate(power_reps, n, args.permutations, cur, seed=1)
             print(f"{label:32s} n={n}: power {r:.3f} ({power_reps} reps)  [{time.perf_counter() - start:.0f} s]")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

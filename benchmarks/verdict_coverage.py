@@ -5,7 +5,7 @@ population 15-bin ECE is computed by numerical integration, and the share of rep
 contains it is printed (nominal 0.95; the interval is conservative, so at least that).  Also prints
 the direction accuracy on the same replications.
 
-    python3 scripts/verdict_coverage.py --reps 1000
+    python3 -m benchmarks.verdict_coverage --reps 1000
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ EXPECTED = {"none": None, "temperature:0.7": "over-confident", "temperature:1.5"
             "bias:0.3": "biased up"}
 
 
-def truth(kind: str) -> float:
-    """Population 15-bin ECE: sum_b |E[(p - z) 1_b]| over Beta(2, 2) quantiles."""
-    p = beta(2, 2).ppf((np.arange(2_000_000) + 0.5) / 2_000_000)
+def truth(kind: str, points: int = 2_000_000) -> float:
+    """Population 15-bin ECE: sum_b |E[(p - z) 1_b]| over ``points`` Beta(2, 2) quantiles."""
+    p = beta(2, 2).ppf((np.arange(points) + 0.5) / points)
     logit = np.log(p) - np.log1p(-p)
     name, _, arg = kind.partition(":")
     if name == "temperature":
@@ -39,14 +39,18 @@ def truth(kind: str) -> float:
     return float(np.abs(np.bincount(idx, weights=p - z, minlength=15)).sum() / z.size)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=1000)
     ap.add_argument("--n", type=int, nargs="+", default=[1000, 10000])
-    args = ap.parse_args()
+    ap.add_argument("--kinds", nargs="+", default=list(EXPECTED), choices=list(EXPECTED), help="data kinds")
+    ap.add_argument("--truth-points", type=int, default=2_000_000,
+                    help="quantiles of the numerical integration of the population ECE")
+    args = ap.parse_args(argv)
     print(f"{'data':18s} {'n':>6s} {'true ECE':>9s} {'coverage':>9s} {'mean width':>10s} {'direction ok':>12s}")
-    for kind, expected in EXPECTED.items():
-        t = truth(kind)
+    for kind in args.kinds:
+        expected = EXPECTED[kind]
+        t = truth(kind, args.truth_points)
         for n in args.n:
             hits, width, right = 0, 0.0, 0
             start = time.perf_counter()
@@ -63,7 +67,8 @@ def main() -> None:
                 right += s.direction == (expected or s.direction)
             print(f"{kind:18s} {n:6d} {t:9.4f} {hits / args.reps:9.3f} {width / args.reps:10.4f} "
                   f"{right / args.reps:12.3f}   ({time.perf_counter() - start:.0f} s)")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

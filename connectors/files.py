@@ -16,8 +16,18 @@ waits: not an error). A truncated or corrupt stream is logged and listed in :att
 (lines before the damage are delivered) and retried only if the file changes, never in a loop. A
 finished whole file stays in the position (``done``) while it is matched: it is never read twice.
 
+A compressed file is decompressed in bounded pieces (:mod:`calmon.formats.compressed`), one read taking in at
+most :data:`connectors.filewhole.READ_BUDGET` decompressed bytes (or ``max_records`` lines) of it, so memory
+does not depend on what a file holds and a read returns (with fewer records, or ``None`` when following)
+instead of decompressing gigabytes first; files are still read in order. A stream that expands more than
+``max_expansion_ratio`` times (over any 64 MiB of output) is a decompression bomb: the lines before are
+delivered, then the rest of the file as one record the decoder rejects as ``decompression_bomb`` (so it is
+counted and dead-lettered), and the file is done. A file named like Parquet that is not one is logged once
+and not read. Whole files that were not read to their end are counted by reason in
+:attr:`FileSource.rejected_files`.
+
 Reading is chunked (``os.read`` of about a megabyte, ``bytes.split`` on newlines), so reading and
-splitting alone runs at several million lines per second on JSONL (see ``scripts/bench_files.py``).
+splitting alone runs at several million lines per second on JSONL (see ``benchmarks/bench_files.py``).
 
 Positions
 ---------
@@ -38,17 +48,18 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any, cast
 
+from calmon.formats.compressed import MAX_EXPANSION_RATIO, DecompressionBomb
 from calmon.formats.csvobjects import CsvObjects
 from calmon.formats.csvrows import CsvConverter
-from calmon.formats.parquet import IncompleteTable, TableError
+from calmon.formats.parquet import IncompleteTable, NotATable, TableError
 from connectors.base import Batch
-from connectors.filepositions import POSITION_VERSION, check_position, position_of, restore_entries
+from connectors.filepositions import check_position, position_of, restore_entries
 from connectors.filescan import FORMATS, FileSpecs
 from connectors.filetrack import BOM, FP_MAX, LineSkip, TrackedFile, csv_header, skip_to_end
-from connectors.filewhole import CompressedLines, open_reader
+from connectors.filewhole import READ_BUDGET, CompressedLines, open_reader
 from connectors.lineorigins import LineOrigins
 
-__all__ = ["FileSource", "CsvConverter", "POSITION_VERSION"]
+__all__ = ["FileSource", "CsvConverter"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +105,10 @@ class FileSource:
         the decoder rejects as ``too_large``; give the agent's ``limits.max_record_bytes``.
     settle
         Seconds a compressed or Parquet file must stay unchanged before a following source reads it.
+    max_expansion_ratio
+        Cap on decompressed / compressed bytes of a compressed file, over every 64 MiB of output (default
+        100; ``None``: no cap). JSON Lines expand 5-25 times; a file above the cap is rejected as a
+        decompression bomb (see the module docstring).
     schema_columns
         ``None``: records in the canonical schema. With a schema mapping, the columns it reads
         (:attr:`calmon.events.schema.Mapping.columns`, ``"all"`` for every column): CSV and Parquet rows then
@@ -130,6 +145,7 @@ class FileSource:
         max_line_bytes: int = 1 << 20,
         settle: float = 1.0,
         schema_columns: Collection[str] | str | None = None,
+        max_expansion_ratio: float | None = MAX_EXPANSION_RATIO,
     ) -> None:
         if format not in FORMATS:
             raise ValueError(f"format must be one of {', '.join(FORMATS)}, got {format!r}")
@@ -137,6 +153,10 @@ class FileSource:
             raise ValueError(f"start must be 'beginning' or 'end', got {start!r}")
         if chunk_bytes < 1 or max_line_bytes < 1 or poll_interval <= 0 or rotate_grace < 0:
             raise ValueError("chunk_bytes, max_line_bytes, poll_interval must be positive, rotate_grace >= 0")
+        if max_expansion_ratio is not None and (isinstance(max_expansion_ratio, bool) or not (
+                isinstance(max_expansion_ratio, (int, float)) and max_expansion_ratio >= 1)):
+            raise ValueError(f"max_expansion_ratio must be a number >= 1 (or null: no cap), "
+                             f"got {max_expansion_ratio!r}")
         if isinstance(paths, (str, os.PathLike)):
             paths = [paths]
         specs = [os.fspath(p) for p in paths]
@@ -153,7 +173,10 @@ class FileSource:
         self.max_line_bytes = int(max_line_bytes)
         self.settle = float(settle)
         self.schema_columns = schema_columns
+        self.max_expansion_ratio = None if max_expansion_ratio is None else float(max_expansion_ratio)
         self.errors: list[str] = []  # whole files that could not be read to their end: "path: why"
+        #: whole files rejected, by reason: decompression_bomb, corrupt_stream, not_parquet, unreadable
+        self.rejected_files: dict[str, int] = {}
         self._specs = FileSpecs(specs, format, pattern, must_exist=not self.follow, name=name)
         self._files: dict[tuple[int, int], TrackedFile] = {}
         self._order: list[TrackedFile] = []
@@ -163,6 +186,7 @@ class FileSource:
         self._avg_line = 128.0
         self._exhausted = False
         self._closed = False
+        self._busy = False  # a compressed file stopped at its read budget in this pass
         self.lost: list[dict[str, Any]] = []  # position entries seek() could not find
         if not self.follow:
             self._rescan()
@@ -250,7 +274,8 @@ class FileSource:
     def _start_whole(self, f: TrackedFile) -> bool:
         """Open the reader of a whole file at its position; False if it is not readable (yet)."""
         try:
-            f.reader = open_reader(f, self.schema_columns, self.max_line_bytes, self.chunk_bytes)
+            f.reader = open_reader(f, self.schema_columns, self.max_line_bytes, self.chunk_bytes,
+                                   self.max_expansion_ratio)
             if isinstance(f.reader, CompressedLines) and f.fmt == "csv" and f.offset > 0 and f.reader.header:
                 f.conv = self._csv_converter(f.reader.header)
         except IncompleteTable as exc:
@@ -260,14 +285,18 @@ class FileSource:
                 log.info("%s: %s is not complete yet (%s)", self.name, f.path, exc)
                 f.failed = f.seen
             return False
+        except NotATable as exc:
+            self._whole_failed(f, str(exc), "not_parquet")
+            return False
         except (TableError, OSError) as exc:
             self._whole_failed(f, str(exc))
             return False
         return True
 
-    def _whole_failed(self, f: TrackedFile, why: str) -> None:
+    def _whole_failed(self, f: TrackedFile, why: str, reason: str = "unreadable") -> None:
         log.error("%s: %s: %s (lines before it were read; retried if the file changes)", self.name, f.path, why)
         self.errors.append(f"{f.path}: {why}")
+        self.rejected_files[reason] = self.rejected_files.get(reason, 0) + 1
         f.failed = f.seen
         if f.reader is not None:
             f.reader.close()
@@ -282,7 +311,8 @@ class FileSource:
             return 0
         r = f.reader
         assert r is not None
-        got = 0
+        got = seen = 0
+        start = (r.produced, r.offset) if isinstance(r, CompressedLines) else (0, 0)
         while got < need and not r.finished:
             try:
                 segs = r.read(need - got)
@@ -298,13 +328,26 @@ class FileSource:
                     if origins is not None:
                         origins.add(f.path, range(seg.first, seg.first + 1))
                     got += 1
+                    seen += 1
                 elif seg.lines:
                     got += self._emit(f, seg.lines, seg.first, out, origins)
+                    seen += len(seg.lines)
+            if isinstance(r, CompressedLines) and (r.paused or seen >= need or max(
+                    r.produced - start[0], r.offset - start[1]) >= READ_BUDGET):
+                self._busy = True  # (blank lines or a long line: more to do at once, perhaps without records)
+                break
         f.offset = r.offset
         f.line = r.line if isinstance(r, CompressedLines) else r.offset + 1
         if r.finished:
-            if isinstance(r, CompressedLines) and r.error is not None:
-                self._whole_failed(f, r.error)
+            if isinstance(r, CompressedLines) and r.reason == DecompressionBomb.reason:
+                log.error("%s: %s: %s (%d lines before it were read; the rest is one %s record)", self.name, f.path,
+                          r.error, r.line - 1, r.reason)
+                self.errors.append(f"{f.path}: {r.error}")
+                self.rejected_files[r.reason] = self.rejected_files.get(r.reason, 0) + 1
+                f.done, f.failed = True, None  # its rejection was delivered: never read again
+                f.close()
+            elif isinstance(r, CompressedLines) and r.error is not None:
+                self._whole_failed(f, r.error, r.reason or "corrupt_stream")
             else:
                 f.done, f.failed = True, None
                 f.close()
@@ -481,10 +524,13 @@ class FileSource:
                 self._rescan()
             out: list[bytes] = []
             origins = LineOrigins() if self.with_origins else None
+            self._busy = False
             for f in list(self._order):
                 if len(out) >= max_records:
                     break
                 self._read_file(f, max_records - len(out), out, origins)
+                if self._busy:
+                    break  # files stay in order: the next ones wait for the next read
             if out:
                 # Batch.origins is typed list[str]; its readers only index, iterate and take len()
                 return Batch(out, self.position(), self.name, cast("list[str] | None", origins))
@@ -496,7 +542,8 @@ class FileSource:
             now = time.monotonic()
             if now >= deadline:
                 return None
-            time.sleep(min(self.poll_interval, deadline - now))
+            if not self._busy:
+                time.sleep(min(self.poll_interval, deadline - now))
 
     @property
     def exhausted(self) -> bool:

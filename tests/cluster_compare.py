@@ -1,5 +1,5 @@
 """Comparisons of the partitioned agent's final state with the single-process agent's and with ``calmon check``
-(used by ``tests/test_cluster_kafka.py``, ``tests/test_cluster.py`` and ``scripts/bench_cluster.py``)."""
+(used by ``tests/test_cluster_kafka.py``, ``tests/test_cluster.py`` and ``benchmarks/bench_cluster.py``)."""
 
 from __future__ import annotations
 

@@ -1,26 +1,20 @@
-"""A reduced run of scripts/bench_models.py (M = 2, few events): it runs and prints every column (no timing asserts)."""
+"""A reduced run of ``python -m benchmarks.bench_models`` (M = 2, few events): it runs and prints every column (no
+timing asserts)."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "scripts" / "bench_models.py"
 
 
 def _module() -> ModuleType:
-    if "bench_models" in sys.modules:
-        return sys.modules["bench_models"]
-    spec = importlib.util.spec_from_file_location("bench_models", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["bench_models"] = mod  # dataclasses resolve annotations through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
+    from benchmarks import bench_models
+
+    return bench_models
 
 
 def _cells(line: str) -> list[str]:
@@ -62,8 +56,8 @@ def test_timed_lock_measures_the_outermost_hold_per_phase() -> None:
 
 def test_reduced_run_prints_every_column() -> None:
     bench = _module()
-    out = subprocess.run([sys.executable, str(SCRIPT), "--models", "2", "--events", "2000", "--rounds", "1",
-                          "--budget", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
+    out = subprocess.run([sys.executable, "-m", "benchmarks.bench_models", "--models", "2", "--events", "2000",
+                          "--rounds", "1", "--budget", "1"], capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("|")]
     header = _cells(lines[0])

@@ -18,6 +18,7 @@ from calmon.state.agentstate import AgentState, StateLock
 from calmon.state.buckets import BucketStats
 from calmon.state.checkpoint.incremental import Checkpointer, Slot, resolver
 from calmon.state.checkpoint.packs import PackWriter
+from calmon.state.checkpoint.schema import STATE_FORMAT, STATE_VERSION
 from calmon.state.checkpoint.store import CheckpointStore, encode
 from calmon.state.ingest import Ingestor
 from connectors.base import Batch
@@ -47,7 +48,7 @@ def _doc(st: AgentState) -> Any:
 
 
 def _head() -> dict[str, Any]:
-    return {"format": "calmon.agent_state", "version": 2, "created": 0.0, "sources": {"s": 1}}
+    return {"format": STATE_FORMAT, "version": STATE_VERSION, "created": 0.0, "sources": {"s": 1}}
 
 
 def _restored(store: CheckpointStore) -> AgentState:

@@ -20,6 +20,7 @@ from calmon.state.agentstate import AgentState
 from calmon.state.buckets import BucketStats
 from calmon.state.checkpoint.incremental import Checkpointer, resolver
 from calmon.state.checkpoint.packs import PackWriter
+from calmon.state.checkpoint.schema import STATE_FORMAT, STATE_VERSION
 from calmon.state.checkpoint.store import CheckpointStore
 from calmon.state.ingest import Ingestor
 from calmon.state.windows import TieredRing
@@ -50,7 +51,7 @@ def _ingest(st: AgentState, records: list[bytes]) -> None:
 
 
 def _write(ck: Checkpointer, st: AgentState):
-    ck.submit(ck.capture(st, {"format": "calmon.agent_state", "version": 2, "created": 0.0, "sources": {"s": 1}}))
+    ck.submit(ck.capture(st, {"format": STATE_FORMAT, "version": STATE_VERSION, "created": 0.0, "sources": {"s": 1}}))
     return ck.wait()
 
 

@@ -169,9 +169,12 @@ def test_replaying_an_intent_after_a_crash_gives_the_same_deltas_dead_letters_an
 
 
 def evaluator(tmp_path):
-    from calmon.cluster.evaluate import EvaluateAgent
+    """The deltas input of an evaluator's agent (not opened: no broker needed)."""
+    from calmon.cluster.evaluate import DeltasInput, evaluate_agent
     cfg = config(state_dir=str(tmp_path), cluster={"bootstrap_servers": "127.0.0.1:9"})
-    return EvaluateAgent(cfg)
+    ev = evaluate_agent(cfg).input
+    assert isinstance(ev, DeltasInput)
+    return ev
 
 
 def test_evaluator_drops_replayed_ranges(tmp_path):
@@ -210,6 +213,41 @@ def test_evaluator_drops_the_models_of_a_revoked_partition(tmp_path):
     assert {m for m, _ in ev.state.counters.events} == kept
     assert ev.deltas.position()["calmon-deltas/1"] == 0  # read from the beginning if it comes back
     ev.deltas.close()
+
+
+def test_the_evaluator_is_an_agent_composed_with_a_deltas_input_and_its_collector(tmp_path):
+    """No subclass: a plain Agent whose input merges deltas (through Agent.ingest), whose /metrics ends with the
+    evaluator's families, whose /readyz waits for the restores, and whose close writes the exit dump."""
+    from calmon.agent.runtime import Agent
+    from calmon.cluster.evaluate import DUMP_NAME, DeltasInput, EvaluateMetrics, evaluate_agent
+    cfg = config(state_dir=str(tmp_path), cluster={"bootstrap_servers": "127.0.0.1:9"})
+    agent = evaluate_agent(cfg)
+    assert type(agent) is Agent and isinstance(agent.input, DeltasInput)
+    assert [type(c) for c in agent.collectors] == [EvaluateMetrics]
+    assert not agent.cfg.checkpoint.enabled and agent.cfg.dead_letter.type == "none"
+    ev = agent.input
+    records, _ = traffic(300, models=2)
+    deltas = partitioned_deltas(config(), records)
+    agent.ingest(Batch([d.to_bytes() for d in deltas], {}, "deltas",
+                       [f"calmon-deltas/0@{i}" for i in range(len(deltas))]))
+    assert set(agent.models) == {d.model for d in deltas} and ev.deltas_read == len(deltas)
+    text = agent.render_metrics().decode()
+    tail = agent.collectors[0].render().decode()
+    assert text.endswith(tail) and tail.startswith("# HELP calmon_cluster_owned_partitions")
+    assert "calmon_ready 0.0" in text[:-len(tail)]  # the agent's own families first
+    assert f'calmon_cluster_deltas_read_total{{stage="evaluate",worker="{ev.worker}"}} {len(deltas)}' in text
+    assert f'calmon_cluster_owned_models{{stage="evaluate",worker="{ev.worker}"}} 2' in text
+    agent.ready = True  # as after open()
+    ev.restoring = {"calmon-deltas/0": (0.0, None)}
+    assert not agent.is_ready()
+    ev.restoring = {}
+    assert agent.is_ready()
+    agent.close()
+    dump = json.loads((tmp_path / DUMP_NAME).read_text())
+    assert dump["worker"] == ev.worker and set(dump["models"]) == set(agent.models)
+    ev.deltas.close()
+    with pytest.raises(ValueError):
+        Agent(cfg, sources=[], input=DeltasInput(cfg))
 
 
 def test_cluster_config_is_validated_with_key_paths():

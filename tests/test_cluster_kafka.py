@@ -10,7 +10,7 @@ skew between partitions, so no decision depends on how partitions interleave (th
 partitioned and a single-process run can be compared bit for bit; see docs/cluster.md).
 
 CI runs a reduced version (env CALMON_CLUSTER_EVENTS, default 12000 predictions); the on-demand one is
-`python tests/test_cluster_kafka.py --events 200000 --trials 3` (or scripts/bench_cluster.py for throughput).
+`python tests/test_cluster_kafka.py --events 200000 --trials 3` (or benchmarks/bench_cluster.py for throughput).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-# the comparisons live in cluster_compare; re-exported for tests/test_cluster.py and scripts/bench_cluster.py
+# the comparisons live in cluster_compare; re-exported for tests/test_cluster.py and benchmarks/bench_cluster.py
 from cluster_compare import MODELS, check, check_reference, identical, normalized  # noqa: E402,F401
 from kafka_broker import KafkaBroker, require_broker  # noqa: E402
 

@@ -21,9 +21,10 @@ from hypothesis import strategies as st
 
 import calmon.events.checks as eventchecks
 import calmon.events.decoder as events
-from calmon.events.checks import _KIND_CODE, Columns, columns_of
-from calmon.events.decoder import Decoder, _Rows
+from calmon.events.checks import _KIND_CODE, columns_of
+from calmon.events.decoder import Decoder
 from calmon.events.parse import _ABSENT, EventFields, ParsedColumns, fields_of_events, parse_columns, parse_records
+from calmon.events.rows import Columns, Rows
 from connectors.files import FileSource
 from connectors.lineorigins import LineOrigins
 
@@ -51,7 +52,7 @@ def _str_mask_ref(col: Sequence[Any]) -> np.ndarray:
     return np.fromiter((t.__class__ is str for t in col), bool, len(col))
 
 
-def _rows_of_ref(cls: type[_Rows], names: list[str | None], present: Sequence[int], one: bool | None = None) -> _Rows:
+def _rows_of_ref(cls: type[Rows], names: list[str | None], present: Sequence[int], one: bool | None = None) -> Rows:
     pos: dict[str, int] = {}
     code = {key: pos.setdefault(key or "", len(pos)) for key in dict.fromkeys(names)}
     n = len(names)
@@ -59,7 +60,7 @@ def _rows_of_ref(cls: type[_Rows], names: list[str | None], present: Sequence[in
     return cls(list(pos), codes, np.asarray(list(present), dtype=np.int64), pos.get("", -1))
 
 
-def _check_segments_ref(self: Decoder, g: _Rows, segment: np.ndarray, v: eventchecks.Verdicts) -> None:
+def _check_segments_ref(self: Decoder, g: Rows, segment: np.ndarray, v: eventchecks.Verdicts) -> None:
     named = (segment != "") & (g.codes != g.orphan)
     if not named.any():
         return
@@ -70,7 +71,7 @@ def _check_segments_ref(self: Decoder, g: _Rows, segment: np.ndarray, v: eventch
         if s in seen:
             continue
         model = g.models[k]
-        if not events._NAME_RE.match(s):
+        if not eventchecks.NAME_RE.match(s):
             v.reject_one(j, "bad_type", f"segment {s[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
         elif len(seen) >= self.max_segments:
             v.reject_one(j, "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
@@ -78,7 +79,7 @@ def _check_segments_ref(self: Decoder, g: _Rows, segment: np.ndarray, v: eventch
             seen.add(s)
 
 
-def _split_ref(self: _Rows, ok: np.ndarray, classes: list[int], c: Columns, ts: np.ndarray, segment: np.ndarray,
+def _split_ref(self: Rows, ok: np.ndarray, classes: list[int], c: Columns, ts: np.ndarray, segment: np.ndarray,
                score: np.ndarray, probs: dict[int, tuple[np.ndarray, np.ndarray]]) -> dict[str, events.ModelBatch]:
     okpos = np.flatnonzero(ok)
     out: dict[str, events.ModelBatch] = {}
@@ -104,11 +105,11 @@ def _decode_ref(dec: Decoder, records: list[bytes], origins: list[str] | None = 
             f = fields_of_events(full)
             return ParsedColumns(f, [e.model for e in full]), rejected
         mp.setattr(events, "parse_columns", parse_ref)
-        mp.setattr(events, "columns_of", _columns_ref)
+        mp.setattr(eventchecks, "columns_of", _columns_ref)
         mp.setattr(events, "_segments", _segments_ref)
-        mp.setattr(events, "_str_mask", _str_mask_ref)
-        mp.setattr(_Rows, "of", classmethod(_rows_of_ref))
-        mp.setattr(_Rows, "split", _split_ref)
+        mp.setattr(eventchecks, "_str_mask", _str_mask_ref)
+        mp.setattr(Rows, "of", classmethod(_rows_of_ref))
+        mp.setattr(Rows, "split", _split_ref)
         mp.setattr(Decoder, "_check_segments", _check_segments_ref)
         return dec.decode(records, origins)
     finally:
@@ -168,10 +169,10 @@ def test_helpers_on_edge_columns() -> None:
     for col in ([], ["web"], ["web", None, "app"], [None, None], ["", "web"]):
         assert np.array_equal(events._segments(col), _segments_ref(col)) and events._segments(col).dtype == object
     for ts in ([], [1.0, 2], [1.0, "2026-01-01T00:00:00Z"], [None]):
-        assert np.array_equal(events._str_mask(ts), _str_mask_ref(ts))
+        assert np.array_equal(eventchecks._str_mask(ts), _str_mask_ref(ts))
     cases: list[list[str | None]] = [["m"], ["m", "m"], [None, None], ["m", None, "n", "m"], ["", None], [None, "m"]]
     for names in cases:
-        a, b = _Rows.of(names, range(len(names))), _rows_of_ref(_Rows, names, range(len(names)))
+        a, b = Rows.of(names, range(len(names))), _rows_of_ref(Rows, names, range(len(names)))
         assert (a.models, a.codes.tolist(), a.index.tolist(), a.orphan) == \
             (b.models, b.codes.tolist(), b.index.tolist(), b.orphan)
 

@@ -61,7 +61,7 @@ def test_expected_metrics_equal_brute_force_expectation():
 
 @pytest.mark.parametrize("draws", [0, 200])
 def test_intervals_cover_the_realised_metrics(draws):
-    """Reduced version of scripts/estimate_eval.py: 95 % intervals over 300 calibrated windows."""
+    """Reduced version of benchmarks/estimate_eval.py: 95 % intervals over 300 calibrated windows."""
     rng = np.random.default_rng(3)
     cover = dict.fromkeys(METRICS, 0)
     reps = 300

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import json
 import math
@@ -15,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from calmon.exporter.http import Endpoints, HTTPExporter, HTTPLimits, tls_context
 from calmon.exporter.metrics import AgentMetrics
+from calmon.exporter.views import LiveView, RoundView
 
 EVAL = {
     "model": "m", "segment": "all", "window": "1h", "n": 1234,
@@ -50,6 +52,14 @@ calmon_checkpoint_last_timestamp_seconds calmon_checkpoint_duration_seconds calm
 calmon_calibrator_version calmon_calibrator_error""".split()
 
 
+def agent_metrics(state: dict) -> AgentMetrics:
+    """The exporter of a state holding both parts, handed over as the agent does: a live view and a round view."""
+    live = {f.name for f in dataclasses.fields(LiveView)}
+    m = AgentMetrics(lambda: LiveView(**{k: v for k, v in state.items() if k in live}))
+    m.prepare(RoundView(**{k: v for k, v in state.items() if k not in live}))
+    return m
+
+
 def samples(text: str) -> dict[tuple, float]:
     out = {}
     for fam in text_string_to_metric_families(text):
@@ -63,7 +73,7 @@ def value(sm, name, **labels):
 
 
 def test_every_contract_metric_is_exported_with_its_labels():
-    m = AgentMetrics(lambda: STATE)
+    m = agent_metrics(STATE)
     m.evaluation_duration.observe(0.2)
     sm = samples(m.render().decode())
     names = {k[0] for k in sm}
@@ -89,12 +99,12 @@ def test_every_contract_metric_is_exported_with_its_labels():
 
 
 def test_empty_state_renders():
-    sm = samples(AgentMetrics(lambda: {}).render().decode())
+    sm = samples(AgentMetrics(LiveView).render().decode())
     assert value(sm, "calmon_ready") == 0
 
 
 def _endpoints(ready=True):
-    m = AgentMetrics(lambda: STATE)
+    m = agent_metrics(STATE)
     return Endpoints(m.render, lambda: True, lambda: ready, lambda: {"evaluations": [EVAL], "x": 1},
                      lambda snap: f"<html>{len(snap['evaluations'])} evaluations</html>")
 

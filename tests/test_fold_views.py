@@ -1,18 +1,20 @@
-"""A fold of a contiguous range of a sorted batch (fold_binary's case) reads views of the batch's arrays when it
-is aggregated at once (PENDING_CELLS reached), copies when it waits: the bucket equals BucketStats.update on the
-same events bit for bit either way, and a waiting fold never holds on to the batch's memory."""
+"""A fold of a contiguous range of a sorted batch (the fold's case) reads views of the batch's arrays when it
+is aggregated at once (PENDING_CELLS reached), copies when it waits: the bucket equals the eager reference
+(tests/bucket_reference.py) on the same events bit for bit either way, and a waiting fold never holds on to the
+batch's memory."""
 
 import json
 
 import numpy as np
 import pytest
+from bucket_reference import RefBucket
 
-from calmon.state.buckets import BINCOUNT_CELLS, PENDING_CELLS, BinaryBatch, BucketStats
+from calmon.state.buckets import BINCOUNT_CELLS, PENDING_CELLS, BucketStats, EventCells
 
-SIZES = (1024, 15, 20)
+SIZES = (1024, 15, 2, 20)
 
 
-def _doc(b: BucketStats) -> str:
+def _doc(b: BucketStats | RefBucket) -> str:
     return json.dumps(b.to_dict(), sort_keys=True)
 
 
@@ -23,9 +25,9 @@ def test_ranges_equal_updates(predictions: bool, ranges: list[tuple[int, int]]) 
     rng = np.random.default_rng(len(ranges))
     z = np.concatenate([rng.random(2990), [0.0, 1.0, 0.5, 1e-12, 1 - 1e-12] * 2])
     y = (rng.random(z.size) < z).astype(np.int64)
-    batch = BinaryBatch(z, y, SIZES, predictions)
+    batch = EventCells(SIZES, y, score=z, predictions=predictions)
     folded = BucketStats(2, bins=SIZES[0], reservoir=64)
-    updated = BucketStats(2, bins=SIZES[0], reservoir=64)
+    updated = RefBucket(2, bins=SIZES[0], reservoir=64)
     for a, b in ranges:
         folded.fold(batch, slice(a, b))
         for _, keys, sums, rows in folded._pending:  # what waits is a copy, not a view of the batch

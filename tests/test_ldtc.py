@@ -176,7 +176,7 @@ def test_fixed_lp_matches_the_full_lp() -> None:
 def test_null_pvalue_level_reduced_and_power() -> None:
     from calmon.algorithms.ldtc import ldtc_null_pvalue
     # 60 calibrated replications at alpha 0.05 (expected 3, sd 1.7): more than 8 rejections fails;
-    # the on-demand table with 1000 replications is scripts/ldtc_level.py
+    # the on-demand table with 1000 replications is benchmarks/ldtc_level.py
     rng = np.random.default_rng(12)
     rejections = 0
     for _ in range(60):

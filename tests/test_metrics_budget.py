@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from calmon.config import build_config
 from calmon.exporter import rounds
 from calmon.exporter.metrics import AgentMetrics, SeriesBudget
+from calmon.exporter.views import LiveView, RoundView
 
 
 def evaluation(model: str, window: str, at: float = 100.0) -> dict:
@@ -18,8 +19,8 @@ def evaluation(model: str, window: str, at: float = 100.0) -> dict:
                       "smce": {"statistic": 0.1, "p_value": 0.3, "decision": "calibrated", "evaluated_at": at - 50}}}
 
 
-ROUND = {"scheduler": {"evaluations": 4}, "evaluations": [evaluation(m, w) for m in ("a", "b", "c")
-                                                          for w in ("1h", "24h")]}
+ROUND = RoundView(scheduler={"evaluations": 4}, evaluations=[evaluation(m, w) for m in ("a", "b", "c")
+                                                             for w in ("1h", "24h")])
 
 
 def parse(text: str) -> dict[str, list]:
@@ -32,7 +33,7 @@ def test_round_part_is_rendered_once_per_round(monkeypatch):
     builds = []
     real = rounds.RoundPart.build
     monkeypatch.setattr(rounds.RoundPart, "build", classmethod(lambda cls, st, b: builds.append(1) or real(st, b)))
-    m = AgentMetrics(lambda: {"ready": True}, clock=lambda: 130.0)
+    m = AgentMetrics(lambda: LiveView(ready=True), clock=lambda: 130.0)
     m.prepare(ROUND)
     first, second = m.render(), m.render()
     assert len(builds) == 1 and first == second
@@ -42,7 +43,7 @@ def test_round_part_is_rendered_once_per_round(monkeypatch):
 
 def test_test_age_is_live_and_exported_per_window_and_test():
     now = [130.0]
-    m = AgentMetrics(lambda: {}, clock=lambda: now[0])
+    m = AgentMetrics(LiveView, clock=lambda: now[0])
     m.prepare(ROUND)
     ages = {(s.labels["model"], s.labels["window"], s.labels["test"]): s.value
             for s in parse(m.render().decode())["calmon_test_age_seconds"]}
@@ -52,7 +53,7 @@ def test_test_age_is_live_and_exported_per_window_and_test():
 
 
 def test_per_model_cap_drops_the_lowest_tier_and_counts_it():
-    m = AgentMetrics(lambda: {}, SeriesBudget(max_series_per_model=100), clock=lambda: 130.0)
+    m = AgentMetrics(LiveView, SeriesBudget(max_series_per_model=100), clock=lambda: 130.0)
     m.prepare(ROUND)
     m.prepare(ROUND)
     fams = parse(m.render().decode())
@@ -66,7 +67,7 @@ def test_per_model_cap_drops_the_lowest_tier_and_counts_it():
 
 
 def test_total_cap_drops_families_for_every_model_alike():
-    m = AgentMetrics(lambda: {}, SeriesBudget(max_series=50), clock=lambda: 130.0)
+    m = AgentMetrics(LiveView, SeriesBudget(max_series=50), clock=lambda: 130.0)
     m.prepare(ROUND)
     fams = parse(m.render().decode())
     # core (6 windows x 3 = 18), p-values (12) and ages (12) fit in 50; rejected (12) would not: it and every
@@ -79,11 +80,11 @@ def test_total_cap_drops_families_for_every_model_alike():
 
 
 def test_reliability_selection_and_config():
-    m = AgentMetrics(lambda: {}, SeriesBudget(reliability="24h"))
+    m = AgentMetrics(LiveView, SeriesBudget(reliability="24h"))
     m.prepare(ROUND)
     fams = parse(m.render().decode())
     assert {s.labels["window"] for s in fams["calmon_reliability_events"]} == {"24h"}
-    m = AgentMetrics(lambda: {}, SeriesBudget(reliability="none"))
+    m = AgentMetrics(LiveView, SeriesBudget(reliability="none"))
     m.prepare(ROUND)
     assert not parse(m.render().decode()).get("calmon_reliability_events")
     cfg = build_config({"sources": [{"path": "x"}], "exporter": {"reliability": "none", "max_series": 1000}}, env={})

@@ -216,7 +216,7 @@ def test_merges_and_piece_merges_happen() -> None:
 
 
 def test_ground_truth_error_falls_below_eps() -> None:
-    """Reduced version of scripts/lp_groundtruth.py: K = 3, n = 2e4, exact Err from the known truth."""
+    """Reduced version of benchmarks/lp_groundtruth.py: K = 3, n = 2e4, exact Err from the known truth."""
     rng = np.random.default_rng(7)
     eps = 0.05
     lam = lambda_of(eps)

@@ -193,7 +193,7 @@ def test_chunked_decoding_equals_one_batch(tmp_path: Path) -> None:
 
 def test_reader_memory_does_not_grow_with_rows(tmp_path: Path) -> None:
     """The Python-side peak of streaming a Parquet file through the decoder (discarding the events) is the
-    same for 4x the rows: batches are bounded (reduced version of scripts/bench_parquet.py)."""
+    same for 4x the rows: batches are bounded (reduced version of benchmarks/bench_parquet.py)."""
     rng = np.random.default_rng(0)
     peaks = []
     for n in (50_000, 200_000):

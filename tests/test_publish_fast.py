@@ -26,6 +26,7 @@ from calmon.evaluate.round import SUMMARY_KEYS, assemble, window_base
 from calmon.evaluate.verdict import MIN_BIN_EVENTS, Region, Summary, summarize
 from calmon.exporter import rounds
 from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget
+from calmon.exporter.views import RoundView
 from calmon.formats.jsonio import clean
 from calmon.state.buckets import BucketStats
 from calmon.stats.grid import ScoreGrid
@@ -237,7 +238,7 @@ def ref_metrics(st: dict[str, Any], budget: SeriesBudget) -> tuple[bytes, tuple[
                 total += per_family.get(name, 0)
             else:
                 dropped["total_cap"] += per_family.get(name, 0)
-    fixed = rounds._fixed(st)
+    fixed = rounds._fixed(RoundView(**st))
     text = [f.text() for f in fixed]
     series = sum(len(f.lines) for f in fixed)
     for tier, name, head in order.order:
@@ -404,7 +405,7 @@ def test_round_part_matches_reference(seed: int) -> None:
                SeriesBudget(max_series_per_model=60), SeriesBudget(max_series_per_model=200, max_series=500),
                SeriesBudget(max_series=40), SeriesBudget(max_series=0, max_series_per_model=0)]
     for budget in budgets:
-        part = RoundPart.build(st, budget)
+        part = RoundPart.build(RoundView(**st), budget)
         text, age_labels, dropped, series = ref_metrics(st, budget)
         assert part.text == text, budget
         assert part.age_labels == age_labels and dict(part.dropped) == dropped and part.series == series, budget

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from bucket_reference import RefWindows
 
 from calmon.state.buckets import PENDING_CELLS, BucketStats, ModelWindows
 from calmon.state.windows import TieredRing
@@ -119,7 +120,8 @@ def test_reservoir_rows_allocated_as_filled_same_sample():
 
 
 def _update_path(mw: ModelWindows, ts, seg, y, z, wm, predictions: bool) -> None:
-    """The per-bucket ``BucketStats.update`` path (what ingestion did before folding prepared batches)."""
+    """Per-bucket eager updates (what ingestion did before folding prepared batches; ``mw``'s buckets are the
+    eager reference of tests/bucket_reference.py)."""
     for name, ring in mw.rings.items():
         sel = np.arange(ts.size) if name == "all" else np.flatnonzero(seg == name)
         if sel.size:
@@ -135,7 +137,7 @@ def test_folded_batches_equal_per_bucket_updates(seed):
     z = rng.random(n)
     y = (rng.random(n) < z).astype(np.int64)
     fold = ModelWindows("m", 2, TIERS, ["web", "app"], bins=256, reservoir=32)
-    upd = ModelWindows("m", 2, TIERS, ["web", "app"], bins=256, reservoir=32)
+    upd = RefWindows("m", 2, TIERS, ["web", "app"], bins=256, reservoir=32)
     for part in np.array_split(np.arange(n), 23):
         wm = float(ts[: part[-1] + 1].max())
         fold.add(ts[part], seg[part], y[part], z[part], None, wm, predictions=bool(seed % 2))

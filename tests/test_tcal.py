@@ -209,7 +209,7 @@ def test_curtailment_keeps_the_full_decision():
 
 
 # -------------------------------------------------------------------------------------------------------
-# level (reduced simulations; the full ones are scripts/tcal_level.py)
+# level (reduced simulations; the full ones are benchmarks/tcal_level.py)
 # -------------------------------------------------------------------------------------------------------
 def _rejection_rate(fn, reps, seed):
     rng = np.random.default_rng(seed)

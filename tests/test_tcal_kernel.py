@@ -10,6 +10,7 @@ and computes each level's DPE from dense cell sums added left to right over the 
 import numpy as np
 import pytest
 
+import calmon.algorithms.tcal.atoms as atoms_mod
 from calmon.algorithms.tcal import simulate_null, tcal_test
 from calmon.algorithms.tcal.atoms import Atoms
 from calmon.stats.grid import ScoreGrid
@@ -125,8 +126,7 @@ def test_tcal_pvalues_from_the_kernel_equal_reference_ranks():
 
 def test_unfolded_weights_path_equals_reference(monkeypatch):
     """Where the CSR kernel fuses multiply-adds, g = k (1 - 2p) is formed and summed: same numbers."""
-    from calmon.algorithms.tcal import simulator
-    monkeypatch.setattr(simulator, "_FOLD", False)
+    monkeypatch.setattr(atoms_mod, "_FOLD", False)
     for name, atoms in list(_cases())[::2]:
         for m in (2, 16, 128, 1024):
             if atoms.fine_bins is None or atoms.fine_bins % m == 0:
@@ -134,3 +134,43 @@ def test_unfolded_weights_path_equals_reference(monkeypatch):
         sim, ref = atoms.simulator(200), np.random.default_rng(1)
         T = sim(200, np.random.default_rng(1))
         assert np.array_equal(T, _reference_stats(atoms, _reference_draws(atoms, 200, ref))), name
+
+
+def _atoms_with_levels(kind: str) -> Atoms:
+    rng = np.random.default_rng(5)
+    if kind == "raw":
+        z = np.round(rng.beta(2, 3, size=700), 2)  # ties: atoms of several events next to singletons
+        a = Atoms.from_raw(z, (rng.random(700) < z).astype(float))
+        for m in (2, 16, 128, 1024):
+            a.add_level(m)
+        return a
+    g = ScoreGrid(256)
+    z = rng.uniform(size=900)
+    g.update(z, (rng.random(900) < z).astype(float))
+    a = Atoms.from_grid(g)
+    for m in (4, 32, 256):
+        a.add_level(m)
+    return a
+
+
+@pytest.mark.parametrize("kind", ["raw", "grid"])
+@pytest.mark.parametrize("fold", [True, False])
+def test_simulator_equals_stats_of_draws(monkeypatch: pytest.MonkeyPatch, kind: str, fold: bool) -> None:
+    """Both paths of the kernel, against ``Atoms.stats(*Atoms.draw(r, rng))`` (scipy's ``M @ X`` and a formed
+    ``g = k (1 - 2p)``), bit for bit: the weights folded into the matrix, or ``g`` formed (FMA kernels)."""
+    if fold and not atoms_mod._FOLD:
+        pytest.skip("the CSR kernel fuses multiply-adds here: the folded path is never taken")
+    monkeypatch.setattr(atoms_mod, "_FOLD", fold)
+    atoms = _atoms_with_levels(kind)
+    sim = atoms.simulator(64)
+    from_draws = [st.data[: st.indptr[st.rows // 2]] for st in sim.steps if st.source < 0]
+    assert from_draws, "no level summed straight from the draws"
+    # folded: the k block's entries are ones and the g block's the weights; unfolded: ones in both
+    assert all(np.all(d == 1.0) for d in from_draws)
+    g_blocks = [st.data[st.indptr[st.rows // 2]:] for st in sim.steps if st.source < 0]
+    assert all(np.all(d == 1.0) for d in g_blocks) != fold
+    for r, seed in ((64, 1), (17, 2)):
+        T = sim(r, np.random.default_rng(seed))
+        ref = atoms.stats(*atoms.draw(r, np.random.default_rng(seed)))
+        assert np.array_equal(T, ref)
+    sim.release()

@@ -2,7 +2,7 @@
 
 Estimators are checked against a brute force over the simplex cells (explicit pair sums), the exact null
 variance against the pairwise trace formula, the level of the exact Monte Carlo test by a reduced
-simulation that fails when the level is off; the full tables are ``scripts/tcal_multiclass_level.py``.
+simulation that fails when the level is off; the full tables are ``benchmarks/tcal_multiclass_level.py``.
 """
 
 from __future__ import annotations

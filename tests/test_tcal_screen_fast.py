@@ -2,12 +2,14 @@
 
 The per-level path -- :meth:`Atoms.add_level` per level, then :meth:`Atoms.observed`, :meth:`Atoms.variance`,
 :meth:`Atoms.third_cumulant` and the scalar :func:`cantelli_pvalue` / :func:`three_moment_pvalue` /
-:func:`approx_critical` (T-Cal, Lee et al. 2023: eqs. 5-6 and the exact null moments) -- stays in the code
-base behind ``adaptive.REFERENCE``.  Every result of the screens and of the full test must be the same,
+:func:`approx_critical` (T-Cal, Lee et al. 2023: eqs. 5-6 and the exact null moments) -- is written out here
+and put in place of :class:`~calmon.algorithms.tcal.adaptive.Levels`' one-pass methods (:func:`_reference_levels`).
+Every result of the screens and of the full test must be the same,
 float for float (compared as JSON text, which keeps every bit of a float), and so must the levels the Monte
 Carlo simulates.
 """
 
+import contextlib
 import json
 import math
 
@@ -46,13 +48,49 @@ def _text(result) -> str | None:
     return None if result is None else json.dumps(result.to_dict(), sort_keys=True)
 
 
-def _both(monkeypatch, fn):
+def _measure_per_level(cls, atoms: Atoms, bins: list[int], *, method: str, alpha: float, combine: str):
+    """:meth:`Levels.measure` one level at a time: :meth:`Atoms.add_level`, then the per-level moments."""
+    for m in bins:
+        atoms.add_level(m)
+    obs, plugin = atoms.observed()
+    var = np.array([atoms.variance(lev) for lev in atoms.levels])
+    k3 = np.array([atoms.third_cumulant(lev) for lev in atoms.levels])
+    return cls(atoms=atoms, method=method, alpha=alpha, combine=combine, bins=bins, obs=obs, plugin=plugin,
+               var=var, k3=k3)
+
+
+def _tails_per_level(self) -> None:
+    """``Levels.__post_init__`` by the scalar tail functions."""
+    self.cant = np.array([cantelli_pvalue(t, v) for t, v in zip(self.obs, self.var)])
+    self.approx = np.array([three_moment_pvalue(t, v, k) for t, v, k in zip(self.obs, self.var, self.k3)])
+
+
+def _critical_per_level(self) -> list[float | None]:
+    return [approx_critical(v, k, self.level_alpha) for v, k in zip(self.var, self.k3)]
+
+
+@contextlib.contextmanager
+def _reference_levels():
+    """The per-level reference path in place of :class:`Levels`' one-pass methods; yields the levels measured."""
+    measured: list[Atoms] = []
+
+    def measure(cls, atoms: Atoms, bins: list[int], **kw):
+        measured.append(atoms)
+        return _measure_per_level(cls, atoms, bins, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(adaptive.Levels, "measure", classmethod(measure))
+        mp.setattr(adaptive.Levels, "__post_init__", _tails_per_level)
+        mp.setattr(adaptive.Levels, "critical", _critical_per_level)
+        yield measured
+
+
+def _both(fn):
     """``fn()`` on the one-pass path, then on the per-level reference path."""
-    monkeypatch.setattr(adaptive, "REFERENCE", False)
     fast = fn()
-    monkeypatch.setattr(adaptive, "REFERENCE", True)
-    ref = fn()
-    monkeypatch.setattr(adaptive, "REFERENCE", False)
+    with _reference_levels() as measured:
+        ref = fn()
+    assert measured, "the reference path was not taken"
     return fast, ref
 
 
@@ -71,18 +109,18 @@ def _assert_same_levels(a: Atoms, b: Atoms) -> None:
                 assert np.array_equal(np.signbit(x), np.signbit(y))
 
 
-def test_screens_and_full_test_give_the_per_level_results_bit_for_bit(monkeypatch):
+def test_screens_and_full_test_give_the_per_level_results_bit_for_bit():
     rng = np.random.default_rng(20261123)
     opened = screened = 0
     for i in range(220):
         n = int(round(math.exp(rng.uniform(math.log(50), math.log(20_000)))))
         data = _window(n, float(rng.uniform(0.8, 1.2)), int(rng.choice([256, 1024])), seed=i)
-        fast, ref = _both(monkeypatch, lambda: _text(screen_tester("tcal", data, mc=200, seed=i)))
+        fast, ref = _both(lambda: _text(screen_tester("tcal", data, mc=200, seed=i)))
         assert fast == ref, (i, n)
         opened += fast is None
         screened += fast is not None
         if fast is None or i % 10 == 0:  # the simulation starts from the same levels
-            fast, ref = _both(monkeypatch, lambda: _text(run_tester("tcal", data, mc=200, seed=i)))
+            fast, ref = _both(lambda: _text(run_tester("tcal", data, mc=200, seed=i)))
             assert fast == ref, (i, n)
     assert opened >= 10 and screened >= 100  # both answers exercised
 

@@ -20,7 +20,7 @@ def sample(rng, n, a=2.0, b=2.0, temperature=1.0, shift=0.0, cells=1024):
 
 
 def test_level_with_different_score_distributions():
-    """Reduced scripts/twosample_level.py: 300 replications at alpha 0.05 must reject 1.5-9.5 % (4 sd)."""
+    """Reduced benchmarks/twosample_level.py: 300 replications at alpha 0.05 must reject 1.5-9.5 % (4 sd)."""
     rng = np.random.default_rng(11)
     rejections = 0
     for _ in range(300):

@@ -165,7 +165,7 @@ def _binned_ece_truth(kind: str) -> float:
 
 @pytest.mark.parametrize("kind", ["none", "temperature:0.7"])
 def test_ece_interval_coverage_by_simulation(kind):
-    """Reduced version of scripts/verdict_coverage.py: 200 replications, coverage must reach 0.92."""
+    """Reduced version of benchmarks/verdict_coverage.py: 200 replications, coverage must reach 0.92."""
     truth = _binned_ece_truth(kind)
     hits = 0
     for rep in range(200):

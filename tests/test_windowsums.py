@@ -1,4 +1,4 @@
-"""Incremental window sums (calmon/state/windowsums.py) equal the from-scratch ``TieredRing.window_sums``."""
+"""Incremental window sums (calmon/state/windows.py) equal the from-scratch ``TieredRing.window_sums``."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from calmon.state.buckets import BucketStats, ModelWindows
-from calmon.state.windowsums import RingSums, capture
+from calmon.state.windows import RingSums, capture
 
 TIERS = [(60.0, 5), (600.0, 3), (3600.0, 2)]
 LENGTHS = {"2m": 120.0, "5m": 300.0, "30m": 1800.0, "2h": 7200.0, "all": None}

@@ -1,6 +1,6 @@
 """The batched window sums (``summed``, ``Plan.run``) equal copies merged pairwise, bit for bit.
 
-The reference is computed here independently, by the definition of :mod:`calmon.state.windowsums`: per window,
+The reference is computed here independently, by the definition of :mod:`calmon.state.windows`: per window,
 a fresh state into which the window's stable buckets are merged newest first, then the archive (``all``),
 then the hot buckets newest first -- one ``merge`` per bucket.
 """
@@ -13,10 +13,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.state import windowsums
+from calmon.state import windows
 from calmon.state.buckets import BucketStats, ModelWindows
-from calmon.state.windows import TieredRing
-from calmon.state.windowsums import HOT, RingSums, capture
+from calmon.state.windows import HOT, RingSums, TieredRing, capture
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
 from calmon.stats.reservoir import Reservoir
@@ -138,21 +137,28 @@ def test_batched_incremental_sums_equal_the_definition_and_the_reference_path(se
             assert {k: v.to_dict() for k, v in ref.items()} == want
 
 
-def test_reference_flag_selects_the_pairwise_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    ring = TieredRing([(60, 3), (600, 2)], lambda: ScoreGrid(4))
-    ring.add(np.array([0.0, 650.0, 1190.0]), lambda g, i: g.update(np.full(i.size, 0.5), np.ones(i.size)))
-    new = capture(ring, {"2m": 120.0, "all": None}, copy=ScoreGrid.copy).run()[0]
-    monkeypatch.setattr(windowsums, "REFERENCE", True)
+def test_reference_path_injected_into_the_snapshot_gives_the_same_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy-and-merge path put in place of :meth:`Plan.run` (as a benchmark compares the two) gives every
+    snapshot window the batched path gives."""
+    def snapshots() -> list[tuple[str, str, str, dict[str, Any]]]:
+        st = _state([{"width": "1m", "count": 5}, {"width": "10m", "count": 3}, {"width": "1h", "count": 2}])
+        rng = np.random.default_rng(5)
+        out = []
+        for now in (20_000.0, 20_045.0, 20_700.0):
+            with st.lock:
+                _add(st.windows_of("m", 2), rng, now)
+            out += [(s.model, s.segment, s.window, s.bucket.to_dict()) for s in st.snapshot()]
+        return sorted(out, key=lambda s: s[:3])
+
+    batched = snapshots()
     calls: list[int] = []
-    plan = capture(ring, {"2m": 120.0, "all": None}, copy=ScoreGrid.copy)
 
-    def spy() -> Any:
+    def reference(plan: windows.Plan) -> Any:
         calls.append(1)
-        return type(plan).run_reference(plan)
+        return plan.run_reference()
 
-    monkeypatch.setattr(plan, "run_reference", spy)
-    ref = plan.run()[0]
-    assert calls == [1] and all(new[k] == ref[k] for k in new)
+    monkeypatch.setattr(windows.Plan, "run", reference)
+    assert snapshots() == batched and calls
 
 
 def test_cached_seeding_gives_default_rng_streams() -> None:
@@ -218,13 +224,13 @@ def test_snapshot_equals_the_definition_over_rounds_with_an_evicted_model(monkey
     lengths = st.windows
     rng = np.random.default_rng(11)
     paused: list[bool] = []
-    run = windowsums.Plan.run
+    run = windows.Plan.run
 
     def spy(plan: Any) -> Any:
         paused.append(not gc.isenabled())
         return run(plan)
 
-    monkeypatch.setattr(windowsums.Plan, "run", spy)
+    monkeypatch.setattr(windows.Plan, "run", spy)
     now = 20_000.0
     for rnd in range(12):
         now += float(rng.choice([10.0, 45.0, 61.0, 700.0]))

@@ -92,7 +92,7 @@ def build_dead_letter(cfg: Config) -> DeadLetterSink | None:
 def build_publishers(cfg: Config) -> list[Publisher]:
     """The calibrator publishers of ``recalibration.publishers`` (default: one directory store)."""
     rc = cfg.recalibration
-    default_dir = rc.options.get("store_dir", str(Path(cfg.state_dir) / "calibrators"))
+    default_dir = rc.options.store_dir if rc.options.store_dir is not None else str(Path(cfg.state_dir) / "calibrators")
     out: list[Publisher] = []
     for i, p in enumerate(rc.publishers or []):
         where = f"recalibration.publishers.{i}"

@@ -2,15 +2,15 @@
 
 Data flow (see ``docs/architecture.md``)::
 
-    sources --read--> Ingestor (decode, dead-letter, join, bin) --> AgentState  (ingestion thread)
+    Input: sources --read--> Ingestor (decode, dead-letter, join, bin) --> AgentState  (ingestion thread)
     AgentState --snapshot--> Evaluator (metrics, testers, alerts, recalibration) --> Published  (scheduler)
     AgentState + Published --> /metrics, /api/status, /  (HTTP threads)
 
 Threads
 -------
-* the **ingestion loop** (the caller of :meth:`Agent.run`, normally the main thread): reads a
-  batch from each source, ingests it, and every ``checkpoint.every`` seconds and on stop
-  writes a checkpoint;
+* the **ingestion loop** (the caller of :meth:`Agent.run`, normally the main thread): polls the
+  agent's input (:mod:`calmon.agent.inputs`; by default a batch from each source, ingested), and
+  every ``checkpoint.every`` seconds and on stop writes a checkpoint;
 * the **scheduler** (:mod:`calmon.agent.scheduler`), running :meth:`Agent.evaluate_round`;
 * the **HTTP exporter** (:mod:`calmon.exporter.http`), one thread per connection.
 The locking rule is in :mod:`calmon.state.agentstate`; evaluation results are published as one
@@ -37,7 +37,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +48,19 @@ from calmon.agent.build import (
     build_alertmanager,
     build_dead_letter,
     build_publishers,
-    build_source,
     start_exporter,
 )
+from calmon.agent.inputs import Input, MetricsCollector, SourcesInput
 from calmon.agent.scheduler import Scheduler
-from calmon.agent.views import Published, live_state, metrics_state, model_bytes, round_state, status_document
+from calmon.agent.views import (
+    Published,
+    live_state,
+    metrics_state,
+    model_bytes,
+    round_state,
+    status_document,
+    status_views,
+)
 from calmon.calibration import check_methods
 from calmon.config import Config, ConfigError
 from calmon.evaluate.pool import TesterPool
@@ -62,18 +70,16 @@ from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, Sc
 from calmon.exporter.http import Endpoints, HTTPExporter
 from calmon.exporter.metrics import AgentMetrics, SeriesBudget
 from calmon.exporter.status.page import render as render_status
+from calmon.exporter.views import LiveView
 from calmon.state.agentstate import AgentState, StateError
 from calmon.state.checkpoint.incremental import Checkpointer, resolver
+from calmon.state.checkpoint.schema import STATE_FORMAT, STATE_READABLE, STATE_VERSION
 from calmon.state.checkpoint.store import CheckpointStore
-from calmon.state.ingest import Ingestor
-from connectors.base import Batch, ByteLagReporting, Committable, Connectable, DeadLetterSink, LagReporting, Source
+from connectors.base import Batch, Committable, Connectable, DeadLetterSink, Source
 
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["Agent", "StartupError"]
-
-CHECKPOINT_FORMAT = "calmon.agent_state"
-CHECKPOINT_VERSION = 2  #: 2: buckets as blob references (incremental); 1 (every bucket inline) is still read
+__all__ = ["Agent", "Input", "MetricsCollector", "SourcesInput", "StartupError"]
 
 
 class Agent:
@@ -87,6 +93,11 @@ class Agent:
         Connectors to use instead of building them from ``cfg.sources`` (tests, the demo).
     clock
         Wall clock (epoch seconds) for arrival times, lags and timestamps.
+    input
+        What the agent ingests (:mod:`calmon.agent.inputs`); default :class:`SourcesInput` of ``sources``.
+        The cluster evaluator passes one merging deltas (:func:`calmon.cluster.evaluate.evaluate_agent`).
+    collectors
+        Extra ``/metrics`` families, appended after the agent's own.
 
     Examples
     --------
@@ -107,7 +118,10 @@ class Agent:
     """
 
     def __init__(self, cfg: Config, sources: Sequence[Source] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, input: Input | None = None,
+                 collectors: Sequence[MetricsCollector] = ()) -> None:
+        if input is not None and sources is not None:
+            raise ValueError("Agent: give sources or an input, not both")
         check_testers(cfg.evaluation)
         if cfg.recalibration.enabled:
             try:
@@ -132,20 +146,20 @@ class Agent:
         self._evaluating = threading.Lock()
         self._round_asked = threading.Event()
         self._prepare_cost = 0.0  # seconds the last republishing's /metrics preparation took
-        self._sources_override = list(sources) if sources is not None else None
-        self.sources: list[Source] = []
+        self.collectors = list(collectors)
         self.dead_letter: DeadLetterSink | None = None
         self.store: CheckpointStore | None = None
         self.checkpointer: Checkpointer | None = None
         self.http: HTTPExporter | None = None
         self.scheduler: Scheduler | None = None
-        self.ingestor: Ingestor | None = None
         self.evaluator: Evaluator | None = None
         self.pool: TesterPool | None = None
         self._ingest_thread: threading.Thread | None = None
         self.started_at = self.clock()
         #: Callables ``fn(evaluations)`` run after each evaluation round (the demo prints from one).
         self.round_hooks: list[Callable[[list[Evaluation]], None]] = []
+        self.input: Input = input if input is not None else SourcesInput(sources)
+        self.input.attach(self)
 
     # -- read-only views of the state (for scripts and tests) ------------------------------------
     @property
@@ -156,12 +170,21 @@ class Agent:
     def models(self) -> dict[str, Any]:
         return self.state.models
 
+    @property
+    def sources(self) -> list[Source]:
+        """The input's connectors (empty until :meth:`open`)."""
+        return self.input.sources
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was asked for (:meth:`stop`)."""
+        return self._stop.is_set()
+
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
         """Build sources and sinks, load the checkpoint, seek, start the exporter and the scheduler."""
         os.makedirs(self.cfg.state_dir, exist_ok=True)
-        limit = self.cfg.limits.max_record_bytes
-        self.sources = self._sources_override or [build_source(s, i, limit) for i, s in enumerate(self.cfg.sources)]
+        self.input.open()
         self.dead_letter = build_dead_letter(self.cfg)
         recal = None
         if self.cfg.recalibration.enabled:
@@ -171,7 +194,6 @@ class Agent:
         self.pool = TesterPool(ev.pool, ev.workers)
         self.evaluator = Evaluator(ev, self.alert_engine, recal, clock=self.clock, estimation=self.cfg.estimation,
                                    history_window=history, pool=self.pool)
-        self.ingestor = Ingestor(self.state, self.dead_letter, self.clock)
         if self.cfg.checkpoint.enabled:
             self.store = CheckpointStore(Path(self.cfg.state_dir) / "checkpoints", keep=self.cfg.checkpoint.keep)
             self.checkpointer = Checkpointer(self.store)
@@ -194,12 +216,13 @@ class Agent:
         return start_exporter(self.cfg.exporter, endpoints)
 
     def render_metrics(self) -> bytes:
-        """The ``/metrics`` body (a subclass may add families)."""
-        return self.metrics.render()
+        """The ``/metrics`` body: the agent's families, then its collectors'."""
+        return self.metrics.render() + b"".join(c.render() for c in self.collectors)
 
     def is_ready(self) -> bool:
-        """State loaded and every source connected (sources without a connection always are)."""
-        return self.ready and all(s.connected for s in self.sources if isinstance(s, Connectable))
+        """State loaded, every source connected (sources without a connection always are), the input ready."""
+        return (self.ready and all(s.connected for s in self.sources if isinstance(s, Connectable))
+                and self.input.ready())
 
     def healthy(self) -> bool:
         ing = self._ingest_thread is None or self._ingest_thread.is_alive() or self.done
@@ -210,6 +233,12 @@ class Agent:
         self._stop.set()
 
     def close(self) -> None:
+        try:
+            self.input.close()  # first: the state, exporter and sources are still whole
+        finally:
+            self._close()
+
+    def _close(self) -> None:
         try:
             self._checkpoint_done(wait=True)  # a checkpoint in flight is finished and its offsets committed
         except (OSError, ValueError, TypeError):
@@ -286,30 +315,19 @@ class Agent:
 
     # -- ingestion -----------------------------------------------------------------------------
     def poll_once(self) -> bool:
-        """Read and ingest at most one batch per source; True if anything was read."""
-        got = False
-        timeout = self.cfg.ingest.poll_timeout / max(1, len(self.sources))
-        for src in self.sources:
-            if src.exhausted:
-                continue
-            batch = src.read(self.cfg.ingest.batch_size, timeout)
-            if batch is not None and batch.records:
-                self.ingest(batch, src)
-                got = True
-        return got
+        """Poll the input once (by default at most one batch per source); True if anything was read."""
+        return self.input.poll()
 
     def ingest(self, batch: Batch, src: Source | None = None) -> None:
-        """Decode, join and bin one batch (see :class:`~calmon.state.ingest.Ingestor`)."""
-        if self.ingestor is None:
-            self.ingestor = Ingestor(self.state, self.dead_letter, self.clock)
-        self.ingestor.ingest(batch, _lag_records(src), src.lag_bytes() if isinstance(src, ByteLagReporting) else None)
+        """Ingest one batch through the input (by default: decode, join and bin it)."""
+        self.input.ingest(batch, src)
 
     # -- checkpoints ---------------------------------------------------------------------------
     def _checkpoint_head(self) -> dict[str, Any]:
         """The checkpoint's documents besides the state: format, positions, alert states, calibrators."""
         pub = self.published
         return {
-            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "calmon_version": __version__,
+            "format": STATE_FORMAT, "version": STATE_VERSION, "calmon_version": __version__,
             "created": self.clock(),
             "sources": {src.name: src.position() for src in self.sources},
             "dead_letter": None if self.dead_letter is None else self.dead_letter.position(),
@@ -371,9 +389,9 @@ class Agent:
         :class:`StartupError` naming the file and the field.
         """
         where = self.store.loaded_path if self.store is not None and self.store.loaded_path else self.cfg.state_dir
-        if doc.get("format") != CHECKPOINT_FORMAT or doc.get("version") not in (1, CHECKPOINT_VERSION):
-            raise StartupError(f"{where}: checkpoint is not a {CHECKPOINT_FORMAT} v1 or v{CHECKPOINT_VERSION} "
-                               "document")
+        if doc.get("format") != STATE_FORMAT or doc.get("version") not in STATE_READABLE:
+            raise StartupError(f"{where}: checkpoint is not a {STATE_FORMAT} document of version "
+                               f"{' or '.join(map(str, STATE_READABLE))}")
         try:
             if self.store is None:
                 self.state.load_doc(doc)
@@ -442,6 +460,17 @@ class Agent:
                 self._prepare_cost = time.monotonic() - t0
             return self.evaluator.busy
 
+    def withdraw(self, models: Collection[str]) -> None:
+        """Take the published evaluations of ``models`` off ``/metrics`` and the status at once.
+
+        For an input whose models moved to another agent (the cluster evaluator's revoked
+        partitions); it has dropped them from the state, so the next round does not see them either.
+        """
+        pub = self.published
+        self.published = dataclasses.replace(
+            pub, evaluations=tuple(e for e in pub.evaluations if e["model"] not in models))
+        self.metrics.prepare(round_state(self.published))
+
     def _publish(self, res: RoundResult) -> None:
         old = self.published.scheduler
         sched: SchedulerInfo = {"evaluations": old.get("evaluations", 0) + 1,
@@ -457,7 +486,7 @@ class Agent:
         """Consistent copy of everything the Prometheus collector exports."""
         return metrics_state(self.state, self.published, self.checkpoint_info, self.is_ready(), self.clock())
 
-    def live_state(self) -> dict[str, Any]:
+    def live_state(self) -> LiveView:
         """The live part of ``/metrics`` (counters under the lock; the round part is cached)."""
         return live_state(self.state, self.checkpoint_info, self.is_ready(), self.clock())
 
@@ -468,9 +497,9 @@ class Agent:
     def status(self) -> dict[str, Any]:
         """The status snapshot served at ``/api/status`` and rendered at ``/``."""
         pub = self.published
-        st = metrics_state(self.state, pub, self.checkpoint_info, self.is_ready(), self.clock())
+        live, rnd = status_views(self.state, pub, self.checkpoint_info, self.is_ready(), self.clock())
         now = self.clock()
-        doc = status_document(st, pub, windows=list(self.state.windows), tiers=self.state.tiers,
+        doc = status_document(live, rnd, pub, windows=list(self.state.windows), tiers=self.state.tiers,
                               started_at=self.started_at, now=now)
         sched = doc["agent"]["scheduler"]
         sched["every"] = self.cfg.evaluation.every
@@ -478,14 +507,3 @@ class Agent:
             sched["next_at"] = now + max(0.0, self.scheduler.next_at - time.monotonic())
         doc["agent"]["tests"] = [t.name for t in self.cfg.evaluation.tests]
         return doc
-
-
-def _lag_records(src: Source | None) -> int | None:
-    """Consumer lag of a source that reports one (best effort: a broker may be unreachable)."""
-    if not isinstance(src, LagReporting):
-        return None
-    try:
-        return int(sum(src.lag().values()))
-    except (OSError, RuntimeError, ValueError) as exc:
-        log.debug("lag of %s unavailable: %s", getattr(src, "name", "?"), exc)
-        return None

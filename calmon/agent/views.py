@@ -1,14 +1,20 @@
-"""The agent's views: the published evaluation results, the Prometheus state and the status document.
+"""The agent's views: the published evaluation results, the exporter's typed views and the status document.
 
 Evaluation results are *published*, not shared: the scheduler builds a new immutable
 :class:`Published` after each round and replaces the runtime's reference to it in one
 assignment.  A reader takes the reference once and sees one consistent round, without a lock
 and without racing the scheduler (the status page used to read calibrators while they were
 being written).
+
+The exporter reads the agent through two frozen views (:mod:`calmon.exporter.views`): the
+:class:`~calmon.exporter.views.RoundView` of a published round (:func:`round_state`) and the
+:class:`~calmon.exporter.views.LiveView` of the counters, copied under the state lock
+(:func:`live_state`); ``/api/status`` is built from both (:func:`status_document`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -17,10 +23,12 @@ from typing import Any
 from calmon import __version__
 from calmon.config import format_duration
 from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo, SourceView
+from calmon.exporter.views import JoinCounts, LiveView, RoundView
 from calmon.formats.jsonio import clean
 from calmon.state.agentstate import AgentState
 
-__all__ = ["Published", "live_state", "metrics_state", "model_bytes", "round_state", "status_document"]
+__all__ = ["Published", "live_state", "metrics_state", "model_bytes", "round_state", "status_document",
+           "status_views"]
 
 
 @dataclass(frozen=True)
@@ -51,14 +59,13 @@ def model_bytes(state: AgentState) -> dict[str, int]:
     return out
 
 
-def round_state(pub: Published) -> dict[str, Any]:
-    """What the round part of ``/metrics`` is rendered from (:meth:`calmon.exporter.metrics.AgentMetrics.prepare`)."""
-    return {"scheduler": dict(pub.scheduler), "state_bytes": dict(pub.nbytes), "evaluations": pub.evaluations,
-            "alerts": pub.alerts, "calibrators": [dict(v) for v in pub.calibrators.values()
-                                                  if v.get("version") is not None]}
+def round_state(pub: Published) -> RoundView:
+    """The round part of ``/metrics`` (:meth:`calmon.exporter.metrics.AgentMetrics.prepare`): the published round."""
+    return RoundView(scheduler=pub.scheduler, state_bytes=pub.nbytes, evaluations=pub.evaluations, alerts=pub.alerts,
+                     calibrators=tuple(v for v in pub.calibrators.values() if v.get("version") is not None))
 
 
-def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: float) -> dict[str, Any]:
+def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: float) -> LiveView:
     """The live part of ``/metrics``: counters, join, sources, change detectors (a copy under the lock, O(models))."""
     with state.lock:
         c = state.counters.copy()
@@ -67,41 +74,45 @@ def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: 
                    "lag_bytes": info.lag_bytes, "lag_records": info.lag_records}
             for name, info in state.sources.items()}
         jc = state.joiner.counters
-        join = {"joined": dict(jc.joined), "expired": dict(jc.expired), "duplicates": dict(jc.duplicates),
-                "orphans": jc.orphans}
+        join: JoinCounts = {"joined": dict(jc.joined), "expired": dict(jc.expired), "duplicates": dict(jc.duplicates),
+                            "orphans": jc.orphans}
         pending = state.joiner.pending_count()
         watermark = state.watermark
         changes = state.changes.view()
-    return {"version": __version__, "ready": ready, "watermark": watermark, "events": c.events,
-            "rejected": c.rejected, "late": c.late, "join": join, "pending": pending, "sources": sources,
-            "checkpoint": dict(checkpoint), "changes": changes}
+    return LiveView(ready=ready, version=__version__, watermark=watermark, events=c.events, rejected=c.rejected,
+                    late=c.late, join=join, pending=pending, sources=sources, checkpoint=checkpoint.copy(),
+                    changes=changes)
+
+
+def status_views(state: AgentState, pub: Published, checkpoint: CheckpointInfo, ready: bool,
+                 now: float) -> tuple[LiveView, RoundView]:
+    """The live and the round view for ``/api/status`` (state bytes measured now before the first round)."""
+    live, rnd = live_state(state, checkpoint, ready, now), round_state(pub)
+    if not pub.nbytes:  # before the first round
+        rnd = dataclasses.replace(rnd, state_bytes=model_bytes(state))
+    return live, rnd
 
 
 def metrics_state(state: AgentState, pub: Published, checkpoint: CheckpointInfo, ready: bool,
                   now: float) -> dict[str, Any]:
-    """Everything ``/api/status`` shows: the live part and the round's (state bytes as of the last round)."""
-    st = live_state(state, checkpoint, ready, now)
-    st.update(round_state(pub), evaluations=list(pub.evaluations), alerts=list(pub.alerts), work=dict(pub.work))
-    if not pub.nbytes:  # before the first round
-        st["state_bytes"] = model_bytes(state)
-    return st
+    """Both views and the work-item scheduler as one plain dict (:meth:`calmon.agent.runtime.Agent.metrics_state`)."""
+    live, rnd = status_views(state, pub, checkpoint, ready, now)
+    return {**live.to_doc(), **rnd.to_doc(), "work": dict(pub.work)}
 
 
-def status_document(st: Mapping[str, Any], pub: Published, *, windows: list[str], tiers: list[tuple[float, int]],
-                    started_at: float, now: float) -> dict[str, Any]:
-    """The document served at ``/api/status`` and rendered at ``/``, built from :func:`metrics_state`."""
+def status_document(live: LiveView, rnd: RoundView, pub: Published, *, windows: list[str],
+                    tiers: list[tuple[float, int]], started_at: float, now: float) -> dict[str, Any]:
+    """The document served at ``/api/status`` and rendered at ``/``, built from :func:`status_views`."""
     return clean({
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
         "version": __version__,
-        "evaluations": st["evaluations"], "alerts": st["alerts"], "calibrators": dict(pub.calibrators),
+        "evaluations": list(rnd.evaluations), "alerts": list(rnd.alerts), "calibrators": dict(pub.calibrators),
         "agent": {
-            "ready": st["ready"], "uptime_seconds": now - started_at, "watermark": st["watermark"],
+            "ready": live.ready, "uptime_seconds": now - started_at, "watermark": live.watermark,
             "windows": windows, "tiers": [f"{c} x {format_duration(w)}" for w, c in tiers],
-            "events": [{"model": m, "type": k, "count": n} for (m, k), n in sorted(st["events"].items())],
-            "rejected": st["rejected"], "late": st["late"], "join": st["join"], "pending": st["pending"],
-            "sources": st["sources"], "scheduler": st["scheduler"], "checkpoint": st["checkpoint"],
-            "state_bytes": st["state_bytes"], "changes": st["changes"], "work": st.get("work", {}),
+            "events": [{"model": m, "type": k, "count": n} for (m, k), n in sorted(live.events.items())],
+            "rejected": dict(live.rejected), "late": dict(live.late), "join": live.join, "pending": dict(live.pending),
+            "sources": dict(live.sources), "scheduler": rnd.scheduler, "checkpoint": live.checkpoint,
+            "state_bytes": dict(rnd.state_bytes), "changes": dict(live.changes), "work": dict(pub.work),
         },
     })
-
-

@@ -32,7 +32,7 @@ per block.
 The defaults (``block = 256``, ``delta = 0.25``, ``threshold = 20``) give an in-control average
 run length of about 9e4 blocks two-sided (Siegmund's approximation
 ``(exp(2 delta h) - 2 delta h - 1) / (2 delta^2)`` per side), i.e. about one false alarm per 2e7
-events and signal; ``scripts/changepoint_eval.py`` measures it and the detection delays.
+events and signal; ``benchmarks/changepoint_eval.py`` measures it and the detection delays.
 
 References
 ----------

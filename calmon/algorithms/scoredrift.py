@@ -11,7 +11,7 @@ the comparison is exact on the grid):
 - Pearson's chi-square test of homogeneity of the two samples' interval counts
   (``sum (O - E)^2 / E`` over both samples, ``E`` from the pooled shares, ``bins - 1`` degrees of
   freedom after merging intervals whose expected count is below 5): a p-value valid as both
-  samples grow, whose level ``scripts/scoredrift_level.py`` checks by simulation.
+  samples grow, whose level ``benchmarks/scoredrift_level.py`` checks by simulation.
 
 References
 ----------

@@ -14,7 +14,7 @@ Within a cell the scores are replaced by the cell's pooled mean in ``sum z y`` (
 depends on which events are positive); on a grid of 1024 or more cells this changes the DPE by
 ``O(1 / cells^2)`` and both the observed and the permuted statistics use the same formula.
 
-The level (1000 replications) and the power are measured by ``scripts/twosample_level.py``.
+The level (1000 replications) and the power are measured by ``benchmarks/twosample_level.py``.
 
 References
 ----------

@@ -1,7 +1,8 @@
 """Calibrator documents in: a JSON document (or file) -> the calibrator it describes, without executing code.
 
-The method named in the document is looked up in the explicit table of
-:mod:`calmon.calibration.registry`; parameters are checked by the method's ``from_params``.
+The document's fields are checked by the :class:`CalibratorDocument` struct (msgspec; fields not listed,
+such as ``evaluation`` or ``created_at``, are allowed), the method named in it is looked up in the explicit
+table of :mod:`calmon.calibration.registry`, and its parameters are checked by the method's ``from_params``.
 
 Examples
 --------
@@ -20,10 +21,23 @@ import os
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from calmon.calibration.base import FORMAT, FORMAT_VERSION, Calibrator, CalibratorError
 from calmon.calibration.registry import get_calibrator
 
-__all__ = ["from_document", "load"]
+__all__ = ["CalibratorDocument", "from_document", "load"]
+
+
+class CalibratorDocument(msgspec.Struct):
+    """The fields of a calibrator document this module reads (``Calibrator.to_document`` writes them)."""
+
+    format: str
+    version: int
+    method: str
+    params: dict[str, Any]
+    training: dict[str, Any] | None = None
+    classes: int | None = None
 
 
 def from_document(doc: Any) -> Calibrator:
@@ -36,21 +50,29 @@ def from_document(doc: Any) -> Calibrator:
     if not isinstance(version, int) or version < 1 or version > FORMAT_VERSION:
         raise CalibratorError(f"unsupported calibrator document version {version!r} (this build reads 1..."
                               f"{FORMAT_VERSION})")
-    cls = get_calibrator(doc.get("method"))
-    params = doc.get("params")
-    if not isinstance(params, dict):
-        raise CalibratorError("calibrator document has no 'params' object")
     try:
-        cal = cls.from_params(params)
+        got = msgspec.convert(doc, CalibratorDocument)
+    except msgspec.ValidationError as exc:
+        raise CalibratorError(_field_error(str(exc))) from None
+    cls = get_calibrator(got.method)
+    try:
+        cal = cls.from_params(got.params)
     except CalibratorError:
         raise
     except (KeyError, TypeError, ValueError) as exc:
         raise CalibratorError(f"invalid parameters for calibrator {cls.method!r}: {exc}") from exc
-    cal.training = dict(doc.get("training") or {})
-    classes = doc.get("classes")
-    if classes is not None:
-        cal.classes = int(classes)
+    cal.training = dict(got.training or {})
+    if got.classes is not None:
+        cal.classes = got.classes
     return cal
+
+
+def _field_error(message: str) -> str:
+    """msgspec's ``Expected `object`, got `array` - at `$.params``` as ``calibrator document field params: ...``
+    (the document is flat: a field is a top-level key)."""
+    why, _, at = message.partition(" - at `$.")
+    why = why[:1].lower() + why[1:]
+    return f"calibrator document field {at.rstrip('`')}: {why}" if at else f"calibrator document: {why}"
 
 
 def load(path: str | os.PathLike[str]) -> Calibrator:

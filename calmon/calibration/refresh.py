@@ -15,8 +15,8 @@ qualifies only if it lowers **both** the held-out NLL and the held-out debiased 
 with the lowest held-out NLL is published as a new numbered revision to every publisher (atomically in
 a directory by :class:`~calmon.calibration.store.DirectoryStore`; a Kafka compacted-topic publisher
 implements the same :class:`~calmon.calibration.store.Publisher` protocol).  The result
-(:class:`RefreshResult`, ``to_dict()`` for its JSON form) carries what the agent exports as metrics:
-``revision``, ``method``, ``params``, ``before``/``after`` errors.
+(:class:`RefreshResult`, read by attribute; ``to_dict()`` for its JSON form) carries what the agent
+exports as metrics: ``revision``, ``method``, ``params``, ``before``/``after`` errors.
 
 The metrics, splits and stores live in their own modules and are re-exported here.
 """
@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from calmon.calibration.base import Calibrator, CalibratorError
+from calmon.calibration.limits import DEFAULT_LIMITS, RefreshLimits
 from calmon.calibration.metrics import NLL_EPS, binary_metrics, evaluate, grid_metrics, multiclass_metrics
 from calmon.calibration.registry import MethodLike, MethodSpec, make_calibrator
 from calmon.calibration.split import hash_split, hash_unit, split_arrays
@@ -38,7 +39,7 @@ from calmon.formats.jsonio import clean
 from calmon.stats.data import CalibrationData
 
 __all__ = [
-    "Candidate", "RefreshResult", "improves", "refresh", "metric_samples",
+    "Candidate", "DEFAULT_LIMITS", "RefreshLimits", "RefreshResult", "improves", "refresh", "metric_samples",
     # re-exported from their own modules
     "MethodSpec", "NLL_EPS", "binary_metrics", "evaluate", "grid_metrics", "multiclass_metrics", "hash_split",
     "hash_unit", "split_arrays", "DirectoryStore", "Publisher",
@@ -65,7 +66,7 @@ class Candidate:
 
 @dataclass
 class RefreshResult:
-    """What :func:`refresh` did; :meth:`to_dict` gives the JSON form the agent and CLI use.
+    """What :func:`refresh` did (the agent reads it by attribute); :meth:`to_dict` gives its JSON form.
 
     ``label`` and ``document`` are set when a candidate was chosen (even if every publisher failed).
     """
@@ -113,7 +114,7 @@ def improves(after: Mapping[str, Any], before: Mapping[str, Any]) -> bool:
 
 def refresh(train: CalibrationData, holdout: CalibrationData, methods: Sequence[MethodLike], *,
             model: str = "default", publishers: Sequence[Publisher] = (), current: Calibrator | None = None,
-            window: dict[str, Any] | None = None, bins: int = 15, min_train: int = 200, min_holdout: int = 200,
+            window: dict[str, Any] | None = None, bins: int = 15, limits: RefreshLimits = DEFAULT_LIMITS,
             created_at: str | None = None) -> RefreshResult:
     """Fit ``methods`` on ``train``, evaluate on ``holdout``, publish the best strict improvement.
 
@@ -135,8 +136,9 @@ def refresh(train: CalibrationData, holdout: CalibrationData, methods: Sequence[
         Facts about the training window (start, end, ...) stored in the document.
     bins
         Bins of the held-out ECE estimates.
-    min_train, min_holdout
-        Below these sizes nothing is fitted or published (``reason = "insufficient data"``).
+    limits
+        Below ``limits.min_train`` training or ``limits.min_holdout`` held-out rows nothing is fitted or
+        published (``reason = "insufficient data"``).
 
     Returns
     -------
@@ -160,7 +162,7 @@ def refresh(train: CalibrationData, holdout: CalibrationData, methods: Sequence[
     if not specs:
         raise ValueError("refresh needs at least one method")
     result = RefreshResult(model=model, n_train=int(train.n), n_holdout=int(holdout.n))
-    if train.n < min_train or holdout.n < min_holdout:
+    if train.n < limits.min_train or holdout.n < limits.min_holdout:
         result.reason = "insufficient data"
         return result
     current = current if current is not None else _in_service(publishers, model)

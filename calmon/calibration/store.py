@@ -134,7 +134,7 @@ def _write_new_file(final: Path, data: bytes, what: str) -> None:
         except FileExistsError:
             raise ValueError(f"{what} already exists at {final}") from None
         except OSError:  # file systems without hard links: check, then rename (not race-free)
-            if final.exists():
+            if os.path.lexists(final):  # anything at all, a dangling symbolic link included
                 raise ValueError(f"{what} already exists at {final}") from None
             os.replace(tmp, final)
     finally:

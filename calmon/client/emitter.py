@@ -5,7 +5,8 @@ the serving clock, and hands one JSON line keyed by the prediction id to a sink 
 file, :class:`~calmon.client.filesink.RotatingFileSink`, or a Kafka topic,
 :class:`~calmon.client.kafkasink.KafkaSink`). In a request handler it never raises and never
 blocks on I/O beyond one local ``write``: an invalid value is counted (``dropped_invalid``, by
-reason) and dropped, unless ``strict=True``.
+reason) and dropped, unless ``strict=True`` -- also a value whose own conversion raises (a
+``__float__`` that fails is ``bad_type``).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, TypedDict
 
-from calmon.client.events import InvalidEventError, labeled_event, outcome_event, prediction_event
+from calmon.client.events import MAX_CLASSES, InvalidEventError, labeled_event, outcome_event, prediction_event
 
 __all__ = ["Emitter", "EmitterCounters", "Sink"]
 
@@ -67,6 +68,10 @@ class Emitter:
         ``calmon_client_events_total{emitter, result}`` and ``calmon_client_pending{emitter}``.
     name
         The ``emitter`` label of those metrics.
+    max_classes
+        Longest ``probs`` accepted: the agent's ``limits.max_classes`` (default that of the agent,
+        :data:`~calmon.client.events.MAX_CLASSES`). A longer one is ``too_many_classes``, refused
+        from its length before any element is converted.
 
     Examples
     --------
@@ -85,7 +90,11 @@ class Emitter:
     """
 
     def __init__(self, sink: Sink, *, strict: bool = False, stamp: bool = True,
-                 clock: Callable[[], float] = time.time, registry: Any = None, name: str = "default") -> None:
+                 clock: Callable[[], float] = time.time, registry: Any = None, name: str = "default",
+                 max_classes: int = MAX_CLASSES) -> None:
+        if not 2 <= max_classes <= 100_000:  # the agent's bounds of limits.max_classes
+            raise ValueError(f"max_classes must be in [2, 100000], got {max_classes!r}")
+        self.max_classes = int(max_classes)
         self.sink = sink
         self.strict = strict
         self.stamp = stamp
@@ -123,7 +132,8 @@ class Emitter:
         A missing ``id`` is generated (``uuid4().hex``); keep the returned id to emit the outcome.
         """
         rid = uuid.uuid4().hex if id is None else id
-        self._emit(prediction_event, rid, model, rid, score, probs, segment, self._ts(ts))
+        self._emit(prediction_event, rid, model, rid, score, probs, segment, self._ts(ts),
+                   max_classes=self.max_classes)
         return str(rid)
 
     def outcome(self, id: Any, label: Any, ts: Any = None, model: str | None = None) -> bool:  # noqa: A002
@@ -134,18 +144,23 @@ class Emitter:
                 segment: str | None = None, ts: Any = None) -> str:
         """Emit a prediction that already carries its label; returns its id."""
         rid = uuid.uuid4().hex if id is None else id
-        self._emit(labeled_event, rid, model, label, rid, score, probs, segment, self._ts(ts))
+        self._emit(labeled_event, rid, model, label, rid, score, probs, segment, self._ts(ts),
+                   max_classes=self.max_classes)
         return str(rid)
 
     def _ts(self, ts: Any) -> Any:
         return self.clock() if ts is None and self.stamp else ts
 
-    def _emit(self, build: Callable[..., bytes], key: Any, *args: Any) -> bool:
+    def _emit(self, build: Callable[..., bytes], key: Any, *args: Any, **kwargs: Any) -> bool:
         try:
-            line = build(*args)
-        except InvalidEventError as exc:
+            line = build(*args, **kwargs)
+        except Exception as raised:  # noqa: BLE001 - whatever a caller's value does, the request goes on
+            exc = raised if isinstance(raised, InvalidEventError) else InvalidEventError(
+                "bad_type", f"checking the event raised {type(raised).__name__}")
             if self.strict:
-                raise
+                if exc is raised:
+                    raise
+                raise exc from raised
             with self._lock:
                 self._invalid[exc.reason] = self._invalid.get(exc.reason, 0) + 1
                 first = len(self._invalid) == 1 and self._invalid[exc.reason] == 1

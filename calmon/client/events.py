@@ -5,7 +5,9 @@ one event in the schema :class:`calmon.events.decoder.Decoder` reads (README "Ev
 :class:`InvalidEventError` with one of the decoder's reason codes. The checks are the decoder's,
 done cheaply on Python scalars, so an event that leaves the emitter is not dead-lettered later;
 numpy scalars and arrays are accepted without importing numpy (``tolist()`` / ``float()`` /
-``operator.index()``).
+``operator.index()``). A value whose own conversion raises (a ``__float__`` that fails) is invalid
+(``bad_type``), like one that has none; a ``probs`` longer than the agent's class limit is refused
+from its length, before any element is converted.
 
 Examples
 --------
@@ -30,11 +32,14 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-__all__ = ["InvalidEventError", "prediction_event", "outcome_event", "labeled_event", "check_ts"]
+__all__ = ["MAX_CLASSES", "InvalidEventError", "prediction_event", "outcome_event", "labeled_event", "check_ts"]
 
 _NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
 _MAX_EPOCH = 1e11  # the decoder rejects larger numbers as probable milliseconds
 _MAX_ID_BYTES = 256  # the decoder's default limits.max_id_bytes
+#: Classes of a ``probs`` at most: the decoder's default ``limits.max_classes`` (longer ones are rejected as
+#: ``too_many_classes``); an agent configured with a larger limit goes with ``max_classes=`` of the emitter.
+MAX_CLASSES = 1000
 _PROB_TOL = 1e-3  # the decoder's default sum(probs) tolerance
 _INT64 = (-(1 << 63), (1 << 63) - 1)
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False).encode
@@ -70,9 +75,16 @@ def _id(value: object) -> str | int:
         i = operator.index(value)  # type: ignore[arg-type]  # int and numpy integers; others are bad_type
     except TypeError:
         raise InvalidEventError("bad_type", f"id must be a string or an integer, got {type(value).__name__}") from None
+    except Exception as exc:  # noqa: BLE001 - the value's own __index__ may raise anything
+        raise _raised("id", value, exc) from None
     if not _INT64[0] <= i <= _INT64[1]:
         raise InvalidEventError("id_too_long", "an integer id must fit in 64 bits")
     return i
+
+
+def _raised(field: str, value: object, exc: Exception) -> InvalidEventError:
+    """``bad_type`` for a value whose own conversion hook raised ``exc`` (only type names: its text may raise too)."""
+    return InvalidEventError("bad_type", f"{field}: converting a {type(value).__name__} raised {type(exc).__name__}")
 
 
 def _float(value: object, field: str) -> float:
@@ -82,6 +94,8 @@ def _float(value: object, field: str) -> float:
         x = float(value)  # type: ignore[arg-type]  # numbers and numpy scalars; anything else is bad_type
     except (TypeError, ValueError):
         raise InvalidEventError("bad_type", f"{field} must be a number, got {type(value).__name__}") from None
+    except Exception as exc:  # noqa: BLE001 - the value's own __float__ may raise anything
+        raise _raised(field, value, exc) from None
     if not math.isfinite(x):
         raise InvalidEventError("non_finite", f"{field} is {x}")
     return x
@@ -94,12 +108,29 @@ def _score(value: object) -> float:
     return x
 
 
-def _probs(value: object) -> list[float]:
-    tolist = getattr(value, "tolist", None)
-    seq = tolist() if callable(tolist) else value  # numpy arrays become (nested) lists
+def _probs(value: object, max_classes: int = MAX_CLASSES) -> list[float]:
+    try:
+        n = len(value)  # type: ignore[arg-type]  # checked before anything is converted
+    except Exception:  # noqa: BLE001 - no length (bad_type below), or a __len__ that raises
+        n = 0
+    if n > max_classes:
+        raise InvalidEventError("too_many_classes", f"probs has {n} classes, more than the limit of {max_classes}")
+    try:
+        tolist = getattr(value, "tolist", None)
+        seq = tolist() if callable(tolist) else value  # numpy arrays become (nested) lists
+    except Exception as exc:  # noqa: BLE001 - the value's own tolist may raise anything
+        raise _raised("probs", value, exc) from None
     if isinstance(seq, str | bytes) or not isinstance(seq, Sequence):
         raise InvalidEventError("bad_type", f"probs must be a sequence of numbers, got {type(value).__name__}")
-    out = [_float(p, "probs") for p in seq]
+    try:
+        out = [_float(p, "probs") for p in seq]
+    except InvalidEventError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a sequence's own __getitem__/__iter__ may raise anything
+        raise _raised("probs", value, exc) from None
+    if len(out) > max_classes:  # a sequence whose len() did not tell
+        raise InvalidEventError("too_many_classes", f"probs has {len(out)} classes, more than the limit of "
+                                f"{max_classes}")
     if len(out) < 2:
         raise InvalidEventError("bad_type", f"probs needs at least 2 classes, got {len(out)}")
     if min(out) < 0.0 or max(out) > 1.0:
@@ -119,6 +150,8 @@ def _label(value: object) -> int:
         if x != int(x):
             raise InvalidEventError("bad_type", f"label {x!r} is not an integer") from None
         i = int(x)
+    except Exception as exc:  # noqa: BLE001 - the value's own __index__ may raise anything
+        raise _raised("label", value, exc) from None
     if not 0 <= i <= _INT64[1]:
         raise InvalidEventError("label_range", f"label {i} is not a class index >= 0")
     return i
@@ -148,13 +181,13 @@ def check_ts(value: object) -> float | str:
     return x
 
 
-def _scores(score: object, probs: object) -> tuple[str, Any]:
+def _scores(score: object, probs: object, max_classes: int) -> tuple[str, Any]:
     if score is not None and probs is not None:
         raise InvalidEventError("bad_type", "give score or probs, not both")
     if score is not None:
         return "score", _score(score)
     if probs is not None:
-        return "probs", _probs(probs)
+        return "probs", _probs(probs, max_classes)
     raise InvalidEventError("missing_field", "score or probs is required")
 
 
@@ -163,12 +196,13 @@ def _line(doc: dict[str, Any]) -> bytes:
 
 
 def prediction_event(model: object, id: object, score: object = None, probs: object = None,  # noqa: A002
-                     segment: object = None, ts: object = None) -> bytes:
-    """The JSON line of a prediction (``ts=None`` leaves the time to the agent's arrival clock)."""
+                     segment: object = None, ts: object = None, *, max_classes: int = MAX_CLASSES) -> bytes:
+    """The JSON line of a prediction (``ts=None`` leaves the time to the agent's arrival clock;
+    ``max_classes``: the agent's ``limits.max_classes``)."""
     doc: dict[str, Any] = {"type": "prediction", "id": _id(id), "model": _name(model, "model")}
     if ts is not None:
         doc["ts"] = check_ts(ts)
-    key, value = _scores(score, probs)
+    key, value = _scores(score, probs, max_classes)
     doc[key] = value
     if segment is not None:
         doc["segment"] = _name(segment, "segment")
@@ -187,12 +221,13 @@ def outcome_event(id: object, label: object, ts: object = None, model: object = 
 
 
 def labeled_event(model: object, label: object, id: object, score: object = None,  # noqa: A002
-                  probs: object = None, segment: object = None, ts: object = None) -> bytes:
+                  probs: object = None, segment: object = None, ts: object = None, *,
+                  max_classes: int = MAX_CLASSES) -> bytes:
     """The JSON line of a prediction that already carries its label."""
     doc: dict[str, Any] = {"type": "labeled", "id": _id(id), "model": _name(model, "model")}
     if ts is not None:
         doc["ts"] = check_ts(ts)
-    key, value = _scores(score, probs)
+    key, value = _scores(score, probs, max_classes)
     doc[key] = value
     doc["label"] = _label(label)
     if segment is not None:

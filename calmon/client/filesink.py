@@ -6,7 +6,7 @@ A rename keeps the inode, so a following :class:`connectors.files.FileSource` (t
 device and inode) finishes the renamed file and starts the new one at byte 0: nothing is lost or
 read twice. Rotated names sort before the active one and in time order, and match the same
 directory (``*.jsonl``) or glob (``events*.jsonl``), so an agent that was down during a rotation
-reads them too.
+reads them too. Only a regular file rotates: a device or a fifo is written to, never renamed.
 
 Each event is one ``os.write`` of a whole line on an ``O_APPEND`` descriptor: a reader never sees
 half an event except while that call runs (and the file source holds a partial last line back).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ class RotatingFileSink:
         self._closed = False
         self._size = 0
         self._opened = 0.0
+        self._rotates = False
         self.sent = self.errors = self.rotations = 0
         self.last_error = ""
         self._open()  # a path that cannot be opened is a configuration error: raise it now
@@ -100,10 +102,13 @@ class RotatingFileSink:
 
     def _open(self) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        self._fd, self._size, self._opened = fd, os.fstat(fd).st_size, self._clock()
+        st = os.fstat(fd)
+        self._fd, self._size, self._opened = fd, st.st_size, self._clock()
+        # only a regular file is rotated: renaming a device or fifo (/dev/null, a pipe to a reader) moves it away
+        self._rotates = stat.S_ISREG(st.st_mode)
 
     def _due(self, n: int) -> bool:
-        if self._size == 0:
+        if self._size == 0 or not self._rotates:
             return False
         if self.max_bytes is not None and self._size + n > self.max_bytes:
             return True
@@ -135,9 +140,9 @@ class RotatingFileSink:
         self._open()
 
     def rotate(self) -> None:
-        """Rotate now (if the active file is not empty)."""
+        """Rotate now (if the active file is not empty, and is a regular file)."""
         with self._lock:
-            if self._size:
+            if self._size and self._rotates:
                 self._rotate_locked()
 
     def write(self, key: str, line: bytes) -> None:

@@ -25,9 +25,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from calmon.state.buckets import BucketStats, ModelWindows
+from calmon.state.checkpoint.schema import SchemaError, convert
 from calmon.state.counters import Counters
 from calmon.state.windows import ARCHIVE_TIER
 
@@ -46,6 +48,31 @@ _ARCHIVE_TIME = -1e300
 
 class DeltaError(ValueError):
     """A deltas-topic record that is not a valid delta (one line naming the field)."""
+
+
+class DeltaBucketDoc(msgspec.Struct):
+    """One bucket of a delta document (``start`` null in the archive, tier -1)."""
+
+    segment: str
+    tier: int
+    start: float | None
+    bucket: dict[str, Any]  #: a ``calmon.bucket`` document, checked by :meth:`BucketStats.from_dict`
+
+
+class DeltaDoc(msgspec.Struct):
+    """A delta document (:meth:`Delta.to_dict`); keys not listed are allowed."""
+
+    format: str
+    version: int
+    source: str
+    start: int
+    end: int
+    model: str
+    classes: int
+    watermark: float
+    buckets: list[DeltaBucketDoc]
+    events: dict[str, int]
+    late: int
 
 
 @dataclass(frozen=True)
@@ -105,27 +132,38 @@ class Delta:
     def from_bytes(cls, data: bytes) -> Delta:
         """Parse and check a record value; :class:`DeltaError` names what is wrong."""
         try:
-            doc = json.loads(data)
-        except (ValueError, TypeError) as exc:  # UnicodeDecodeError is a ValueError; None (a tombstone) a TypeError
+            doc = msgspec.json.decode(data, type=DeltaDoc)  # one pass: parsed and checked
+        except msgspec.ValidationError:
+            doc = None  # parsed again below, to name the problem
+        except (msgspec.DecodeError, TypeError) as exc:  # None (a tombstone) is a TypeError
             raise DeltaError(f"not JSON: {exc}") from None
-        return cls.from_dict(doc)
+        if doc is None:
+            return cls.from_dict(json.loads(data))
+        return cls._from_doc(doc)
 
     @classmethod
     def from_dict(cls, doc: Any) -> Delta:
+        """Check a parsed record value (:class:`DeltaDoc`); :class:`DeltaError` names what is wrong."""
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise DeltaError(f"not a {FORMAT} document")
-        if doc.get("version") not in READABLE:
-            raise DeltaError(f"version {doc.get('version')!r} is not supported (this calmon reads versions "
-                             f"{', '.join(map(str, READABLE))}): upgrade the evaluators before the ingest workers")
+        _readable(doc.get("version"))
         try:
-            buckets = [_bucket(b) for b in doc["buckets"]]
-            out = cls(str(doc["source"]), int(doc["start"]), int(doc["end"]), str(doc["model"]),
-                      int(doc["classes"]), float(doc["watermark"]), buckets,
-                      {str(k): int(v) for k, v in doc["events"].items()}, int(doc["late"]))
-        except KeyError as exc:
-            raise DeltaError(f"missing field {exc}") from None
-        except (TypeError, ValueError, AttributeError) as exc:
+            return cls._from_doc(convert(doc, DeltaDoc))
+        except SchemaError as exc:
+            if exc.why == "missing":
+                raise DeltaError(f"missing field {exc.field!r}") from None
+            raise DeltaError(f"malformed {exc}") from None
+
+    @classmethod
+    def _from_doc(cls, doc: DeltaDoc) -> Delta:
+        if doc.format != FORMAT:
+            raise DeltaError(f"not a {FORMAT} document")
+        _readable(doc.version)
+        try:
+            buckets = [_bucket(b) for b in doc.buckets]
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise DeltaError(f"malformed field: {exc}") from None
+        out = cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets, doc.events, doc.late)
         if not 0 <= out.start < out.end:
             raise DeltaError(f"range [{out.start}, {out.end}) is empty or negative")
         if not math.isfinite(out.watermark):
@@ -133,10 +171,20 @@ class Delta:
         return out
 
 
-def _bucket(d: Mapping[str, Any]) -> DeltaBucket:
-    tier = int(d["tier"])
-    start = math.inf if tier == ARCHIVE_TIER else float(d["start"])
-    return DeltaBucket(str(d["segment"]), tier, start, BucketStats.from_dict(d["bucket"]))
+def _readable(version: Any) -> None:
+    if version not in READABLE:
+        raise DeltaError(f"version {version!r} is not supported (this calmon reads versions "
+                         f"{', '.join(map(str, READABLE))}): upgrade the evaluators before the ingest workers")
+
+
+def _bucket(d: DeltaBucketDoc) -> DeltaBucket:
+    if d.tier == ARCHIVE_TIER:
+        start = math.inf
+    elif d.start is None:
+        raise ValueError(f"a bucket of tier {d.tier} needs a start")
+    else:
+        start = d.start
+    return DeltaBucket(d.segment, d.tier, start, BucketStats.from_dict(d.bucket))
 
 
 def extract_deltas(source: str, start: int, end: int, watermark: float, models: Mapping[str, ModelWindows],

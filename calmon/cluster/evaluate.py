@@ -2,8 +2,9 @@
 
 A consumer group over the deltas topic, which is keyed by model, so each model belongs to the
 evaluator owning its partition.  The evaluator is the ordinary agent (:class:`~calmon.agent.runtime.Agent`:
-windows, scheduler, testers, alerts, recalibration, ``/metrics``, status page) whose ingestion merges
-deltas instead of decoding events:
+windows, scheduler, testers, alerts, recalibration, ``/metrics``, status page) built by
+:func:`evaluate_agent` with a :class:`DeltasInput`, which merges deltas instead of decoding events,
+and an :class:`EvaluateMetrics` collector of its ``calmon_cluster_*`` families:
 
 * a delta of ``(input partition, model)`` whose range ends at or before the last one applied for that
   pair is dropped (a replayed range); the table of last ends is part of the state;
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from calmon.agent.runtime import Agent
-from calmon.agent.views import round_state
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
 from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.cluster.ownership import render_ownership
@@ -37,12 +37,13 @@ from calmon.cluster.snapshot_store import SnapshotStore
 from calmon.cluster.snapshots import Manifest, ModelSnapshot, copy_windows, keep_delta, restore_start
 from calmon.config import Config
 from calmon.formats.jsonio import write_json_atomic
+from calmon.state.agentstate import AgentState
 from connectors.base import Batch, Source
 from connectors.kafka import KafkaSource
 
 log = logging.getLogger("calmon.cluster")
 
-__all__ = ["EvaluateAgent", "evaluate_config", "DUMP_NAME"]
+__all__ = ["DeltasInput", "EvaluateMetrics", "evaluate_agent", "evaluate_config", "DUMP_NAME"]
 
 DUMP_NAME = "owned-state.json"
 #: Deltas per read: a delta costs milliseconds to decode and merge (several bucket documents), and the consumer
@@ -62,8 +63,9 @@ def evaluate_config(cfg: Config) -> Config:
         ingest=dataclasses.replace(cfg.ingest, batch_size=min(cfg.ingest.batch_size, DELTA_BATCH)))
 
 
-class EvaluateAgent(Agent):
-    """An agent fed by the deltas topic (see the module docstring).
+def evaluate_agent(cfg: Config, clock: Callable[[], float] = time.time) -> Agent:
+    """The evaluator: an agent on :func:`evaluate_config` fed by a :class:`DeltasInput`, exporting its
+    :class:`EvaluateMetrics` (see the module docstring).
 
     Parameters
     ----------
@@ -71,14 +73,34 @@ class EvaluateAgent(Agent):
         Validated configuration (``cluster.bootstrap_servers`` set).
     clock
         Wall clock.
+
+    Returns
+    -------
+    Agent
+        Not opened; its :attr:`~calmon.agent.runtime.Agent.input` is the :class:`DeltasInput`.
+    """
+    deltas = DeltasInput(cfg)
+    return Agent(evaluate_config(cfg), clock=clock, input=deltas, collectors=[EvaluateMetrics(deltas)])
+
+
+class DeltasInput:
+    """An agent's input (:class:`~calmon.agent.inputs.Input`) from the deltas topic: the partitions this
+    evaluator owns, their deltas merged into the agent's windows (see the module docstring).
+
+    Parameters
+    ----------
+    cfg
+        Validated configuration (``cluster.bootstrap_servers`` set); the consumer of the deltas topic is
+        built from its ``cluster`` section, the rest is read from the agent's configuration once attached.
     """
 
-    def __init__(self, cfg: Config, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, cfg: Config) -> None:
         cl = cfg.cluster
-        source = KafkaSource(cl.bootstrap_servers, [cl.deltas_topic], group_id=cl.evaluate_group, name="deltas",
-                             client=dict(cl.client), position_policy="checkpoint", auto_offset_reset="earliest")
-        super().__init__(evaluate_config(cfg), sources=[source], clock=clock)
-        self.deltas = source
+        self.deltas = KafkaSource(cl.bootstrap_servers, [cl.deltas_topic], group_id=cl.evaluate_group,
+                                  name="deltas", client=dict(cl.client), position_policy="checkpoint",
+                                  auto_offset_reset="earliest")
+        self.sources: list[Source] = []
+        self._agent: Agent | None = None
         self.worker = new_writer_id()
         #: (input partition, model) -> end of the last range applied
         self.applied: dict[tuple[str, str], int] = {}
@@ -101,10 +123,34 @@ class EvaluateAgent(Agent):
         self._store: SnapshotStore | None = None
         self._last_snapshot = time.monotonic()
 
-    # -- ingestion: deltas instead of events -------------------------------------------------------
-    def poll_once(self) -> bool:
+    # -- the Input protocol ------------------------------------------------------------------------
+    @property
+    def agent(self) -> Agent:
+        if self._agent is None:
+            raise RuntimeError("DeltasInput is not attached to an agent")
+        return self._agent
+
+    @property
+    def state(self) -> AgentState:
+        """The windows and counters the deltas are merged into (the agent's)."""
+        return self.agent.state
+
+    @property
+    def cfg(self) -> Config:
+        """The agent's configuration (:func:`evaluate_config`)."""
+        return self.agent.cfg
+
+    def attach(self, agent: Agent) -> None:
+        if self._agent is not None and self._agent is not agent:
+            raise ValueError("an input feeds one agent")
+        self._agent = agent
+
+    def open(self) -> None:
+        self.sources = [self.deltas]
+
+    def poll(self) -> bool:
         """Read and merge one batch of deltas, sized to take about :data:`READ_BUDGET` seconds."""
-        if not self._stop.is_set():  # once stopping, what we own is frozen for the exit dump
+        if not self.agent.stopping:  # once stopping, what we own is frozen for the exit dump
             self._sync_ownership()
         size = max(1, min(self.cfg.ingest.batch_size, int(READ_BUDGET / max(self._per_delta, 1e-6))))
         batch = self.deltas.read(size, self.cfg.ingest.poll_timeout)
@@ -131,6 +177,19 @@ class EvaluateAgent(Agent):
             c.batches += 1
             c.add_records(batch.source, len(batch.records))
 
+    def ready(self) -> bool:
+        """Every owned partition read up to its end as of its assignment."""
+        return not self.restoring
+
+    def close(self) -> None:
+        """Write what this evaluator owns to ``<state_dir>/`` :data:`DUMP_NAME` (if the agent had opened)."""
+        try:
+            if self.agent.ready:
+                write_json_atomic(Path(self.cfg.state_dir) / DUMP_NAME, self.owned_state(), indent=None)
+        except OSError as exc:
+            log.warning("evaluate %s: cannot write %s: %s", self.worker, DUMP_NAME, exc)
+
+    # -- merging ---------------------------------------------------------------------------------
     def _apply(self, value: bytes, partition: str, offset: int = -1) -> None:
         try:
             delta = Delta.from_bytes(value)
@@ -205,10 +264,7 @@ class EvaluateAgent(Agent):
         position = self.deltas.position()
         position[key] = 0
         self.deltas.seek(position)
-        pub = self.published
-        self.published = dataclasses.replace(
-            pub, evaluations=tuple(e for e in pub.evaluations if e["model"] not in gone))
-        self.metrics.prepare(round_state(self.published))
+        self.agent.withdraw(gone)
         log.info("evaluate %s: %s revoked, %d models dropped", self.worker, key, len(gone))
 
     # -- snapshots ---------------------------------------------------------------------------------
@@ -304,31 +360,7 @@ class EvaluateAgent(Agent):
                 log.warning("evaluate %s: snapshot of %s failed: %s", self.worker, key, exc)
                 self.dirty.update(s.model for s in snaps)
 
-    def is_ready(self) -> bool:
-        """Connected and every owned partition read up to its end as of its assignment."""
-        return super().is_ready() and not self.restoring
-
-    # -- views ---------------------------------------------------------------------------------
-    def render_metrics(self) -> bytes:
-        """The agent's ``/metrics`` plus the ownership lines of this evaluator."""
-        lines = render_ownership("evaluate", self.worker, sorted(self.owned), self.deltas.lag(),
-                                 len(self.state.models), self.restore_seconds, self.deltas.position())
-        base = f'stage="evaluate",worker="{self.worker}"'
-        lines += ["# HELP calmon_cluster_repeats_dropped_total Delta ranges dropped as already applied.",
-                  "# TYPE calmon_cluster_repeats_dropped_total counter",
-                  f"calmon_cluster_repeats_dropped_total{{{base}}} {self.dropped_repeats}",
-                  "# HELP calmon_cluster_bad_deltas_total Delta records that could not be read or merged.",
-                  "# TYPE calmon_cluster_bad_deltas_total counter",
-                  f"calmon_cluster_bad_deltas_total{{{base}}} {self.bad_deltas}"]
-        for name, text, v in (
-                ("deltas_read_total", "Delta records read (replays included).", self.deltas_read),
-                ("snapshots_total", "Model snapshots written to the snapshots topic.", self.snapshots_written),
-                ("snapshot_bytes_total", "Bytes of snapshot records written.", self.snapshot_bytes),
-                ("snapshot_models_restored_total", "Models restored from snapshots.", self.snapshot_models_restored)):
-            lines += [f"# HELP calmon_cluster_{name} {text}", f"# TYPE calmon_cluster_{name} counter",
-                      f"calmon_cluster_{name}{{{base}}} {v}"]
-        return self.metrics.render() + ("\n".join(lines) + "\n").encode()
-
+    # -- the exit dump -----------------------------------------------------------------------------
     def owned_state(self) -> dict[str, Any]:
         """What this evaluator owns: models (ring documents), counters, de-duplication table, watermark."""
         with self.state.lock:
@@ -339,11 +371,36 @@ class EvaluateAgent(Agent):
                     "models": {name: mw.to_dict() for name, mw in sorted(self.state.models.items())},
                     "counters": self.state.counters.to_dict()}
 
-    def close(self) -> None:
-        try:
-            if self.ready:
-                write_json_atomic(Path(self.cfg.state_dir) / DUMP_NAME, self.owned_state(), indent=None)
-        except OSError as exc:
-            log.warning("evaluate %s: cannot write %s: %s", self.worker, DUMP_NAME, exc)
-        finally:
-            super().close()
+
+class EvaluateMetrics:
+    """The ``calmon_cluster_*`` families of an evaluator (a collector of its agent's ``/metrics``).
+
+    Parameters
+    ----------
+    deltas
+        The evaluator's input, whose ownership, lags and counters are rendered.
+    """
+
+    def __init__(self, deltas: DeltasInput) -> None:
+        self.deltas = deltas
+
+    def render(self) -> bytes:
+        """Ownership (:func:`~calmon.cluster.ownership.render_ownership`), then the evaluator's counters."""
+        d = self.deltas
+        lines = render_ownership("evaluate", d.worker, sorted(d.owned), d.deltas.lag(),
+                                 len(d.state.models), d.restore_seconds, d.deltas.position())
+        base = f'stage="evaluate",worker="{d.worker}"'
+        lines += ["# HELP calmon_cluster_repeats_dropped_total Delta ranges dropped as already applied.",
+                  "# TYPE calmon_cluster_repeats_dropped_total counter",
+                  f"calmon_cluster_repeats_dropped_total{{{base}}} {d.dropped_repeats}",
+                  "# HELP calmon_cluster_bad_deltas_total Delta records that could not be read or merged.",
+                  "# TYPE calmon_cluster_bad_deltas_total counter",
+                  f"calmon_cluster_bad_deltas_total{{{base}}} {d.bad_deltas}"]
+        for name, text, v in (
+                ("deltas_read_total", "Delta records read (replays included).", d.deltas_read),
+                ("snapshots_total", "Model snapshots written to the snapshots topic.", d.snapshots_written),
+                ("snapshot_bytes_total", "Bytes of snapshot records written.", d.snapshot_bytes),
+                ("snapshot_models_restored_total", "Models restored from snapshots.", d.snapshot_models_restored)):
+            lines += [f"# HELP calmon_cluster_{name} {text}", f"# TYPE calmon_cluster_{name} counter",
+                      f"calmon_cluster_{name}{{{base}}} {v}"]
+        return ("\n".join(lines) + "\n").encode()

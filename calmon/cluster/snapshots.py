@@ -19,10 +19,12 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
+
+import msgspec
 
 from calmon.state.buckets import BucketStats, ModelWindows
-from calmon.state.windows import TieredRing
+from calmon.state.checkpoint.schema import ModelDoc, SchemaError, convert
 
 __all__ = ["FORMAT", "VERSION", "MANIFEST_KEY", "MAX_RECORD", "Manifest", "ModelSnapshot", "SnapshotError",
            "copy_windows", "keep_delta", "restore_start"]
@@ -36,6 +38,33 @@ MAX_RECORD = 16 << 20
 
 class SnapshotError(ValueError):
     """A snapshots-topic record that cannot be read, or a snapshot too large to write (one line)."""
+
+
+class SnapshotDoc(msgspec.Struct):
+    """A model snapshot record (keys not listed are allowed); ``windows`` is the document of the model's windows
+    a checkpoint holds too (:class:`~calmon.state.checkpoint.schema.ModelDoc`), its rings inline."""
+
+    format: str
+    version: int
+    model: str
+    offset: int
+    applied: dict[str, int]
+    events: dict[str, int]
+    late: int
+    watermark: float | None
+    windows: ModelDoc
+
+
+class SnapshotManifestDoc(msgspec.Struct):
+    """A snapshot manifest record (:class:`Manifest`)."""
+
+    format: str
+    version: int
+    offset: int
+    models: list[str]
+
+
+D = TypeVar("D", SnapshotDoc, SnapshotManifestDoc)
 
 
 def copy_windows(mw: ModelWindows) -> ModelWindows:
@@ -91,19 +120,13 @@ class ModelSnapshot:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ModelSnapshot:
-        d = _document(data)
+        raw, d = _document(data, SnapshotDoc, "bad snapshot record")
         try:
-            w = d["windows"]
-            p = w["params"]
-            mw = ModelWindows(w["name"], p["classes"], w["tiers"], w["segments"], p["bins"], p["reservoir"],
-                              p["levelset_lambda"], p["reliability_bins"])
-            mw.rings = {seg: TieredRing.from_dict(r, mw.factory, BucketStats.load) for seg, r in w["rings"].items()}
-            wm = d["watermark"]
-            return cls(str(d["model"]), int(d["offset"]), mw, {str(k): int(v) for k, v in d["applied"].items()},
-                       {str(k): int(v) for k, v in d["events"].items()}, int(d["late"]),
-                       -math.inf if wm is None else float(wm))
+            mw = ModelWindows.from_dict(raw["windows"])  # (its rings are checked by TieredRing.from_dict)
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SnapshotError(f"bad snapshot record: {type(exc).__name__}: {exc}") from None
+        return cls(d.model, d.offset, mw, d.applied, d.events, d.late,
+                   -math.inf if d.watermark is None else d.watermark)
 
 
 @dataclass(frozen=True)
@@ -119,23 +142,24 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Manifest:
-        d = _document(data)
-        try:
-            return cls(int(d["offset"]), tuple(str(m) for m in d["models"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            raise SnapshotError(f"bad snapshot manifest: {type(exc).__name__}: {exc}") from None
+        _, d = _document(data, SnapshotManifestDoc, "bad snapshot manifest")
+        return cls(d.offset, tuple(d.models))
 
 
-def _document(data: bytes) -> dict[str, Any]:
+def _document(data: bytes, into: type[D], what: str) -> tuple[dict[str, Any], D]:
+    """A record's document as parsed and as checked against ``into`` (:class:`SnapshotError` naming the field)."""
     try:
-        d = json.loads(data)
+        d = json.loads(data)  # (as json.dumps wrote it: NaN and Infinity allowed, which msgspec.json refuses)
     except ValueError as exc:
         raise SnapshotError(f"snapshot record is not JSON ({exc})") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise SnapshotError(f"not a {FORMAT} record")
     if d.get("version") != VERSION:
         raise SnapshotError(f"snapshot version {d.get('version')} is not readable (this calmon reads {VERSION})")
-    return d
+    try:
+        return d, convert(d, into)
+    except SchemaError as exc:
+        raise SnapshotError(f"{what}: {exc}") from None
 
 
 def restore_start(manifest: Manifest | None, snapshots: Iterable[ModelSnapshot]) -> int:

@@ -20,10 +20,15 @@ from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import clean
 from calmon.offline.inputs import INPUTS_HELP, Dataset, read_input, read_inputs
 from calmon.stats.model import ModelStats
-from calmon.testers import CalibrationData, check_params, run_tester
+from calmon.testers import MAX_MC, CalibrationData, check_params, run_tester
 
 #: Testers run when ``--tests`` is not given (``--tests none`` runs none).
 DEFAULT_TESTS = "tcal,smce"
+#: Cells of the fine grid at most: the agent's own limit (``models.*.bins``).
+MAX_BINS = 1 << 16
+#: ``--permutations`` x ``--bins`` at most: the ``--reference`` test holds about 32 bytes per permutation and
+#: cell at its peak (measured: 1.4 GB for 9,999 permutations of 4,096 cells), so this keeps it near 1 GiB.
+MAX_PERMUTATION_CELLS = 1 << 25
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -80,6 +85,20 @@ class Steps:
 
     def done(self, steps: int = 1) -> None:
         self._progress.advance(self._task, steps)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Refuse numeric options beyond what the command can hold, before any input is read (``ValueError``,
+    one line naming the bound): ``--bins``, ``--mc`` and ``--permutations`` (where the command has them)."""
+    bins = args.bins
+    if bins < 2 or bins & (bins - 1) or bins > MAX_BINS:
+        raise ValueError(f"--bins must be a power of two in [2, {MAX_BINS}], got {bins}")
+    if args.mc > MAX_MC:
+        raise ValueError(f"--mc must be at most {MAX_MC:,} (p-values resolve to 1/(mc+1)), got {args.mc}")
+    permutations = getattr(args, "permutations", None)
+    if permutations is not None and not 1 <= permutations <= MAX_PERMUTATION_CELLS // bins:
+        raise ValueError(f"--permutations must be in [1, {MAX_PERMUTATION_CELLS // bins}] at --bins {bins} "
+                         f"(permutations x bins <= 2^25 bounds the test's memory near 1 GiB), got {permutations}")
 
 
 def build_stats(ds: Dataset, bins: int = 4096) -> ModelStats:
@@ -216,6 +235,7 @@ def render(doc: dict[str, Any]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_numbers(args)
     steps = 2 + len(parse_testers(args.tests)) + (2 if args.reference else 0)
     with Steps(steps) as progress:
         progress.start("read")

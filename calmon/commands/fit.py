@@ -14,8 +14,12 @@ from calmon.calibration.metrics import binary_metrics, multiclass_metrics
 from calmon.calibration.registry import CALIBRATORS, make_calibrator
 from calmon.calibration.split import hash_split
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
-from calmon.formats.jsonio import write_json_atomic
+from calmon.formats.jsonio import check_replaceable, write_json_atomic
 from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
+
+#: ``--bins`` (``--option bins=``) and ``--ece-bins`` at most: every bin's estimate needs events, and at this
+#: bound a million-row file already has only ten per bin (larger values only allocate memory).
+MAX_FIT_BINS = 100_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -122,10 +126,23 @@ def fit_dataset(ds: Dataset, method: str, options: dict[str, Any], *, holdout: f
     return doc
 
 
+def _check_bins(options: dict[str, Any], ece_bins: int) -> None:
+    """Refuse bin counts beyond :data:`MAX_FIT_BINS` before any input is read (one line)."""
+    bins = options.get("bins")
+    if isinstance(bins, int | float) and not isinstance(bins, bool) and bins > MAX_FIT_BINS:
+        raise ValueError(f"--bins must be at most {MAX_FIT_BINS:,}, got {bins}")
+    if not 1 <= ece_bins <= MAX_FIT_BINS:
+        raise ValueError(f"--ece-bins must be in [1, {MAX_FIT_BINS:,}], got {ece_bins}")
+
+
 def run(args: argparse.Namespace) -> int:
+    options = _options(args)
+    _check_bins(options, args.ece_bins)
+    if args.output != "-":
+        check_replaceable(args.output)  # before the work: the write refuses a device, fifo or directory anyway
     mapping = mapping_from_arguments(args)
     ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
-    doc = fit_dataset(ds, args.method, _options(args), holdout=args.holdout, salt=args.salt, ece_bins=args.ece_bins)
+    doc = fit_dataset(ds, args.method, options, holdout=args.holdout, salt=args.salt, ece_bins=args.ece_bins)
     if args.output == "-":
         json.dump(doc, sys.stdout, indent=2, allow_nan=False)
         sys.stdout.write("\n")

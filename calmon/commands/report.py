@@ -10,9 +10,9 @@ import numpy as np
 
 from calmon.algorithms.smooth import smce_witness
 from calmon.calibration.document import load
-from calmon.commands.check import DEFAULT_TESTS, Steps, build_stats, parse_testers, report
+from calmon.commands.check import DEFAULT_TESTS, Steps, build_stats, check_numbers, parse_testers, report
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
-from calmon.formats.jsonio import write_bytes_atomic
+from calmon.formats.jsonio import check_replaceable, write_bytes_atomic
 from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
@@ -88,6 +88,8 @@ def _witness(grid: ScoreGrid) -> tuple[np.ndarray, np.ndarray] | None:
 def run(args: argparse.Namespace) -> int:
     from calmon.report import ReportInput, render_html, render_png
     from calmon.report.timeview import estimates_html, time_view, time_view_html
+    check_numbers(args)
+    check_replaceable(args.output)  # before the work: the write refuses a device, fifo or directory anyway
     fmt = args.format or ("png" if str(args.output).lower().endswith(".png") else "html")
     steps = 4 + len(parse_testers(args.tests))
     with Steps(steps) as progress:

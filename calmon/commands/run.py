@@ -128,7 +128,7 @@ def serve(agent: Any, results: str | None = None, table: bool = False) -> int:
 def run_stage(args: argparse.Namespace, cfg: Any) -> int:
     """``--role ingest`` or ``--role evaluate``."""
     from calmon.agent.runtime import StartupError
-    from calmon.cluster.evaluate import EvaluateAgent
+    from calmon.cluster.evaluate import evaluate_agent
     from calmon.cluster.ingest import IngestWorker
     from calmon.cluster.intents import ClusterError
     if not cfg.cluster.bootstrap_servers:
@@ -139,7 +139,7 @@ def run_stage(args: argparse.Namespace, cfg: Any) -> int:
         return print_config(cfg)
     if args.role == "evaluate":
         try:
-            return serve(EvaluateAgent(cfg))
+            return serve(evaluate_agent(cfg))
         except ConfigError as exc:
             print(f"calmon run: configuration error: {exc}", file=sys.stderr)
             return 2

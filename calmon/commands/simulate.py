@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from connectors.simulation import SimulationSpec, Simulator
+
+#: ``--classes`` at most: the agent's largest class limit (``limits.max_classes``).
+MAX_CLASSES = 100_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -33,6 +37,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("--events must be >= 0")
     if args.drift is not None and args.drift_at is None:
         raise ValueError("--drift needs --drift-at")
+    if args.classes > MAX_CLASSES:
+        raise ValueError(f"--classes must be at most {MAX_CLASSES:,} (the agent's largest limits.max_classes), "
+                         f"got {args.classes}")
+    for flag in ("rate", "start", "delay"):
+        if not math.isfinite(getattr(args, flag)):
+            raise ValueError(f"--{flag} must be a finite number, got {getattr(args, flag)}")
     spec = SimulationSpec(classes=args.classes, model=args.model, seed=args.seed,
                           miscalibration=args.miscalibration, drift=args.drift, drift_at=args.drift_at,
                           start=args.start, rate=args.rate, delay=args.delay,

@@ -116,6 +116,23 @@ def _check_expansion(root: yaml.Node) -> None:
         stack.extend((k, False) for k in _children(node) if id(k) not in size)
 
 
+def _yaml_problem(exc: yaml.YAMLError, where: bool = False) -> str:
+    """One line of a YAML error (``str(exc)`` spans lines: context, marks and a caret).
+
+    Examples
+    --------
+    >>> try:
+    ...     load_yaml("a: [1, 2")
+    ... except yaml.YAMLError as exc:
+    ...     print(_yaml_problem(exc, where=True))
+     (line 1, column 9): expected ',' or ']', but got '<stream end>'
+    """
+    mark = getattr(exc, "problem_mark", None)
+    at = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    return f"{at}: {problem}" if where else f"{problem}{at}"
+
+
 def load_yaml(text: str) -> Any:
     """Parse YAML text with :class:`BoundedLoader` (``yaml.safe_load`` semantics, bounded)."""
     return yaml.load(text, Loader=BoundedLoader)  # noqa: S506 - BoundedLoader is a SafeLoader
@@ -215,10 +232,12 @@ def apply_env_overrides(doc: dict[str, Any], env: typing.Mapping[str, str]) -> d
         path = ".".join(keys)
         if not all(keys):
             raise ConfigError(path, f"bad environment override name {var}")
+        if len(keys) > MAX_DEPTH:
+            raise ConfigError(path[:200], f"{var[:60]}...: an override is nested deeper than {MAX_DEPTH} levels")
         try:
             value = load_yaml(env[var]) if env[var] != "" else ""
         except yaml.YAMLError as exc:
-            raise ConfigError(path, f"cannot parse value of {var}: {exc}") from None
+            raise ConfigError(path, f"cannot parse value of {var}: {_yaml_problem(exc)}") from None
         node: Any = doc
         for i, key in enumerate(keys[:-1]):
             nxt_is_index = keys[i + 1].isdigit()
@@ -343,7 +362,5 @@ def load_config(path: str | Path, env: typing.Mapping[str, str] | None = None) -
     try:
         doc = load_yaml(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        raise ConfigError(str(path), f"invalid YAML{where}: {getattr(exc, 'problem', exc)}") from None
+        raise ConfigError(str(path), f"invalid YAML{_yaml_problem(exc, where=True)}") from None
     return build_config(doc, env=env, base_dir=p.resolve().parent)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from calmon.calibration.limits import RefreshLimits
+
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(ms|s|m|h|d|w)?\s*$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, None: 1.0}
 
@@ -306,7 +308,8 @@ class EvaluationConfig:
                f"must be one of inline, thread, process, got {self.pool!r}")
         _check(1 <= self.workers <= 64, f"{path}.workers", f"must be in [1, 64], got {self.workers}")
         _check(0 < self.alpha < 1, f"{path}.alpha", f"must lie in (0, 1), got {self.alpha}")
-        _check(self.mc >= 1, f"{path}.mc", f"must be >= 1, got {self.mc}")
+        # 1e6 is calmon.testers.MAX_MC (not imported here: it would load scipy with every configuration)
+        _check(1 <= self.mc <= 1_000_000, f"{path}.mc", f"must be in [1, 1000000], got {self.mc}")
         _check(self.min_events >= 0, f"{path}.min_events", "must be >= 0")
         _check(self.reliability_bins in (5, 10, 20, 25, 50), f"{path}.reliability_bins",
                f"must be one of 5, 10, 20, 25, 50, got {self.reliability_bins}")
@@ -458,6 +461,25 @@ class PublisherConfig:
             _check(bool(self.options.get("topic")), f"{path}.options.topic", "is required for a kafka publisher")
 
 
+@dataclass(frozen=True)
+class RecalibrationOptions(RefreshLimits):
+    """``recalibration.options``: the refit's minimum sizes, in rows of the window's reservoir.
+
+    ``min_train`` (default 200) and ``min_holdout`` (default 50) are those of
+    :class:`calmon.calibration.limits.RefreshLimits`, their one place, and this object is passed
+    to :func:`~calmon.calibration.refresh.refresh` as it is.  Every fifth reservoir row is held
+    out, so the default reservoir of 256 rows gives 205 training and 51 held-out rows: enough for
+    both minimums.  A model whose reservoir holds fewer rows is not refitted.
+    """
+
+    #: Deprecated: use ``recalibration.publishers`` (a directory store at this path).
+    store_dir: str | None = None
+
+    def validate(self, path: str) -> None:
+        for key, v in (("min_train", self.min_train), ("min_holdout", self.min_holdout)):
+            _check(v >= 1, f"{path}.{key}", f"must be an integer >= 1, got {v!r}")
+
+
 @dataclass
 class RecalibrationConfig:
     """Scheduled recalibration refresh (:mod:`calmon.calibration.refresh`)."""
@@ -467,19 +489,13 @@ class RecalibrationConfig:
     #: Window whose statistics the calibrators are fitted on.
     window: str = "24h"
     methods: list[str] = field(default_factory=lambda: ["temperature"])
-    #: ``min_train``, ``min_holdout`` (rows of the reservoir), ``store_dir`` (deprecated: use ``publishers``).
-    options: dict[str, Any] = field(default_factory=dict)
+    #: ``min_train`` (200), ``min_holdout`` (50): rows of the reservoir (:class:`RecalibrationOptions`);
+    #: ``store_dir`` (deprecated: use ``publishers``).
+    options: RecalibrationOptions = field(default_factory=RecalibrationOptions)
     #: Where new revisions go; empty = one directory store at ``<state_dir>/calibrators``.
     publishers: list[PublisherConfig] = field(default_factory=list)
 
     def validate(self, path: str) -> None:
-        unknown = sorted(set(self.options) - {"min_train", "min_holdout", "store_dir"})
-        _check(not unknown, f"{path}.options.{unknown[0] if unknown else ''}",
-               "unknown option (known: min_train, min_holdout, store_dir)")
-        for key in ("min_train", "min_holdout"):
-            v = self.options.get(key, 1)
-            _check(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{path}.options.{key}",
-                   f"must be an integer >= 1, got {v!r}")
         _check(self.every > 0, f"{path}.every", "must be positive")
 
 

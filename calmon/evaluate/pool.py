@@ -2,7 +2,7 @@
 
 The expensive testers (smCE's null simulation, LDTC's linear program) are numerical code whose
 heavy parts run in numpy and HiGHS.  Which pool uses the two cores better was measured with
-``scripts/bench_tester_pool.py`` (see the README, "Evaluation scheduling"): the choice is the
+``benchmarks/bench_tester_pool.py`` (see docs/performance.md, "Evaluation scheduling"): the choice is the
 ``evaluation.pool`` setting, ``process`` by default.
 
 Process pool and data
@@ -15,6 +15,14 @@ its own queue, which is plain strings.  Workers start with ``spawn`` (no fork of
 process) and ignore SIGINT/SIGTERM: shutdown is the agent's business, which stops submitting
 and lets the jobs in flight finish (:meth:`TesterPool.close`), so a tester in flight never makes
 the exit status non-zero.
+
+Workers die with the agent however it dies, SIGKILL included (a worker blocked on the job queue
+would otherwise wait forever, re-parented to init): on Linux the kernel signals them when the
+agent goes (``prctl(PR_SET_PDEATHSIG)``), and everywhere a watchdog thread exits the worker once
+its parent process is no longer the agent.  Their standard streams are ``/dev/null``: a supervisor
+reading the agent's stdout and stderr sees them close when the agent dies, not when the last
+worker does.  A worker prints nothing: its results, failures included, go back to the agent,
+which logs a tester's failure.
 
 Priorities
 ----------
@@ -85,6 +93,12 @@ READY = 2
 POOL_KINDS = ("inline", "thread", "process")
 #: Job priorities: what the running round waits for, and the rest (smaller runs first).
 URGENT, BACKGROUND = 0, 1
+#: Seconds between two looks of a worker's watchdog at its parent.
+WATCH_EVERY = 0.5
+#: Signal the kernel sends a worker when the thread that started it ends (Linux); the worker then checks
+#: whether its parent *process* is gone (a thread of the agent ending is not the agent ending).
+PARENT_DEATH_SIGNAL = signal.SIGHUP
+_PR_SET_PDEATHSIG = 1
 
 
 def encode_data(d: CalibrationData) -> str:
@@ -136,7 +150,47 @@ def run_job(job: str) -> str:
     return json.dumps({"result": res.doc, "seconds": res.seconds})
 
 
-def _worker_init() -> None:
+def _detach_streams() -> None:
+    """Point file descriptors 0, 1 and 2 at ``/dev/null`` (a spawned worker inherits the agent's)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    if null > 2:
+        os.close(null)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when process ``parent`` ends (see the module docstring)."""
+    def orphaned() -> bool:
+        return os.getppid() != parent
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if orphaned():
+            os._exit(1)
+
+    signal.signal(PARENT_DEATH_SIGNAL, on_signal)
+    try:  # Linux: the kernel signals at once, even while the main thread waits for a job
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, int(PARENT_DEATH_SIGNAL), 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the watchdog alone
+        pass
+    if orphaned():  # the parent died before the signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while not orphaned():
+            time.sleep(WATCH_EVERY)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="calmon-parent-watch", daemon=True).start()
+
+
+def _worker_init(parent: int | None = None) -> None:
+    """Initializer of a worker process started by process ``parent`` (the agent)."""
+    _detach_streams()
+    if parent is not None:
+        _die_with(parent)
     # The parent decides when to stop; a Ctrl-C or SIGTERM sent to the process group must not
     # kill a worker mid-job (the parent would see a BrokenProcessPool and log a traceback).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -253,7 +307,8 @@ class TesterPool:
             self._queue = _Queue(lambda: ThreadPoolExecutor(n, thread_name_prefix="calmon-tester"), READY * n)
         elif kind == "process":
             spawn = multiprocessing.get_context("spawn")
-            self._queue = _Queue(lambda: ProcessPoolExecutor(n, mp_context=spawn, initializer=_worker_init), READY * n)
+            self._queue = _Queue(lambda: ProcessPoolExecutor(n, mp_context=spawn, initializer=_worker_init,
+                                                             initargs=(os.getpid(),)), READY * n)
             self._threads = ThreadPoolExecutor(1, thread_name_prefix="calmon-tester")
 
     def submit(self, name: str, data: CalibrationData, *, alpha: float, mc: int, seed: int,
@@ -305,6 +360,8 @@ def _chain(inner: Future[Any], out: Future[JobResult], name: str) -> None:
     else:
         doc = json.loads(got)
         res = JobResult(doc["result"], float(doc["seconds"]))
+        if res.doc.get("decision") == "error":  # the worker's own log goes nowhere (its stderr is /dev/null)
+            log.warning("tester %s failed: %s", name, res.doc.get("error"))
     _settle(out, res)
 
 

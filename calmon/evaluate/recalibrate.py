@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from calmon.calibration.base import Calibrator
 from calmon.calibration.refresh import DirectoryStore, Publisher, refresh
 from calmon.config import RecalibrationConfig
 from calmon.evaluate.types import CalibratorInfo
+from calmon.formats.jsonio import clean
 from calmon.state.agentstate import WindowSnapshot
 from calmon.stats.data import CalibrationData
 
@@ -119,20 +119,14 @@ class Recalibrator:
     def _refit(self, model: str, data: CalibrationData) -> tuple[CalibratorInfo, bool] | None:
         """The refit's record and whether it published a new revision (``None`` if fitting failed)."""
         train, hold = split_holdout(data)
-        opts = self.rc.options
         try:
-            res = _as_dict(refresh(train, hold, self.rc.methods, model=model, publishers=self.publishers,
-                                   window={"name": self.rc.window}, min_train=int(opts.get("min_train", 200)),
-                                   min_holdout=int(opts.get("min_holdout", 50))))
+            res = refresh(train, hold, self.rc.methods, model=model, publishers=self.publishers,
+                          window={"name": self.rc.window}, limits=self.rc.options)
         except Exception as exc:  # noqa: BLE001 - fitting runs numerical code on live data; one model must not stop the round
             log.warning("recalibration of %s failed: %s", model, exc)
             return None
-        published = bool(res.get("published"))
-        info: CalibratorInfo = {"model": model, "method": res.get("method") or "none", "version": res.get("revision"),
-                                "before": res.get("before"), "after": res.get("after"), "reason": res.get("reason"),
-                                "published_at": self.clock() if published else None}
-        return info, published
-
-
-def _as_dict(res: Any) -> dict[str, Any]:
-    return res if isinstance(res, dict) else res.to_dict()
+        # before/after are exported, checkpointed and served as JSON: cleaned as RefreshResult.to_dict() does
+        info: CalibratorInfo = {"model": model, "method": res.method or "none", "version": res.revision,
+                                "before": clean(res.before), "after": clean(res.after), "reason": res.reason,
+                                "published_at": self.clock() if res.published else None}
+        return info, res.published

@@ -33,7 +33,7 @@ The pieces, and why:
   the estimated ``sigma_i``); the interval ``(sum |S_i| -+ that bound) / n`` (clipped at 0) therefore
   covers with probability at least about ``1 - alpha`` -- also at ECE = 0, where ``|S_i|`` is biased
   upwards and a delta-method or percentile-bootstrap interval misses.  Coverage is checked by simulation in
-  ``tests/test_verdict.py`` and ``scripts/verdict_coverage.py``.
+  ``tests/test_verdict.py`` and ``benchmarks/verdict_coverage.py``.
 
 References
 ----------
@@ -330,7 +330,7 @@ def _ece_ci(g: _Fields, alpha: float) -> tuple[float, tuple[float, float]]:
     total = float(_sum(np.abs(s[occupied])))
     # sum |S_i - E S_i| <= sqrt(2/pi) sum sigma_i + z sqrt((1 - 2/pi) sum sigma_i^2) w.p. >= ~1 - alpha
     # z_{1 - alpha/2}, not z_{1 - alpha}: D is right-skewed (about 1/sqrt(bins)) and sigma_i is estimated;
-    # with z_{1 - alpha} the simulated coverage at ECE = 0 was 0.93-0.944 (scripts/verdict_coverage.py)
+    # with z_{1 - alpha} the simulated coverage at ECE = 0 was 0.93-0.944 (benchmarks/verdict_coverage.py)
     slack = _HALF_NORMAL_MEAN * float(_sum(sigma)) + _normal_quantile(1.0 - alpha / 2) * math.sqrt(
         _HALF_NORMAL_VAR * float(_sum(sigma * sigma)))
     return total / n, (max(total - slack, 0.0) / n, (total + slack) / n)

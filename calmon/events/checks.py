@@ -1,36 +1,53 @@
-"""The per-column checks of :class:`calmon.events.decoder.Decoder`: reason codes, verdicts and the event columns.
+"""The checks of a batch's events that do not depend on the decoder's state, in their fixed order.
 
-Every check works on whole columns of one model's events (numpy masks) and records the first failed
-check of each event in :class:`Verdicts`, which names its reason from :data:`REASONS`; see
-:mod:`calmon.events.decoder` for the schema and the order of the checks.
+:meth:`Decoder._validate <calmon.events.decoder.Decoder._validate>` runs three stages of checks from here, and
+between them takes the decisions that change the decoder's state (admitting models and segments, fixing a
+model's classes) in record order:
+
+1. :func:`well_formed`: each record on its own -- what the parser or the mapping refused, model names, event
+   types and required fields (:func:`check_structure`), ids (:func:`check_ids`), the number of classes; the
+   decoder then admits new models and fixes the classes of models seen for the first time;
+2. :func:`payloads`: what depends on a model's classes -- binary scores, multiclass probabilities, labels of
+   outcomes without a model below the bound the decoder gives;
+3. :func:`event_times`: event times, the transport's time where a record has none, the wall-clock window; the
+   decoder then admits new segments.
+
+Every check works on whole columns (numpy masks) and records the first failed check of each event in
+:class:`Verdicts`, which names its reason from :data:`REASONS`: an event's reason is that of the first check it
+fails, as if each model's events were checked on their own.  See :mod:`calmon.events.decoder` for the schema.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import re
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 import numpy as np
 
 from calmon.events.parse import EventFields, InvalidEvent, Rejection
+from calmon.events.rows import Columns, Rows
+from calmon.formats.records import RecordMeta
 
-__all__ = ["REASONS", "KINDS", "PREDICTION", "OUTCOME", "LABELED", "Verdicts", "Columns", "columns_of",
-           "check_ids", "check_structure", "binary_scores", "class_probs", "timestamps", "orphan_labels",
-           "parse_timestamp"]
+__all__ = ["REASONS", "KINDS", "PREDICTION", "OUTCOME", "LABELED", "NAME_RE", "Verdicts", "well_formed",
+           "payloads", "event_times", "columns_of", "check_ids", "check_structure", "binary_scores", "class_probs",
+           "timestamps", "orphan_labels", "parse_timestamp"]
 
 REASONS: tuple[str, ...] = (
     "not_json", "not_object", "missing_field", "bad_type", "bad_timestamp", "non_finite", "out_of_range",
     "probs_sum", "label_range", "k_mismatch", "unknown_type", "too_many_models", "too_many_segments",
     "bad_encoding", "too_deep", "too_large", "id_too_long", "too_many_classes", "future_timestamp", "past_timestamp",
-    "unmapped_label",
+    "unmapped_label", "decompression_bomb",
 )
 KINDS: tuple[str, ...] = ("prediction", "outcome", "labeled")
 PREDICTION, OUTCOME, LABELED = 0, 1, 2
 _KIND_CODE = {k: i for i, k in enumerate(KINDS)}
 _MAX_EPOCH = 1e11
+#: Model and segment names.
+NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
 
 
 
@@ -91,21 +108,120 @@ class Verdicts:
                 for j in np.flatnonzero(self.bad).tolist()]
 
 
-@dataclass
-class Columns:
-    """The fields of one model's events as columns (``label_f``: float labels, NaN where missing)."""
+# -- the three stages ----------------------------------------------------------------------------------------------
+def well_formed(f: EventFields, g: Rows, max_id_bytes: int, max_classes: int) -> tuple[Columns, Verdicts]:
+    """Stage 1, each record on its own: the columns the checks read and the verdicts so far.
 
-    kind: np.ndarray
-    ids: np.ndarray
-    label: np.ndarray
-    label_f: np.ndarray
-    has_score: np.ndarray
-    has_probs: np.ndarray
-    has_label: np.ndarray
-    scores: Sequence[float | None]
-    probs: Sequence[list[float] | None]
+    In order: the rejections of the parser or the mapping (``f.rejects``), model names, event types and
+    required fields, ids longer than ``max_id_bytes``, ``probs`` longer than ``max_classes`` (whatever the
+    model's classes, so the reason never depends on batch boundaries)."""
+    v = Verdicts(g.index.size)
+    for j, reason, detail in f.rejects:
+        v.reject_one(j, reason, detail)
+    for k, m in enumerate(g.models):
+        if m and not NAME_RE.match(m):
+            v.reject(g.codes == k, "bad_type", f"model name {m[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
+    c = columns_of(f)
+    facts = f.facts
+    check_structure(c, v, has_model=g.codes != g.orphan)
+    check_ids(c.ids, v, max_id_bytes, facts.id_chars if facts is not None and facts.ids_str else None)
+    if c.has_probs.any():
+        lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
+        v.reject(lens > max_classes, "too_many_classes", f"more than {max_classes} classes")
+    return c, v
 
 
+def payloads(g: Rows, c: Columns, v: Verdicts, classes: Sequence[int], known_from: Sequence[int],
+             orphan_bound: np.ndarray | None, tol: float
+             ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]]]:
+    """Stage 2, what depends on a model's classes: the binary scores of every binary model's events at once, the
+    class probabilities per multiclass model, the labels of outcomes without a model last.
+
+    Parameters
+    ----------
+    classes, known_from
+        Per model (code): its number of classes, and the row position from which it is known (outcomes before
+        a model's first prediction count as binary).
+    orphan_bound
+        Per outcome without a model, in row order: the bound on its label (``None``: there are none).
+    tol
+        Accepted deviation of ``sum(probs)`` from 1.
+
+    Returns
+    -------
+    The scores (NaN where none) and, per multiclass model, its rows and ``(rows, classes)`` probabilities.
+    """
+    score = np.full(g.index.size, np.nan)
+    probs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    multi = [k for k, m in enumerate(g.models) if m and classes[k] > 2]
+    is_binary = np.array([m != "" and classes[k] == 2 for k, m in enumerate(g.models)])
+    binary = np.flatnonzero(is_binary[g.codes])
+    if binary.size:
+        names: str | dict[int, str] = g.models[0]
+        if len(g.models) > 1:  # the model of each row a message may name (one with probs), not of every row
+            named = np.flatnonzero(c.has_probs[binary])
+            names = dict(zip(named.tolist(), np.array(g.models, dtype=object)[g.codes[binary[named]]].tolist()))
+        score[binary] = _on_rows(binary, c, v, partial(binary_scores, model=names, tol=tol))
+    for k, rows in zip(multi, g.rows_of(multi)):
+        at = int(np.searchsorted(rows, known_from[k]))  # the position within the model's rows
+        check = partial(class_probs, model=g.models[k], classes=classes[k], tol=tol, known_from=at)
+        probs[k] = (rows, _on_rows(rows, c, v, check))
+    if orphan_bound is not None:
+        _on_rows(np.flatnonzero(g.codes == g.orphan), c, v, partial(orphan_labels, bound=orphan_bound))
+    return score, probs
+
+
+def event_times(f: EventFields, g: Rows, v: Verdicts, meta: Sequence[RecordMeta | None] | None, now: float,
+                future_skew: float, past_horizon: float) -> np.ndarray:
+    """Stage 3: event times in epoch seconds (NaN where missing), the transport's time (``meta``, a Kafka
+    record's create or append time) where a record has none, rejected beyond ``future_skew`` or ``past_horizon``
+    of the wall clock ``now`` (``math.inf``: no limit).
+
+    The events of the models that sent a string time are read one by one (:func:`timestamps`), so each
+    model's events get the same messages as if they were decoded alone."""
+    facts = f.facts
+    no_str = facts is not None and not facts.ts_str
+    ts = timestamps(f, v, slow=g.any_of(np.zeros(len(f.ts), bool) if no_str else _str_mask(f.ts)))
+    if meta is not None:
+        meta_ts = np.array([math.nan if m is None or m.timestamp_ms is None else m.timestamp_ms / 1000.0
+                            for m in meta])
+        ts = np.where(np.isnan(ts), meta_ts[g.index], ts)
+    if math.isinf(future_skew) and math.isinf(past_horizon):
+        return ts
+    with np.errstate(invalid="ignore"):
+        v.reject(ts > now + future_skew, "future_timestamp",
+                 f"ts is more than {future_skew:g} s ahead of the wall clock")
+        v.reject(ts < now - past_horizon, "past_timestamp",
+                 f"ts is more than {past_horizon:g} s behind the wall clock")
+    return ts
+
+
+_T = TypeVar("_T")
+
+
+def _on_rows(rows: np.ndarray, c: Columns, v: Verdicts, check: Callable[[Columns, Verdicts], _T]) -> _T:
+    """Run a check on some rows only (their verdicts are written back); on all rows without copying."""
+    if rows.size == v.n:
+        return check(c, v)
+    pick = rows.tolist()
+    sub = Columns(c.kind[rows], c.ids[rows], c.label[rows], c.label_f[rows], c.has_score[rows], c.has_probs[rows],
+                  c.has_label[rows], [c.scores[j] for j in pick], [c.probs[j] for j in pick])
+    sv = Verdicts(rows.size)
+    sv.bad = v.bad[rows]
+    out = check(sub, sv)
+    v.bad[rows] = sv.bad
+    v.details.update((pick[j], d) for j, d in sv.details.items())
+    return out
+
+
+def _str_mask(col: Sequence[Any]) -> np.ndarray:
+    """Where a column holds strings."""
+    if str not in set(map(type, col)):  # the common case: no string, no mask built element by element
+        return np.zeros(len(col), bool)
+    return np.fromiter((t.__class__ is str for t in col), bool, len(col))
+
+
+# -- the checks ----------------------------------------------------------------------------------------------------
 def columns_of(f: EventFields) -> Columns:
     """The columns the checks read. Each has a C-speed route for the common batch (one event type, string
     ids, every score present, no probs) gated by an exact test, and the per-event route otherwise; the
@@ -286,7 +402,8 @@ def _one_time(t: object, f: EventFields, v: Verdicts, j: int) -> float:
 
 
 def orphan_labels(c: Columns, v: Verdicts, bound: np.ndarray) -> np.ndarray:
-    """Labels of outcomes without a model against :meth:`Decoder._orphan_bound`; their (absent) scores."""
+    """Labels of outcomes without a model against ``bound`` (:meth:`Decoder._orphan_bound
+    <calmon.events.decoder.Decoder._orphan_bound>`); their (absent) scores."""
     v.reject(c.has_label & (c.label >= bound), "label_range",
              "label of an outcome without a model must be below the classes of every admitted model "
              "(give the outcome its model)")

@@ -26,6 +26,11 @@ oversized records, huge numbers, absurd times, id floods). Decoding uses msgspec
 :mod:`calmon.events.parse` only to name the reason. State-changing decisions (admitting a model or a
 segment, fixing a model's classes) are taken in record order, so batch boundaries never matter.
 
+:meth:`Decoder.decode` parses a batch into columns and groups its rows by model (:mod:`calmon.events.rows`);
+:meth:`Decoder._validate` runs the three stages of checks of :mod:`calmon.events.checks` (each record on its
+own, the payloads that depend on a model's classes, the event times) and takes the decoder's decisions between
+them; the accepted rows are cut into one :class:`ModelBatch` per model.
+
 Other record shapes are read through a schema mapping (:mod:`calmon.events.schema`, ``Decoder(mapping=...)``),
 and transport metadata (``connectors.base.RecordMeta``, one per record) gives ``ts`` where a record has
 none (the Kafka record time, milliseconds) and the mapping's ``$key`` / ``$headers.NAME`` fields.
@@ -35,31 +40,25 @@ from __future__ import annotations
 
 import copy
 import math
-import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 
 from calmon.events.checks import (
     KINDS,
     LABELED,
+    NAME_RE,
     OUTCOME,
     PREDICTION,
     REASONS,
-    Columns,
     Verdicts,
-    binary_scores,
-    check_ids,
-    check_structure,
-    class_probs,
-    columns_of,
-    orphan_labels,
+    event_times,
     parse_timestamp,
-    timestamps,
+    payloads,
+    well_formed,
 )
 from calmon.events.mapped import MappedReader
 from calmon.events.parse import (
@@ -71,12 +70,9 @@ from calmon.events.parse import (
     Rejection,
     parse_columns,
 )
-from calmon.events.rows import ModelBatch
-from calmon.events.rows import Rows as _Rows
+from calmon.events.rows import Columns, ModelBatch, Rows
 from calmon.events.schema import Mapping
 from calmon.formats.records import RecordMeta
-
-_NAME_RE = re.compile(r"[A-Za-z0-9_.:/\-]{1,128}\Z")
 
 __all__ = ["Decoder", "DecodedBatch", "ModelBatch", "Rejection", "InvalidEvent", "OversizedRecord", "REASONS",
            "KINDS", "PREDICTION", "OUTCOME", "LABELED", "parse_timestamp"]
@@ -163,7 +159,7 @@ class Decoder:
         self.max_classes = int(max_classes)
         self.models: dict[str, int] = {}
         for name, k in (models or {}).items():
-            if not _NAME_RE.match(name) or not 2 <= int(k) <= self.max_classes:
+            if not NAME_RE.match(name) or not 2 <= int(k) <= self.max_classes:
                 raise ValueError(f"model {name!r}: needs a valid name and 2 <= classes <= {self.max_classes}, "
                                  f"got {k!r}")
             self.models[name] = int(k)
@@ -257,9 +253,9 @@ class Decoder:
                 f = reader.fields(evs, present, meta)
             facts = f.facts
             if facts is not None and facts.model_codes is not None and not rejected:  # numbered by the parser
-                rows = _Rows.numbered(facts.model_names, facts.model_codes, np.arange(len(records), dtype=np.int64))
+                rows = Rows.numbered(facts.model_names, facts.model_codes, np.arange(len(records), dtype=np.int64))
             else:
-                rows = _Rows.of(models, present, one_model)
+                rows = Rows.of(models, present, one_model)
             out = self._validate(rows, f, now, rejected, meta)
         rejected.sort(key=lambda r: r.index)
         if origins is not None:
@@ -269,39 +265,25 @@ class Decoder:
             reader.after_batch(len(records), len(rejected))
         return DecodedBatch(out, rejected, len(records))
 
-    def _validate(self, g: _Rows, f: EventFields, now: float, rejected: list[Rejection],
+    def _validate(self, g: Rows, f: EventFields, now: float, rejected: list[Rejection],
                   meta: list[RecordMeta] | None) -> dict[str, ModelBatch]:
-        """The fixed order of checks over the batch's well-formed records: the first failed check of an
-        event names its reason, as if each model's events were checked on their own."""
-        v = Verdicts(g.index.size)
-        for j, reason, detail in f.rejects:
-            v.reject_one(j, reason, detail)
-        bad = [k for k, m in enumerate(g.models) if m and not _NAME_RE.match(m)]
-        for k in bad:
-            v.reject(g.codes == k, "bad_type", f"model name {g.models[k][:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
-        c = columns_of(f)
-        facts = f.facts
-        check_structure(c, v, has_model=g.codes != g.orphan)
-        check_ids(c.ids, v, self.max_id_bytes, facts.id_chars if facts is not None and facts.ids_str else None)
-        if c.has_probs.any():  # whatever the model's classes, so the reason never depends on batch boundaries
-            lens = np.array([0 if p is None else len(p) for p in c.probs], dtype=np.int64)
-            v.reject(lens > self.max_classes, "too_many_classes", f"more than {self.max_classes} classes")
+        """The batch's well-formed records checked in a fixed order, the first failed check of an event naming
+        its reason, as if each model's events were checked on their own: the three stages of
+        :mod:`calmon.events.checks`, and between them the decisions on the decoder's state, in record order."""
+        c, v = well_formed(f, g, self.max_id_bytes, self.max_classes)
         self._admit(g, v)
-        score, probs, classes = self._payloads(g, c, v)
-        no_str = facts is not None and not facts.ts_str
-        ts = timestamps(f, v, slow=g.any_of(np.zeros(len(f.ts), bool) if no_str else _str_mask(f.ts)))
-        if meta is not None:  # no ts in the record: the transport's (a Kafka record's create/append time)
-            meta_ts = np.array([math.nan if m is None or m.timestamp_ms is None else m.timestamp_ms / 1000.0
-                                for m in meta])
-            ts = np.where(np.isnan(ts), meta_ts[g.index], ts)
-        self._check_time(ts, v, now)
+        classes, known_from = self._classes_of(g, c, v)
+        bound = self._orphan_bound(g.index[g.codes == g.orphan]) if g.orphan >= 0 else None
+        score, probs = payloads(g, c, v, classes, known_from, bound, self.prob_tolerance)
+        ts = event_times(f, g, v, meta, now, self.future_skew, self.past_horizon)
+        facts = f.facts
         segment = facts.segment_array if facts is not None and facts.segments else _segments(f.segment)
         if not self._segments_known(g, facts):
             self._check_segments(g, segment, v)
         rejected.extend(v.rejections(g.index))
         return g.split(v.ok, classes, c, ts, segment, score, probs)
 
-    def _admit(self, g: _Rows, v: Verdicts) -> None:
+    def _admit(self, g: Rows, v: Verdicts) -> None:
         """Admit new model names in the record order of their first well-formed record, up to the cap."""
         new = [k for k, m in enumerate(g.models) if m and m not in self.names]
         if not new:
@@ -317,37 +299,16 @@ class Decoder:
                 self.names.add(model)
                 self._changes[model] = [int(g.index[first[k]]), -1, 2]
 
-    def _payloads(self, g: _Rows, c: Columns, v: Verdicts
-                  ) -> tuple[np.ndarray, dict[int, tuple[np.ndarray, np.ndarray]], list[int]]:
-        """The checks that depend on a model's classes: binary scores of every binary model's events at
-        once, class probabilities per multiclass model, the labels of outcomes without a model last (see
-        :meth:`_orphan_bound`). Returns the scores (NaN where none), per multiclass model its rows and
-        ``(rows, classes)`` probabilities, and each model's classes."""
+    def _classes_of(self, g: Rows, c: Columns, v: Verdicts) -> tuple[list[int], list[int]]:
+        """Per model of the batch: its number of classes (:meth:`_classes`) and the row position from which it is
+        known; models seen for the first time get theirs from their first valid prediction."""
         classes, known_from = [2] * len(g.models), [0] * len(g.models)
         unknown = [k for k, m in enumerate(g.models) if m and m not in self.models]
         firsts = g.first(v.ok & (c.has_score | c.has_probs)) if unknown else None
         for k, m in enumerate(g.models):
             if m:
                 classes[k], known_from[k] = self._classes(m, c, k, g, firsts)
-        score = np.full(g.index.size, np.nan)
-        probs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        multi = [k for k, m in enumerate(g.models) if m and classes[k] > 2]
-        is_binary = np.array([m != "" and classes[k] == 2 for k, m in enumerate(g.models)])
-        binary = np.flatnonzero(is_binary[g.codes])
-        if binary.size:
-            names: str | dict[int, str] = g.models[0]
-            if len(g.models) > 1:  # the model of each row a message may name (one with probs), not of every row
-                named = np.flatnonzero(c.has_probs[binary])
-                names = dict(zip(named.tolist(), np.array(g.models, dtype=object)[g.codes[binary[named]]].tolist()))
-            score[binary] = _on_rows(binary, c, v, lambda cc, vv: binary_scores(cc, vv, names, self.prob_tolerance))
-        for k, rows in zip(multi, g.rows_of(multi)):
-            at = int(np.searchsorted(rows, known_from[k]))  # the position within the model's rows
-            check = partial(_class_probs, model=g.models[k], classes=classes[k], tol=self.prob_tolerance, at=at)
-            probs[k] = (rows, _on_rows(rows, c, v, check))
-        if g.orphan >= 0:
-            rows = np.flatnonzero(g.codes == g.orphan)
-            _on_rows(rows, c, v, lambda cc, vv: orphan_labels(cc, vv, self._orphan_bound(g.index[rows])))
-        return score, probs, classes
+        return classes, known_from
 
     def finish(self) -> None:
         """The input ended (offline reads): raise :class:`calmon.events.schema.MappingError` if a mapped path
@@ -355,7 +316,7 @@ class Decoder:
         if self.reader is not None:
             self.reader.finish()
 
-    def _classes(self, model: str, c: Columns, k: int, g: _Rows, firsts: np.ndarray | None) -> tuple[int, int]:
+    def _classes(self, model: str, c: Columns, k: int, g: Rows, firsts: np.ndarray | None) -> tuple[int, int]:
         """The model's number of classes, fixed by its first valid prediction, and the batch position
         from which it is known (0: known before the batch). Before that position (outcomes that precede
         the model's first prediction in record order) the model counts as binary."""
@@ -387,17 +348,7 @@ class Decoder:
             bound = np.where(index > admitted, np.minimum(bound, now_k), bound)
         return np.where(np.isinf(bound), 2, bound)
 
-    def _check_time(self, ts: np.ndarray, v: Verdicts, now: float) -> None:
-        """Reject event times beyond the future skew or the past horizon of the wall clock."""
-        if math.isinf(self.future_skew) and math.isinf(self.past_horizon):
-            return
-        with np.errstate(invalid="ignore"):
-            v.reject(ts > now + self.future_skew, "future_timestamp",
-                     f"ts is more than {self.future_skew:g} s ahead of the wall clock")
-            v.reject(ts < now - self.past_horizon, "past_timestamp",
-                     f"ts is more than {self.past_horizon:g} s behind the wall clock")
-
-    def _segments_known(self, g: _Rows, facts: BatchFacts | None) -> bool:
+    def _segments_known(self, g: Rows, facts: BatchFacts | None) -> bool:
         """Whether the batch's distinct segments (``facts``) show that :meth:`_check_segments` has nothing to do:
         every model of the batch knows every named segment of the batch already (made known to the state as that
         method would), checked per distinct model instead of per record."""
@@ -414,7 +365,7 @@ class Decoder:
         # a model not in the state yet may have no named segment here: :meth:`_check_segments` decides
         return all(m in segments and segments[m].issuperset(names) for m in g.models if m)
 
-    def _check_segments(self, g: _Rows, segment: np.ndarray, v: Verdicts) -> None:
+    def _check_segments(self, g: Rows, segment: np.ndarray, v: Verdicts) -> None:
         """Admit new segment names of each model up to ``max_segments``, in record order."""
         named = (segment != "") & (g.codes != g.orphan)
         if not named.any():
@@ -433,15 +384,12 @@ class Decoder:
             if s in seen:
                 continue
             model = g.models[k]
-            if not _NAME_RE.match(s):
+            if not NAME_RE.match(s):
                 v.reject_one(j, "bad_type", f"segment {s[:40]!r} is not [A-Za-z0-9_.:/-]{{1,128}}")
             elif len(seen) >= self.max_segments:
                 v.reject_one(j, "too_many_segments", f"model {model[:40]!r} has {self.max_segments} segments")
             else:
                 seen.add(s)
-
-
-_T = TypeVar("_T")
 
 
 def _accepted(parsed: ParsedColumns, rejected: list[Rejection], n: int
@@ -457,34 +405,8 @@ def _accepted(parsed: ParsedColumns, rejected: list[Rejection], n: int
     return present, EventFields(t, ids, ts, sc, pr, lab, seg), [parsed.model[i] for i in present]
 
 
-def _class_probs(c: Columns, v: Verdicts, *, model: str, classes: int, tol: float, at: int) -> np.ndarray:
-    return class_probs(c, v, model, classes, tol, at)
-
-
-def _on_rows(rows: np.ndarray, c: Columns, v: Verdicts, check: Callable[[Columns, Verdicts], _T]) -> _T:
-    """Run a check on some rows only (their verdicts are written back); on all rows without copying."""
-    if rows.size == v.n:
-        return check(c, v)
-    pick = rows.tolist()
-    sub = Columns(c.kind[rows], c.ids[rows], c.label[rows], c.label_f[rows], c.has_score[rows], c.has_probs[rows],
-                  c.has_label[rows], [c.scores[j] for j in pick], [c.probs[j] for j in pick])
-    sv = Verdicts(rows.size)
-    sv.bad = v.bad[rows]
-    out = check(sub, sv)
-    v.bad[rows] = sv.bad
-    v.details.update((pick[j], d) for j, d in sv.details.items())
-    return out
-
-
 def _segments(col: Sequence[Any]) -> np.ndarray:
     """Segment names as an object array, ``""`` where absent."""
     out = np.empty(len(col), dtype=object)
     out[:] = col if None not in col else ["" if s is None else s for s in col]  # no None: no copy element by element
     return out
-
-
-def _str_mask(col: Sequence[Any]) -> np.ndarray:
-    """Where a column holds strings."""
-    if str not in set(map(type, col)):  # the common case: no string, no mask built element by element
-        return np.zeros(len(col), bool)
-    return np.fromiter((t.__class__ is str for t in col), bool, len(col))

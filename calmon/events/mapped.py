@@ -254,9 +254,9 @@ class MappedReader:
                     continue
             for i, rec in enumerate(chunk, start):
                 try:
-                    if len(rec) > max_bytes:
-                        raise InvalidEvent("too_large", f"record of {len(rec)} bytes exceeds the limit of "
-                                                        f"{max_bytes:.0f}")
+                    if len(rec) > max_bytes:  # an OversizedRecord names its reason
+                        raise InvalidEvent(getattr(rec, "reason", "too_large"), f"record of {len(rec)} bytes "
+                                                                                f"exceeds the limit of {max_bytes:.0f}")
                     try:
                         rows.append(dec(rec))
                     except (ValueError, TypeError, RecursionError):

@@ -239,8 +239,9 @@ def parse_columns(records: list[bytes], max_bytes: float = math.inf) -> tuple[Pa
 
 
 def _parse_one(rec: bytes | str, max_bytes: float) -> _Event:
-    if len(rec) > max_bytes:
-        raise InvalidEvent("too_large", f"record of {len(rec)} bytes exceeds the limit of {max_bytes:.0f}")
+    if len(rec) > max_bytes:  # an OversizedRecord names its reason (``decompression_bomb``: the rest of a file)
+        raise InvalidEvent(getattr(rec, "reason", "too_large"),
+                           f"record of {len(rec)} bytes exceeds the limit of {max_bytes:.0f}")
     try:
         return _struct_decoder.decode(rec)
     except (ValueError, TypeError, RecursionError):

@@ -1,5 +1,6 @@
-"""A decoded batch's rows grouped by model: the accepted events of each model as column slices.
+"""A decoded batch's rows: their fields as columns, grouped by model, the accepted events of each model as slices.
 
+:class:`Columns` are the fields the checks read (:func:`calmon.events.checks.columns_of`).
 :class:`Rows` numbers the models of a batch's well-formed records (in order of first appearance) and cuts the
 accepted ones into one :class:`ModelBatch` per model with one stable sort -- a radix sort on 16-bit model codes
 -- so that a batch of a thousand models costs a slice per model, not a pass over the batch (issue #15).
@@ -15,9 +16,22 @@ from itertools import count, repeat
 
 import numpy as np
 
-from calmon.events.checks import Columns
+__all__ = ["Columns", "ModelBatch", "Rows"]
 
-__all__ = ["ModelBatch", "Rows"]
+
+@dataclass
+class Columns:
+    """The fields of a batch's events as columns (``label_f``: float labels, NaN where missing)."""
+
+    kind: np.ndarray
+    ids: np.ndarray
+    label: np.ndarray
+    label_f: np.ndarray
+    has_score: np.ndarray
+    has_probs: np.ndarray
+    has_label: np.ndarray
+    scores: Sequence[float | None]
+    probs: Sequence[list[float] | None]
 
 
 @dataclass

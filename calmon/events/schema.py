@@ -56,13 +56,16 @@ from typing import Any, Literal
 
 import yaml
 
-__all__ = ["FIELDS", "TS_UNITS", "FieldSource", "Mapping", "MappingError", "load_mapping", "mapping_from_options",
-           "add_schema_arguments", "mapping_from_arguments"]
+__all__ = ["FIELDS", "MAX_PATH_KEYS", "TS_UNITS", "FieldSource", "Mapping", "MappingError", "load_mapping",
+           "mapping_from_options", "add_schema_arguments", "mapping_from_arguments"]
 
 FIELDS: tuple[str, ...] = ("id", "model", "score", "probs", "label", "ts", "segment", "type")
 TS_UNITS: tuple[str, ...] = ("auto", "s", "ms", "us", "ns", "iso")
 _KINDS = ("prediction", "outcome", "labeled")
 _TOP_KEYS = ("fields", "ts_unit", "labels", "types", "probe_records")
+#: Most keys in a field path: the nesting of a record's fields is shallow, and each key is one level of the
+#: reader built for the mapping (thousands would exhaust the stack, not find a field).
+MAX_PATH_KEYS = 64
 _META_FIELDS = {"$timestamp": ("ts",), "$key": ("id", "model", "segment", "type", "label"),
                 "$headers": ("id", "model", "segment", "type", "label")}
 Scalar = str | int | float | bool | None
@@ -167,6 +170,8 @@ def load_mapping(source: str | os.PathLike[str] | dict[str, Any], where: str = "
             raise MappingError(f"{where}: cannot read {os.fspath(source)!r}: {exc}") from None
         try:
             doc = yaml.safe_load(text)
+        except RecursionError:  # the parser recurses per level: a hostile file is nested thousands deep
+            raise MappingError(f"{where}: {os.fspath(source)}: nested too deeply to be a schema mapping") from None
         except yaml.YAMLError as exc:
             mark = getattr(exc, "problem_mark", None)  # a MarkedYAMLError's position
             line = mark.line + 1 if mark is not None else "?"
@@ -315,10 +320,13 @@ def _path(spec: Any, where: str) -> tuple[str, ...]:
     if not isinstance(spec, str) or not spec:
         raise MappingError(f"{where}: a path must be a non-empty string, got {spec!r}")
     if spec.startswith("/"):
-        return tuple(p.replace("~1", "/").replace("~0", "~") for p in spec[1:].split("/"))
-    parts = tuple(spec.split("."))
-    if any(p == "" for p in parts):
-        raise MappingError(f"{where}: {spec!r} has an empty key (use a JSON Pointer such as /a.b for dotted keys)")
+        parts = tuple(p.replace("~1", "/").replace("~0", "~") for p in spec[1:].split("/"))
+    else:
+        parts = tuple(spec.split("."))
+        if any(p == "" for p in parts):
+            raise MappingError(f"{where}: {spec!r} has an empty key (use a JSON Pointer such as /a.b for dotted keys)")
+    if len(parts) > MAX_PATH_KEYS:
+        raise MappingError(f"{where}: a path has at most {MAX_PATH_KEYS} keys, got {len(parts)}")
     return parts
 
 

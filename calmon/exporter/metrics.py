@@ -8,8 +8,10 @@ counter where the checkpoint left it instead of resetting it.  ``/metrics`` has 
   published round (:meth:`AgentMetrics.prepare`, :mod:`calmon.exporter.rounds`, within a series
   budget) and served as cached bytes: a scrape neither takes the state lock for it nor re-renders it;
 * the **live part** (event, join and source counters, lags, checkpoint, change detectors, the
-  evaluation-latency histogram, test ages) is read at scrape time through ``state_fn``, a copy
-  taken under the state lock in O(models + sources).
+  evaluation-latency histogram, test ages) is read at scrape time through ``state_fn``, a
+  :class:`~calmon.exporter.views.LiveView` copied under the state lock in O(models + sources).
+
+Both parts are read from the typed views of :mod:`calmon.exporter.views`, by attribute.
 
 Label cardinality is bounded upstream: models by ``limits.max_models`` (the decoder rejects
 events of further models with reason ``too_many_models``), segments by the per-model
@@ -23,14 +25,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from calmon import __version__
 from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget, as_number
+from calmon.exporter.views import LiveView, RoundView
 
 __all__ = ["WINDOW_GAUGES", "AgentCollector", "AgentMetrics", "SeriesBudget"]
 
@@ -43,19 +44,19 @@ class AgentCollector:
     Parameters
     ----------
     state_fn
-        Returns a dict with the keys documented in :meth:`collect` (missing keys are skipped).
+        Returns the live view (called at every scrape).
 
     Examples
     --------
     >>> from prometheus_client import CollectorRegistry, generate_latest
     >>> reg = CollectorRegistry(auto_describe=False)
-    >>> reg.register(AgentCollector(lambda: {"events": {("m", "labeled"): 3}, "ready": True}))
+    >>> reg.register(AgentCollector(lambda: LiveView(events={("m", "labeled"): 3}, ready=True)))
     >>> text = generate_latest(reg).decode()
     >>> 'calmon_events_total{model="m",type="labeled"} 3.0' in text, "calmon_ready 1.0" in text
     (True, True)
     """
 
-    def __init__(self, state_fn: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(self, state_fn: Callable[[], LiveView]) -> None:
         self.state_fn = state_fn
         #: Series left out by the budget: reason -> in the last round, and summed over rounds.
         self.dropped: dict[str, tuple[int, int]] = {}
@@ -69,87 +70,85 @@ class AgentCollector:
             yield from part(st)
         yield from _series(self.dropped)
 
-# -- metric families, one function per part of the state -------------------------------------------------
-State = Mapping[str, Any]
-
-
-def _process(st: State) -> Iterator[Metric]:
+# -- metric families, one function per part of the live view ---------------------------------------------
+def _process(st: LiveView) -> Iterator[Metric]:
     info = GaugeMetricFamily("calmon_build_info", "Build information", labels=["version"])
-    info.add_metric([st.get("version", __version__)], 1.0)
+    info.add_metric([st.version], 1.0)
     yield info
     ready = GaugeMetricFamily("calmon_ready", "1 when sources are connected and state is loaded")
-    ready.add_metric([], 1.0 if st.get("ready") else 0.0)
+    ready.add_metric([], 1.0 if st.ready else 0.0)
     yield ready
 
 
-def _events(st: State) -> Iterator[Metric]:
+def _events(st: LiveView) -> Iterator[Metric]:
     ev = CounterMetricFamily("calmon_events", "Accepted events by model and type", labels=["model", "type"])
-    for (model, kind), n in sorted(st.get("events", {}).items()):
+    for (model, kind), n in sorted(st.events.items()):
         ev.add_metric([model, kind], n)
     yield ev
     rej = CounterMetricFamily("calmon_events_rejected", "Rejected records by reason", labels=["reason"])
-    for reason, n in sorted(st.get("rejected", {}).items()):
+    for reason, n in sorted(st.rejected.items()):
         rej.add_metric([reason], n)
     yield rej
     late = CounterMetricFamily("calmon_events_late", "Labeled events older than the allowed lateness (dropped)",
                                labels=["model"])
-    for model, n in sorted(st.get("late", {}).items()):
+    for model, n in sorted(st.late.items()):
         late.add_metric([model], n)
     yield late
 
 
-def _join(st: State) -> Iterator[Metric]:
-    join = st.get("join", {})
-    for name, key, doc in (("calmon_join_joined", "joined", "Predictions joined with their outcome"),
-                           ("calmon_join_expired", "expired", "Predictions whose outcome never came within the TTL"),
-                           ("calmon_join_duplicate_ids", "duplicates", "Predictions with an id already pending")):
+def _join(st: LiveView) -> Iterator[Metric]:
+    join = st.join
+    for name, counts, doc in (
+            ("calmon_join_joined", join.get("joined", {}), "Predictions joined with their outcome"),
+            ("calmon_join_expired", join.get("expired", {}), "Predictions whose outcome never came within the TTL"),
+            ("calmon_join_duplicate_ids", join.get("duplicates", {}), "Predictions with an id already pending")):
         fam = CounterMetricFamily(name, doc, labels=["model"])
-        for model, n in sorted(join.get(key, {}).items()):
+        for model, n in sorted(counts.items()):
             fam.add_metric([model], n)
         yield fam
     orphan = CounterMetricFamily("calmon_join_orphan_outcomes", "Outcomes whose prediction is unknown or expired")
     orphan.add_metric([], join.get("orphans", 0))
     yield orphan
     pend = GaugeMetricFamily("calmon_join_pending", "Predictions waiting for an outcome", labels=["model"])
-    for model, n in sorted(st.get("pending", {}).items()):
+    for model, n in sorted(st.pending.items()):
         pend.add_metric([model], n)
     yield pend
 
 
-def _sources(st: State) -> Iterator[Metric]:
+def _sources(st: LiveView) -> Iterator[Metric]:
     src_total = CounterMetricFamily("calmon_source_records", "Records read per source", labels=["source"])
-    lag = {"lag_seconds": GaugeMetricFamily("calmon_source_lag_seconds",
-                                            "Now minus the event time of the newest record read", labels=["source"]),
-           "lag_records": GaugeMetricFamily("calmon_source_lag_records", "Records not yet read (Kafka consumer lag)",
-                                            labels=["source"]),
-           "lag_bytes": GaugeMetricFamily("calmon_source_lag_bytes", "Bytes not yet read (file sources)",
-                                          labels=["source"])}
-    for name, s in sorted(st.get("sources", {}).items()):
+    lag_s = GaugeMetricFamily("calmon_source_lag_seconds", "Now minus the event time of the newest record read",
+                              labels=["source"])
+    lag_r = GaugeMetricFamily("calmon_source_lag_records", "Records not yet read (Kafka consumer lag)",
+                              labels=["source"])
+    lag_b = GaugeMetricFamily("calmon_source_lag_bytes", "Bytes not yet read (file sources)", labels=["source"])
+    for name, s in sorted(st.sources.items()):
         src_total.add_metric([name], s.get("records", 0))
-        for key, fam in lag.items():
-            if s.get(key) is not None:
-                fam.add_metric([name], s[key])
-    yield src_total
-    yield from lag.values()
+        for fam, v in ((lag_s, s.get("lag_seconds")), (lag_r, s.get("lag_records")), (lag_b, s.get("lag_bytes"))):
+            if v is not None:
+                fam.add_metric([name], v)
+    yield from (src_total, lag_s, lag_r, lag_b)
 
 
-def _checkpoint(st: State) -> Iterator[Metric]:
-    ck = st.get("checkpoint", {})
+def _checkpoint(st: LiveView) -> Iterator[Metric]:
+    ck = st.checkpoint
     ck_ts = GaugeMetricFamily("calmon_checkpoint_last_timestamp_seconds", "Time of the last checkpoint")
     ck_d = GaugeMetricFamily("calmon_checkpoint_duration_seconds", "Duration of the last checkpoint")
-    if ck.get("last_timestamp") is not None:
-        ck_ts.add_metric([], ck["last_timestamp"])
-        ck_d.add_metric([], ck.get("duration", 0.0))
+    last = ck.get("last_timestamp")
+    if last is not None:
+        ck_ts.add_metric([], last)
+        duration = ck.get("duration")
+        ck_d.add_metric([], 0.0 if duration is None else duration)
     yield from (ck_ts, ck_d)
 
 
-def _changes(st: State) -> Iterator[Metric]:
+def _changes(st: LiveView) -> Iterator[Metric]:
     lab = ["model", "signal"]
     total = CounterMetricFamily("calmon_change_detected", "Calibration changes detected (Page-Hinkley on the "
                                 "calibration residuals)", labels=lab)
     point = GaugeMetricFamily("calmon_change_point_timestamp_seconds",
                               "Event time where the last detected change most likely started", labels=lab)
-    for model, view in sorted(st.get("changes", {}).items()):
+    for model, view in sorted(st.changes.items()):
         for signal, sig in sorted(view.get("signals", {}).items()):
             total.add_metric([model, signal], sig.get("detections", 0))
             last = sig.get("last")
@@ -176,9 +175,8 @@ class AgentMetrics:
     Parameters
     ----------
     state_fn
-        The live state (see :class:`AgentCollector`).  Until :meth:`prepare` is first called, the
-        round part is rendered from this state at every scrape (its ``evaluations``, ``alerts``,
-        ``calibrators``, ``scheduler`` and ``state_bytes`` keys).
+        The live view (see :class:`AgentCollector`).  Until :meth:`prepare` is first called, the
+        round part is that of an empty :class:`~calmon.exporter.views.RoundView`.
     budget
         Series budget of the round part.
     clock
@@ -186,16 +184,16 @@ class AgentMetrics:
 
     Examples
     --------
-    >>> m = AgentMetrics(lambda: {"scheduler": {"evaluations": 2}})
+    >>> m = AgentMetrics(lambda: LiveView(ready=True))
     >>> m.evaluation_duration.observe(0.3)
     >>> text = m.render().decode()
-    >>> "calmon_evaluations_total 2.0" in text, "calmon_evaluation_duration_seconds_count 1.0" in text
+    >>> "calmon_evaluations_total 0.0" in text, "calmon_evaluation_duration_seconds_count 1.0" in text
     (True, True)
-    >>> m.prepare({"scheduler": {"evaluations": 3}}); "calmon_evaluations_total 3.0" in m.render().decode()
+    >>> m.prepare(RoundView(scheduler={"evaluations": 3})); "calmon_evaluations_total 3.0" in m.render().decode()
     True
     """
 
-    def __init__(self, state_fn: Callable[[], Mapping[str, Any]], budget: SeriesBudget | None = None,
+    def __init__(self, state_fn: Callable[[], LiveView], budget: SeriesBudget | None = None,
                  clock: Callable[[], float] = time.time) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.evaluation_duration = Histogram("calmon_evaluation_duration_seconds", "Duration of one evaluation round",
@@ -207,9 +205,9 @@ class AgentMetrics:
         self._round: RoundPart | None = None
         self._lock = threading.Lock()
 
-    def prepare(self, round_state: Mapping[str, Any]) -> None:
+    def prepare(self, view: RoundView) -> None:
         """Render the round part once (called by the scheduler after it publishes a round)."""
-        part = RoundPart.build(round_state, self.budget)
+        part = RoundPart.build(view, self.budget)
         with self._lock:
             old = self.collector.dropped
             self.collector.dropped = {r: (n, old.get(r, (0, 0))[1] + n) for r, n in part.dropped.items()}
@@ -219,6 +217,6 @@ class AgentMetrics:
         """The Prometheus text exposition of every metric."""
         live = generate_latest(self.registry)
         part = self._round
-        if part is None:
-            part = RoundPart.build(self.collector.state_fn(), self.budget)
+        if part is None:  # before the first round
+            part = RoundPart.build(RoundView(), self.budget)
         return live + part.text + part.ages(self.clock())

@@ -25,7 +25,7 @@ Examples
 --------
 >>> ev = {"model": "m", "segment": "all", "window": "1h", "n": 5, "metrics": {"ece": 0.1},
 ...       "tests": {"tcal": {"statistic": 0.0, "p_value": 0.5, "decision": "calibrated", "evaluated_at": 100.0}}}
->>> part = RoundPart.build({"evaluations": [ev]}, SeriesBudget())
+>>> part = RoundPart.build(RoundView(evaluations=[ev]), SeriesBudget())
 >>> 'calmon_ece{model="m",segment="all",window="1h"} 0.1' in part.text.decode()
 True
 >>> part.ages(now=130.0).decode().splitlines()[-1]
@@ -40,6 +40,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from prometheus_client.utils import floatToGoString
+
+from calmon.evaluate.types import Evaluation
+from calmon.exporter.views import RoundView
 
 __all__ = ["TIERS", "WINDOW_GAUGES", "RoundPart", "SeriesBudget", "as_number"]
 
@@ -139,10 +142,10 @@ class _Sink:
     rows: dict[str, dict[str, dict[str, _Rows]]] = field(default_factory=dict)  # model -> tier -> family -> rows
     #: Reliability diagrams, formatted only if the budget keeps them: (model, window labels, points), and
     #: their series count per model and family.
-    reliability: list[tuple[str, str, list[Mapping[str, Any]]]] = field(default_factory=list)
+    reliability: list[tuple[str, str, Sequence[Mapping[str, Any]]]] = field(default_factory=list)
     deferred: dict[str, dict[str, int]] = field(default_factory=dict)
 
-    def defer(self, model: str, key: str, points: list[Mapping[str, Any]]) -> None:
+    def defer(self, model: str, key: str, points: Sequence[Mapping[str, Any]]) -> None:
         self.reliability.append((model, key, points))
         full = sum(1 for p in points if p.get("events"))
         counts = self.deferred.setdefault(model, {})
@@ -216,7 +219,7 @@ _ESTIMATED_NAMES = {m: {b: f"calmon_estimated_{m}{suffix}" for b, suffix in (("v
 _NO_NAMES: dict[str, str] = {}
 
 
-def _window(sink: _Sink, e: Mapping[str, Any], budget: SeriesBudget, ages: list[tuple[str, str, float]]) -> None:
+def _window(sink: _Sink, e: Evaluation, budget: SeriesBudget, ages: list[tuple[str, str, float]]) -> None:
     model = e["model"]
     win = (model, e["segment"], e["window"])
     key = _labels(WIN, win)
@@ -272,7 +275,7 @@ def _reliability(sink: _Sink, kept: Mapping[str, set[str]], families: set[str]) 
                     rel[REL_OUTCOME].append((b, point.get("mean_outcome")))
 
 
-def _estimates(rows: dict[str, _Rows], e: Mapping[str, Any], key: str) -> None:
+def _estimates(rows: dict[str, _Rows], e: Evaluation, key: str) -> None:
     for m, bounds in (e.get("estimated") or {}).items():
         names = _ESTIMATED_NAMES.get(m, _NO_NAMES)
         for b, v in bounds.items():
@@ -328,16 +331,16 @@ class RoundPart:
     series: int = 0
 
     @classmethod
-    def build(cls, st: Mapping[str, Any], budget: SeriesBudget) -> RoundPart:
-        """Render the round's families from ``st`` (the keys of :func:`calmon.agent.views.round_state`)."""
+    def build(cls, view: RoundView, budget: SeriesBudget) -> RoundPart:
+        """Render the round's families from ``view`` (built by :func:`calmon.agent.views.round_state`)."""
         sink = _Sink()
         _families(sink)
         ages: list[tuple[str, str, float]] = []
-        for e in st.get("evaluations", []):
+        for e in view.evaluations:
             _window(sink, e, budget, ages)
         kept, families, dropped = _keep(sink, budget)
         _reliability(sink, kept, families)
-        fixed = _fixed(st)
+        fixed = _fixed(view)
         out = [f.text() for f in fixed]
         series = sum(len(f.lines) for f in fixed)
         for tier, name, head in sink.order:
@@ -362,29 +365,30 @@ class RoundPart:
         return fam.text().encode()
 
 
-def _fixed(st: Mapping[str, Any]) -> tuple[_Family, ...]:
+def _fixed(view: RoundView) -> tuple[_Family, ...]:
     """The round's families outside the series budget: scheduler, state bytes, alerts, calibrators."""
-    sched = st.get("scheduler", {})
+    sched = view.scheduler
     total = _Family("calmon_evaluations", "Evaluation rounds completed", "counter")
     total.add("", sched.get("evaluations", 0))
     over = _Family("calmon_evaluation_overruns", "Rounds that exceeded the time budget", "counter")
     over.add("", sched.get("overruns", 0))
     last = _Family("calmon_last_evaluation_timestamp_seconds", "End of the last evaluation round")
-    if sched.get("last_timestamp") is not None:
-        last.add("", sched["last_timestamp"])
+    last_ts = sched.get("last_timestamp")
+    if last_ts is not None:
+        last.add("", last_ts)
     mem = _Family("calmon_state_bytes", "Bytes held by the windowed statistics")
-    for model, n in sorted(st.get("state_bytes", {}).items()):
+    for model, n in sorted(view.state_bytes.items()):
         mem.add(_labels(("model",), (model,)), n)
     alert = _Family("calmon_alert_active", "1 while the alert is firing")
-    for a in st.get("alerts", []):
+    for a in view.alerts:
         alert.add(_labels(("alert", "model", "segment", "window", "severity"),
                           [a.get(k, "") for k in ("alert", "model", "segment", "window", "severity")]),
                   1.0 if a.get("state") == "firing" else 0.0)
     cal_v = _Family("calmon_calibrator_version", "Version of the published calibrator")
     cal_e = _Family("calmon_calibrator_error", "Calibration error before/after the calibrator")
-    for c in st.get("calibrators", []):
+    for c in view.calibrators:
         cal_v.add(_labels(("model", "method"), (c["model"], c["method"])), c.get("version"))
-        for stage in ("before", "after"):
-            for metric, v in sorted((c.get(stage) or {}).items()):
+        for stage, errors in (("before", c.get("before")), ("after", c.get("after"))):
+            for metric, v in sorted((errors or {}).items()):
                 cal_e.add(_labels(("model", "method", "stage", "metric"), (c["model"], c["method"], stage, metric)), v)
     return (total, over, last, mem, alert, cal_v, cal_e)

@@ -6,6 +6,13 @@ temporary file in the same directory, which is fsynced, renamed over the target 
 ``os.replace`` and followed by an fsync of the directory (without it a crash can forget the
 rename on some file systems).
 
+A writer replaces only a regular file, or creates a path that does not exist: a device (``-o
+/dev/full``), fifo, socket or directory is refused with :class:`NotRegularFileError` and left as
+it is, and so is a symbolic link, which is not followed (its target may be anything and anywhere;
+point the writer at the file itself).  :func:`check_replaceable` is the test, made before the
+temporary file is created and again just before the rename; it guards against mistakes, not
+against a process racing the writer in the same directory.
+
 Examples
 --------
 >>> import numpy as np, tempfile, pathlib, json
@@ -26,6 +33,7 @@ import base64
 import json
 import math
 import os
+import stat
 import tempfile
 import zlib
 from pathlib import Path
@@ -33,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["clean", "pack_array", "unpack_array", "write_bytes_atomic", "write_json_atomic", "fsync_dir"]
+__all__ = ["NotRegularFileError", "check_replaceable", "clean", "fsync_dir", "pack_array", "unpack_array",
+           "write_bytes_atomic", "write_json_atomic"]
 
 
 #: Types returned as they are (exact types: a subclass such as ``np.float64`` takes the general path).
@@ -127,9 +136,46 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+class NotRegularFileError(OSError):
+    """A writer was pointed at something it must not replace: ``str(err)`` is one line naming it."""
+
+
+#: What a file type is called in a refusal (``stat.S_IFMT`` -> name).
+_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device", stat.S_IFIFO: "a fifo",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link"}
+
+
+def check_replaceable(path: str | os.PathLike[str]) -> None:
+    """Raise :class:`NotRegularFileError` unless ``path`` does not exist or is a regular file.
+
+    A symbolic link is refused, not followed (``os.lstat``).
+
+    Examples
+    --------
+    >>> check_replaceable("/nonexistent/calmon/doc.json")
+    >>> try:
+    ...     check_replaceable("/dev/null")
+    ... except NotRegularFileError as err:
+    ...     print(err)
+    refusing to replace /dev/null: it is a character device, not a regular file
+    """
+    try:
+        mode = os.lstat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "a special file")
+        raise NotRegularFileError(f"refusing to replace {os.fspath(path)}: it is {kind}, not a regular file")
+
+
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int = 0o644) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (temp file, fsync, rename, fsync directory)."""
+    """Replace ``path`` with ``data`` atomically and durably (temp file, fsync, rename, fsync directory).
+
+    Raises :class:`NotRegularFileError` (an ``OSError``) if ``path`` exists and is not a regular file
+    (see :func:`check_replaceable`); nothing is written then.
+    """
     p = Path(path)
+    check_replaceable(p)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
@@ -141,6 +187,7 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, *, mode: int =
             os.fsync(fd)
         finally:
             os.close(fd)
+        check_replaceable(p)  # again: the path may have changed while the bytes were written
         os.replace(tmp, p)
     except BaseException:
         try:

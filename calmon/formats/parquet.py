@@ -19,7 +19,9 @@ Rows in JSON
   then rejects its rows as ``missing_field``, as it does CSV rows without a model).
 
 A Parquet or Arrow IPC file whose footer is missing (still being written, or cut short) raises
-:class:`IncompleteTable` at open, which the file source takes as "not complete yet".
+:class:`IncompleteTable` at open, which the file source takes as "not complete yet"; a file named like Parquet
+that does not begin with ``PAR1`` (a writer writes it first) raises :class:`NotATable` instead: it will not
+become one.
 
 Examples
 --------
@@ -44,7 +46,7 @@ import numpy as np
 
 from calmon.formats.csvrows import CsvLayout
 
-__all__ = ["TableError", "IncompleteTable", "TableFile", "RowPlan", "canonical_plan", "mapped_plan",
+__all__ = ["TableError", "IncompleteTable", "NotATable", "TableFile", "RowPlan", "canonical_plan", "mapped_plan",
            "batch_records", "table_kind", "TABLE_SUFFIXES"]
 
 PARQUET_MAGIC = b"PAR1"
@@ -60,6 +62,10 @@ class TableError(ValueError):
 
 class IncompleteTable(TableError):
     """A Parquet or Arrow IPC file without its footer: still being written (or cut short)."""
+
+
+class NotATable(TableError):
+    """A file read as Parquet that is something else (it does not begin with ``PAR1``)."""
 
 
 def table_kind(head: bytes, path: str = "") -> str | None:
@@ -219,6 +225,8 @@ class TableFile:
     ------
     IncompleteTable
         A Parquet or Arrow IPC file without footer.
+    NotATable
+        A "Parquet" file that does not begin with ``PAR1``.
     TableError
         Any other unreadable file.
     """
@@ -226,6 +234,10 @@ class TableFile:
     def __init__(self, source: str | bytes | BinaryIO, kind: str) -> None:
         import pyarrow as pa
 
+        if kind == "parquet":
+            head = _head(source)
+            if head[:4] != PARQUET_MAGIC[:len(head)]:
+                raise NotATable(f"not a Parquet file: it begins with {head!r}, not {PARQUET_MAGIC!r}")
         self.kind = kind
         self._src = pa.BufferReader(source) if isinstance(source, bytes) else source
         self._fileobj = None if isinstance(source, (str, bytes)) else source
@@ -287,6 +299,20 @@ def _open_ipc(source: str | bytes | BinaryIO) -> Any:
             raise IncompleteTable("no Arrow IPC footer: still being written, cut short, or not Arrow")
         return pa.ipc.open_file(buf)
     return pa.ipc.open_stream(buf)
+
+
+def _head(source: str | bytes | BinaryIO) -> bytes:
+    """The first (at most eight) bytes of a file."""
+    if isinstance(source, bytes):
+        return source[:8]
+    if isinstance(source, str):
+        with open(source, "rb") as fh:
+            return fh.read(8)
+    at = source.tell()
+    source.seek(0)
+    head = source.read(8)
+    source.seek(at)
+    return head
 
 
 def _tail(source: str | bytes | BinaryIO) -> bytes:

@@ -68,21 +68,26 @@ class OversizedRecord(bytes):
         The record's length in bytes.
     sha256
         Hex SHA-256 of the whole record.
+    reason
+        The reason code the decoder rejects it with: ``too_large``, or ``decompression_bomb`` for the rest of a
+        compressed file the source stopped reading (its size is then the bytes decompressed until it stopped).
 
     Examples
     --------
     >>> r = OversizedRecord(b"x" * 10_000, 200_000_000, "ab" * 32)
-    >>> len(r), len(bytes(r)), r.sha256[:4]
-    (200000000, 4096, 'abab')
+    >>> len(r), len(bytes(r)), r.sha256[:4], r.reason
+    (200000000, 4096, 'abab', 'too_large')
     """
 
     size: int
     sha256: str
+    reason: str
 
-    def __new__(cls, prefix: bytes, size: int, sha256: str) -> OversizedRecord:
+    def __new__(cls, prefix: bytes, size: int, sha256: str, reason: str = "too_large") -> OversizedRecord:
         self = super().__new__(cls, prefix[:PREFIX_BYTES])
         self.size = int(size)
         self.sha256 = sha256
+        self.reason = reason
         return self
 
     def __len__(self) -> int:

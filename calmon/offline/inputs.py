@@ -10,7 +10,7 @@ Formats
 * **Parquet** and **Arrow IPC** (``.arrow``/``.feather``) files, or a directory of them (``*.parquet``,
   ``*.arrow``, ... in sorted path order, hidden and ``_``-prefixed names skipped): streamed by record
   batch, only the needed columns read (:mod:`calmon.formats.parquet`), each row decoded as a JSON object, so
-  memory does not grow with the file beyond the arrays ``check`` keeps (``scripts/bench_parquet.py``).
+  memory does not grow with the file beyond the arrays ``check`` keeps (``benchmarks/bench_parquet.py``).
   Without a schema mapping the columns are named as in CSV; a file without ``model`` column takes the
   ``--model`` name (or is the only model).
 * **CSV** with a header (read as :mod:`calmon.formats.csvrows` reads it for the agent): ``score,label``
@@ -35,7 +35,11 @@ which never raises for a record (invalid UTF-8, deep nesting, huge numbers all g
 but without the agent's wall-clock limits: offline files are historical and event times do not
 change the result of ``check``, so ``future_timestamp``/``past_timestamp`` are never raised here
 (epoch numbers above 1e11, probable milliseconds, are still ``bad_timestamp`` without a mapping's
-``ts_unit``). A truncated or corrupt compressed stream is an :class:`InputError` too.
+``ts_unit``). A truncated or corrupt compressed stream is an :class:`InputError` too, and so is a decompression
+bomb (a stream expanding more than 100 times over 64 MiB of output, :mod:`calmon.formats.compressed`): it is
+stopped there, so ``calmon check bomb.jsonl.gz`` answers at once. Compressed input is decompressed in bounded
+pieces, and a line of compressed JSON Lines longer than 16 MiB is read past without being held (``too_large``).
+A file named like a table (``*.parquet``...) that is not one is an error, not skipped.
 """
 
 from __future__ import annotations
@@ -43,15 +47,16 @@ from __future__ import annotations
 import glob
 import io
 import itertools
+import math
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 import numpy as np
 
-from calmon.formats.compressed import CorruptStream, codec_of, iter_decompressed
+from calmon.formats.compressed import CorruptStream, DecompressedReader, DecompressionBomb, codec_of
 from calmon.formats.csvobjects import cell_value
 from calmon.formats.csvrows import CsvLayout, read_rows
 from calmon.formats.parquet import (
@@ -65,6 +70,7 @@ from calmon.formats.parquet import (
 )
 from calmon.offline.accumulator import Chunk, EventAccumulator, jsonl_chunks, make_decoder
 from calmon.offline.dataset import Dataset, InputError
+from connectors.filewhole import CompressedLines
 
 if TYPE_CHECKING:
     from calmon.events.schema import Mapping
@@ -77,6 +83,7 @@ INPUTS_HELP = ("files (.jsonl, .csv, .npz, .parquet, .arrow; compressed too), di
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _SNIFF = 1 << 16
 _PIECE = 4 << 20
+_MAX_LINE = 16 << 20  # a longer line of a compressed input is too_large, read past without being held
 _DEFAULT_MODEL = "default"  # the model of a table without model column when no --model is given
 
 
@@ -180,10 +187,15 @@ class _Inputs:
         #: Every event input was a table of top-label columns (confidence, correct); None before the first one.
         self.top_label: bool | None = None
 
-    def events(self, chunks: Iterator[Chunk], what: str = "line", top_label: bool = False) -> None:
+    def events(self, chunks: Iterator[Chunk], what: str = "line", top_label: bool = False,
+               max_record_bytes: float = math.inf) -> None:
         self.top_label = top_label and self.top_label is not False
         if self.acc is None:
-            self.acc = EventAccumulator(make_decoder(self.mapping), what)
+            decoder = make_decoder(self.mapping)
+            decoder.max_record_bytes = math.inf
+            self.acc = EventAccumulator(decoder, what)
+        # compressed lines beyond _MAX_LINE arrive as an OversizedRecord: rejected by length, never held
+        self.acc.decoder.max_record_bytes = min(self.acc.decoder.max_record_bytes, max_record_bytes)
         self.acc.add_all(chunks, what)
 
     def add_path(self, path: str) -> None:
@@ -204,8 +216,7 @@ class _Inputs:
         codec = codec_of(head)
         if codec is not None:
             inner = Path(p.stem).suffix.lower()  # events.jsonl.gz -> .jsonl
-            with p.open("rb") as fh:
-                self.add_pieces(path, iter_decompressed(fh.read, codec), inner)
+            self.add_stream(path, lambda: open(path, "rb"), codec, inner)
             return
         suffix = p.suffix.lower()
         if head.strip() and _is_jsonl(suffix, head):
@@ -223,7 +234,7 @@ class _Inputs:
             return
         codec = codec_of(data[:4])
         if codec is not None:
-            self.add_pieces(name, iter_decompressed(io.BytesIO(data).read, codec), "")
+            self.add_stream(name, lambda: io.BytesIO(data), codec, "")
             return
         if suffix == ".npz" or data[:4] == b"PK\x03\x04":
             self.rows.append(_read_npz(name, data))
@@ -234,19 +245,20 @@ class _Inputs:
         else:
             self.events(_csv_mapped_chunks(name, data))
 
-    def add_pieces(self, name: str, pieces: Iterator[bytes], inner: str) -> None:
-        """A decompressed stream: JSON Lines decoded as they are decompressed; CSV and NPZ decompressed whole."""
+    def add_stream(self, name: str, opener: Callable[[], BinaryIO], codec: str, inner: str) -> None:
+        """A compressed stream (``opener`` opens it at its start; it is read twice: its first bytes tell JSON Lines
+        from CSV), decompressed in bounded pieces (:mod:`calmon.formats.compressed`): a decompression bomb stops it
+        with one line, and so does a truncated or corrupt stream."""
         try:
-            head: list[bytes] = []
-            for piece in pieces:  # enough of the stream to tell JSON Lines from CSV
-                head.append(piece)
-                if b"".join(head).strip():
-                    break
-            stream = itertools.chain(head, pieces)
-            if _is_jsonl(inner, b"".join(head)[:_SNIFF]):
-                self.events(jsonl_chunks(name, stream))
-            else:
-                self.add_data(name, b"".join(stream), inner)
+            with opener() as fh:
+                head = _first_bytes(DecompressedReader(fh.read, codec))
+            with opener() as fh:
+                if _is_jsonl(inner, head[:_SNIFF]):
+                    lines = CompressedLines(fh.read, codec, 0, 1, _MAX_LINE)
+                    self.events(_line_chunks(name, lines), max_record_bytes=_MAX_LINE)
+                    return
+                data = b"".join(iter(DecompressedReader(fh.read, codec).read, b""))
+            self.add_data(name, data, inner)
         except CorruptStream as exc:
             raise InputError(f"{name}: {exc}") from None
 
@@ -328,6 +340,37 @@ def _file_pieces(p: Path) -> Iterator[bytes]:
     with p.open("rb") as fh:
         while piece := fh.read(_PIECE):
             yield piece
+
+
+def _first_bytes(r: DecompressedReader) -> bytes:
+    """The decompressed bytes from the first that is not white space (or ``b""``)."""
+    while piece := r.read():
+        if piece.strip():
+            return piece.lstrip()
+    return b""
+
+
+def _line_chunks(name: str, lines: CompressedLines, n: int = 65_536) -> Iterator[Chunk]:
+    """The non-blank lines of a compressed stream as chunks (a line longer than :data:`_MAX_LINE` as one
+    :class:`~calmon.formats.records.OversizedRecord`, never held: the decoder rejects it as ``too_large``)."""
+    recs: list[bytes] = []
+    nums: list[int] = []
+    while not lines.finished:
+        for seg in lines.read(n):
+            if seg.oversized is not None and seg.oversized.reason == DecompressionBomb.reason:
+                raise InputError(f"{name}: line {seg.first}: {seg.oversized.reason}: {lines.error}")
+            if seg.oversized is not None:
+                recs.append(seg.oversized)
+                nums.append(seg.first)
+            for i, ln in enumerate(seg.lines or ()):
+                if ln.strip():
+                    recs.append(ln)
+                    nums.append(seg.first + i)
+        if len(recs) >= n or (lines.finished and recs):
+            yield Chunk(name, recs, nums)
+            recs, nums = [], []
+    if lines.error is not None:
+        raise InputError(f"{name}: {lines.error}")
 
 
 def _csv_mapped_chunks(name: str, data: bytes) -> Iterator[Chunk]:

@@ -28,7 +28,7 @@ from calmon.state.checkpoint.schema import SchemaError, validate_checkpoint
 from calmon.state.counters import Counters, SourceInfo
 from calmon.state.join import Joiner
 from calmon.state.monitors import ChangeMonitor
-from calmon.state.windowsums import RingSums, capture
+from calmon.state.windows import RingSums, capture
 
 __all__ = ["AgentState", "WindowSnapshot", "StateError", "StateLock"]
 
@@ -105,7 +105,7 @@ class WindowSnapshot:
 
 
 #: A ring (the object: a restore replaces it), its stamp, its window sums at that stamp and the stable
-#: sums kept for the next snapshot (:mod:`calmon.state.windowsums`).
+#: sums kept for the next snapshot (:mod:`calmon.state.windows`).
 _RingSums = tuple[Any, "tuple[int, float] | None", dict[str, BucketStats], "RingSums | None"]
 
 
@@ -179,7 +179,7 @@ class AgentState:
     def snapshot(self) -> list[WindowSnapshot]:
         """Window sums of every (model, segment, window), in model order, taking the lock one ring at a time.
 
-        Under the lock, one ring at a time, :func:`~calmon.state.windowsums.capture` copies the buckets
+        Under the lock, one ring at a time, :func:`~calmon.state.windows.capture` copies the buckets
         the ring's sums will read -- the ones new events land in, and those whose window changed since
         the previous snapshot -- and the sums are merged from the copies after the lock is released, so
         a snapshot is consistent *per ring*: every window of one (model, segment) reflects the same
@@ -187,7 +187,7 @@ class AgentState:
         and window bounds did not change since the previous snapshot is not summed again: its previous
         sums are reused (they are never mutated, see :class:`WindowSnapshot`), and
         :attr:`WindowSnapshot.stamp` tells the evaluator so; a ring that changed reuses the sums of its
-        unchanged buckets (:mod:`calmon.state.windowsums`).  Called by one thread (the scheduler); the
+        unchanged buckets (:mod:`calmon.state.windows`).  Called by one thread (the scheduler); the
         reuse cache is that thread's.
 
         Automatic garbage collection is paused meanwhile (:func:`_collection_paused`): the sums allocate a

@@ -1,9 +1,23 @@
-"""Per-bucket statistics and the per-model rings of buckets (the windowed statistics of one model).
+"""The windowed statistics of the models: buckets, the one computation of their cells, the per-model rings of
+buckets, and the one way into them (:func:`fold`).
 
 A bucket holds a :class:`~calmon.stats.model.ModelStats` (fine grid, exact 15-bin ECE grid,
 class-wise grid, reservoir, level-set statistics) plus a coarse equal-width grid for the
 exported reliability diagram (20 bins by default, so the ``bin`` labels ``"0.00"..."0.95"``
-are exact bins, not re-binned fine cells).
+are exact bins, not re-binned fine cells) and the prediction-side grid.
+
+One way into a ring
+-------------------
+Events of every kind -- labeled events, predictions, joined pairs, of binary and multiclass models alike --
+reach the rings through :func:`fold`, which places the events of many models at once (issue #15: per-batch,
+not per-model costs; :class:`~calmon.state.ingest.Ingestor` calls it a few times a batch whatever the number of
+models, :meth:`ModelWindows.add` once for one model).  It prepares the events once as :class:`EventCells`
+(every grid's cell of every event and its fixed-point sums, on one combined cell axis, :func:`axis`: the one
+computation of a bucket's cells), places the events of every ring with one vectorised
+:func:`~calmon.state.windows.bucket_cells`, and splits them by (ring, bucket) with one sort; what is left per
+ring is rolling it to the watermark and one :meth:`BucketStats.fold` per bucket touched (a few array copies).
+A bucket aggregates what it was given when it is next read.  :meth:`BucketStats.update` and
+:meth:`~BucketStats.update_predictions` are the fold of the events they are given.
 
 Memory is sized by content.  A bucket holds the fine grid (``bins`` cells), the 15-cell ECE grid,
 the reliability grid (20 cells), the prediction-side grid (256 cells) and a reservoir of ``r`` rows.
@@ -12,22 +26,21 @@ are occupied, then 48 bytes per cell; the small grids are dense (about 1.7 kB); 
 allocated as they fill (16 bytes per row, binary).  So a bucket of ``m`` labeled events costs about
 ``1.7 kB + 56 (c_fine + c_pred) + 16 min(m, r)`` bytes with ``c <= m`` occupied cells, and at most
 ``6 * 8 * (bins + 15 + 20 + 256) + 16 r`` (67 kB at ``bins = 1024``, ``r = 256``) once its grids are
-full.  Events folded from a prepared batch wait as rows (at most :data:`PENDING_CELLS` cells) until
-the bucket is next read.
+full.  Folded events wait as rows (at most :data:`PENDING_CELLS` cells) until the bucket is next read.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from itertools import repeat
 from typing import Any, Protocol
 
 import numpy as np
 
-from calmon.state.binarybatch import PRED_BINS, BinaryBatch, axis, bincount_one, expand_all
-from calmon.state.windows import TieredRing
+from calmon.state.windows import TieredRing, bucket_cells
 from calmon.stats import sparse
-from calmon.stats.grid import ScoreGrid
+from calmon.stats.grid import ScoreGrid, cell_index, event_sums
 from calmon.stats.model import ModelStats, top_label
 from calmon.stats.packed import Packer, Unpacker
 
@@ -38,6 +51,28 @@ PACKED_VERSION = 2
 #: separators fixed).
 PACKED_PREFIX = b'{"format":"calmon.bucket","version":2,'
 
+#: Cells of the prediction-side grid (label-free estimates and score drift need no finer resolution).
+PRED_BINS = 256
+#: Cells of the exact ECE grid (15 as in Guo et al. and the T-Cal tables; also the class-wise grid's per class).
+ECE_BINS = 15
+#: Pending combined cells after which a bucket aggregates its folded events (bounds their memory).
+PENDING_CELLS = 1024
+#: From this many pending cells a flush sums them with bincount over the combined axis instead of sorting.
+BINCOUNT_CELLS = 512
+
+#: A bucket's grids: cells of the fine grid, of the ECE grid (and of the class-wise grid per class), the
+#: number of classes and the cells of the reliability grid (:meth:`BucketStats.layout`).
+Layout = tuple[int, int, int, int]
+
+
+def axis(layout: Layout) -> list[int]:
+    """First combined cell of the fine, ECE, class-wise (none for a binary model), reliability and
+    prediction-side grids of ``layout``, and the end."""
+    fine, ece, classes, rel = layout
+    classwise = ece * classes if classes > 2 else 0
+    return [0, fine, fine + ece, fine + ece + classwise, fine + ece + classwise + rel,
+            fine + ece + classwise + rel + PRED_BINS]
+
 
 class Hold(Protocol):
     """A checkpoint's claim on a bucket's content (see :meth:`BucketStats.freeze`)."""
@@ -46,10 +81,198 @@ class Hold(Protocol):
         """Called once, by the thread about to change ``bucket``, before it does."""
 
 
-#: Pending combined cells after which a bucket aggregates its folded events (bounds their memory).
-PENDING_CELLS = 1024
-#: From this many pending cells a flush sums them with bincount over the combined axis instead of sorting.
-BINCOUNT_CELLS = 512
+class EventCells:
+    """Events prepared once for folding into many buckets of one :data:`Layout`: the one computation of a
+    bucket's cells.
+
+    Every grid's cell of every event and its fixed-point sums (:func:`~calmon.stats.grid.event_sums`, the
+    integers :meth:`ScoreGrid.update <calmon.stats.grid.ScoreGrid.update>` adds) are computed once, on one
+    combined cell axis (:func:`axis`); folding the events ``idx`` into a bucket (:meth:`BucketStats.fold`) copies
+    their columns, and the bucket aggregates what it was given in one pass when it is next read -- no per-event
+    Python, whatever the number of buckets.
+
+    Parameters
+    ----------
+    layout
+        The buckets' grids (:meth:`BucketStats.layout`).
+    labels
+        Class labels of labeled events; ``None``: predictions, for the prediction-side grid only.
+    score, probs
+        Binary scores (P(y = 1)) or class probabilities ``(n, K)`` (a multiclass model's labeled events; its
+        predictions count with their top-label confidence).
+    predictions
+        Also count labeled events on the prediction-side grid (without their outcome).
+
+    Attributes
+    ----------
+    keys
+        ``(g, n)`` combined cells, one row per grid an event lands in.
+    sums
+        ``(6, n)`` sums shared by every row of ``keys`` (a binary model's events, predictions), or
+        ``(g, 6, n)`` one set per row (a multiclass model's labeled events: its class-wise rows have their own).
+    rows
+        Reservoir rows (score or probabilities, then the label) of labeled events; ``None`` for predictions.
+    pred
+        Whether the last row of ``keys`` is the prediction-side grid of labeled events, whose shared
+        ``sums`` then count without outcome terms there.
+
+    Examples
+    --------
+    >>> cells = EventCells((64, 15, 2, 20), np.array([1, 0]), score=np.array([0.5, 0.97]))
+    >>> cells.keys.tolist(), cells.sums[0].tolist()  # fine, ECE and reliability cells; one event each
+    ([[32, 62], [71, 78], [89, 98]], [1, 1])
+    """
+
+    __slots__ = ("keys", "sums", "rows", "pred")
+
+    def __init__(self, layout: Layout, labels: np.ndarray | None, score: np.ndarray | None = None,
+                 probs: np.ndarray | None = None, predictions: bool = False) -> None:
+        offsets = axis(layout)
+        fine, ece, classes, rel = layout
+        self.pred = False
+        self.rows: np.ndarray | None = None
+        if labels is None:  # predictions: the prediction-side grid only, with no outcome
+            z = np.asarray(score if probs is None else np.max(probs, axis=1), dtype=np.float64)
+            self.keys = _keys([(z, PRED_BINS, offsets[4])], z.size)
+            self.sums = event_sums(z, np.zeros(z.size))
+        elif classes == 2:
+            if score is None:
+                raise ValueError("binary model: score is required")
+            z = np.asarray(score, dtype=np.float64)
+            y = np.asarray(labels).astype(np.float64)
+            grids = [(z, fine, offsets[0]), (z, ece, offsets[1]), (z, rel, offsets[3])]
+            self.keys = _keys(grids + ([(z, PRED_BINS, offsets[4])] if predictions else []), z.size)
+            self.sums = event_sums(z, y)  # the same for every grid but the labeled prediction side
+            self.rows = np.column_stack([z, y])
+            self.pred = predictions
+        else:
+            self._multiclass(layout, labels, probs, predictions)
+
+    def _multiclass(self, layout: Layout, labels: np.ndarray, probs: np.ndarray | None, predictions: bool) -> None:
+        """A multiclass model's labeled events: the top-label confidence and correctness on the fine, ECE,
+        reliability and prediction-side grids, each class's probability and outcome on the class-wise grid."""
+        if probs is None:
+            raise ValueError("multiclass model: probs is required")
+        fine, ece, classes, rel = layout
+        p = np.asarray(probs, dtype=np.float64)
+        if p.ndim != 2 or p.shape[1] != classes:
+            raise ValueError(f"expected probabilities of shape (n, {classes}), got {p.shape}")
+        labels = np.asarray(labels, dtype=np.int64)
+        offsets = axis(layout)
+        conf, correct = top_label(p, labels)
+        onehot = np.zeros_like(p)
+        onehot[np.arange(labels.size), labels] = 1.0
+        top = event_sums(conf, correct)
+        grids = [(conf, fine, offsets[0]), (conf, ece, offsets[1])]
+        grids += [(p[:, k], ece, offsets[2] + k * ece) for k in range(classes)]
+        grids += [(conf, rel, offsets[3])] + ([(conf, PRED_BINS, offsets[4])] if predictions else [])
+        self.keys = _keys(grids, labels.size)
+        self.sums = np.empty((len(grids), *top.shape), dtype=np.int64)
+        self.sums[[0, 1, 2 + classes]] = top
+        for k in range(classes):
+            self.sums[2 + k] = event_sums(p[:, k], onehot[:, k])
+        if predictions:
+            self.sums[-1] = top * _NO_OUTCOME
+        self.rows = np.column_stack([p, labels])
+
+    def __len__(self) -> int:
+        return int(self.keys.shape[1])
+
+    def take(self, idx: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Keys, sums and reservoir rows of the events ``idx`` (increasing indices, or a ``slice`` with step 1;
+        the arrays themselves for the whole batch, copied slices for a contiguous range -- cheaper than a
+        gather)."""
+        keys, sums, rows, view = self._take(idx)
+        if view:
+            return keys.copy(), sums.copy(), None if rows is None else rows.copy()
+        return keys, sums, rows
+
+    def _take(self, idx: np.ndarray | slice) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, bool]:
+        """:meth:`take`, with a contiguous range as views of the batch's arrays (the last item: whether they
+        are), for a fold that aggregates them at once and keeps nothing."""
+        n = self.keys.shape[1]
+        if isinstance(idx, slice):  # folds from fold(): a range of a batch sorted by bucket
+            a, b, _ = idx.indices(n)
+            size = max(b - a, 0)
+        else:
+            size = idx.size
+            a, b = (int(idx[0]), int(idx[-1]) + 1) if size else (0, 0)
+        if size == n:  # idx is sorted: all events, in order
+            return self.keys, self.sums, self.rows, False
+        if b - a == size:  # increasing and contiguous
+            return self.keys[:, a:b], self.sums[..., a:b], None if self.rows is None else self.rows[a:b], True
+        if isinstance(idx, slice):
+            raise ValueError(f"take: a slice of step 1 expected, got {idx!r}")
+        return self.keys[:, idx], self.sums[..., idx], None if self.rows is None else self.rows[idx], False
+
+    def subset(self, idx: np.ndarray) -> EventCells:
+        """The events ``idx`` (any order) as a batch of their own."""
+        out = EventCells.__new__(EventCells)
+        # take(): what fancy indexing gives, in about two thirds of its time on these 2-D arrays
+        out.keys, out.sums, out.pred = self.keys.take(idx, axis=1), self.sums.take(idx, axis=-1), self.pred
+        out.rows = None if self.rows is None else self.rows.take(idx, axis=0)
+        return out
+
+    def fold_into(self, bucket: BucketStats, idx: np.ndarray | slice) -> None:
+        """``bucket.fold(self, idx)``: the update a :class:`~calmon.state.windows.TieredRing` calls per bucket."""
+        bucket.fold(self, idx)
+
+
+def _keys(grids: list[tuple[np.ndarray, int, int]], n: int) -> np.ndarray:
+    """Combined cells ``(len(grids), n)``: row ``i`` the cells of the values ``z`` on a grid of ``bins`` cells
+    starting at combined cell ``offset``, for ``grids[i] = (z, bins, offset)``."""
+    keys = np.empty((len(grids), n), dtype=np.int64)
+    for row, (z, bins, offset) in enumerate(grids):
+        keys[row] = cell_index(z, bins)
+        keys[row] += offset
+    return keys
+
+
+#: A fold waiting in a bucket: (:attr:`EventCells.pred`, keys, sums, reservoir rows or None).
+Pending = tuple[bool, np.ndarray, np.ndarray, np.ndarray | None]
+
+
+def expand_all(pending: Sequence[Pending]) -> tuple[np.ndarray, np.ndarray]:
+    """The combined cells of every pending fold and their per-event sums ``(6, cells)``, concatenated: one
+    concatenation per array rather than a tile per fold (a bucket's folds are often a handful of events)."""
+    tiles: list[np.ndarray] = []
+    for pred, keys, sums, _ in pending:
+        g = keys.shape[0]
+        if sums.ndim == 3:  # one set of sums per row of keys, in the order of keys.ravel()
+            tiles.append(sums.transpose(1, 0, 2).reshape(sums.shape[1], -1))
+        elif pred:  # the labeled prediction-side row (the last) has no outcome terms
+            tiles.extend([sums] * (g - 1))
+            tiles.append(sums * _NO_OUTCOME)
+        else:
+            tiles.extend([sums] * g)
+    if len(pending) == 1:
+        return pending[0][1].ravel(), np.concatenate(tiles, axis=1)
+    return np.concatenate([keys.ravel() for _, keys, _, _ in pending]), np.concatenate(tiles, axis=1)
+
+
+def bincount_one(pred: bool, keys: np.ndarray, sums: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """The cells and summed int64 fields of one fold's events (those of :func:`expand_all`) by bincount over
+    the combined axis of ``length`` cells: the count (field 0, one per event) unweighted, each other field
+    weighted by its float64 values written once per grid into one buffer (no int64 tile converted field by
+    field); float sums of integers below ``2**53`` are exact."""
+    g, n = keys.shape
+    cells = keys.ravel()
+    count = np.bincount(cells, minlength=length)
+    occupied = np.flatnonzero(count)
+    fields = sums.shape[-2]
+    out = np.empty((fields, occupied.size), dtype=np.int64)
+    out[0] = count[occupied]
+    w = np.empty((g, n))
+    for i in range(1, fields):
+        w[:] = sums[..., i, :]
+        if pred and i in (2, 4):  # the labeled prediction-side row (the last) has no outcome terms
+            w[g - 1] = 0
+        out[i] = np.bincount(cells, weights=w.ravel(), minlength=length)[occupied]
+    return occupied, out
+
+
+#: Multiplies the sums of an event to those of its prediction alone (rows 2 and 4 hold outcome terms).
+_NO_OUTCOME = np.array([[1], [1], [0], [1], [0], [1]], dtype=np.int64)
 
 
 class BucketStats:
@@ -70,9 +293,10 @@ class BucketStats:
     >>> b.count, b.rel.n[[2, 19]].tolist()
     (2, [1.0, 1.0])
 
-    Events folded from a prepared batch wait as rows until the bucket is read:
+    Events are folded as :class:`EventCells` (:meth:`update` folds those of the events it is given); they wait
+    as rows until the bucket is read:
 
-    >>> b.fold(BinaryBatch(np.array([0.5]), np.array([1]), (64, 15, 20), False), np.array([0]))
+    >>> b.fold(EventCells(b.layout(), np.array([1]), score=np.array([0.5])), np.array([0]))
     >>> b.count, float(b.rel.n[10])
     (3, 1.0)
     """
@@ -81,13 +305,13 @@ class BucketStats:
 
     def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20, seed: int = 0) -> None:
-        self._stats = ModelStats(classes, bins=bins, ece_bins=15, reservoir=reservoir,
+        self._stats = ModelStats(classes, bins=bins, ece_bins=ECE_BINS, reservoir=reservoir,
                                  levelset_lambda=levelset_lambda, seed=seed)
         self._rel = ScoreGrid(reliability_bins)
         #: Prediction-side statistics: every prediction's score (top-label confidence) as it arrives, labels or not.
         self._pred = ScoreGrid(PRED_BINS)
-        #: Folded, not yet aggregated events: (BinaryBatch.pred, keys, sums, reservoir rows or None), in order.
-        self._pending: list[tuple[bool, np.ndarray, np.ndarray, np.ndarray | None]] = []
+        #: Folded, not yet aggregated events, in order.
+        self._pending: list[Pending] = []
         self._pending_cells = 0
         #: A checkpoint's claim on the current content (see :meth:`freeze`), or None.
         self._hold: Hold | None = None
@@ -116,44 +340,42 @@ class BucketStats:
     def count(self) -> int:
         return self.stats.count
 
+    def layout(self) -> Layout:
+        """The grids of this bucket, as :class:`EventCells` lays them out."""
+        st = self.stats
+        return st.fine.bins, st.ece.bins, st.classes, self._rel.bins
+
     def update(self, score: np.ndarray | None = None, probs: np.ndarray | None = None,
                labels: np.ndarray | None = None, predictions: bool = False) -> None:
-        """Add labeled events (binary ``score`` or multiclass ``probs``) with class ``labels``.
+        """Add labeled events (binary ``score`` or multiclass ``probs``) with class ``labels``: the fold of
+        their :class:`EventCells`.
 
         ``predictions``: also count them on the prediction-side grid (labeled events; a joined pair's
         prediction was counted there when it arrived).
         """
-        self._thaw()
+        if score is None and probs is None:
+            raise ValueError("BucketStats.update needs score (binary) or probs (multiclass)")
         labels = np.asarray(labels, dtype=np.int64)
-        self.stats.update(score=score, probs=probs, labels=labels)
-        if probs is None:
-            if score is None:
-                raise ValueError("BucketStats.update needs score (binary) or probs (multiclass)")
-            self._rel.update(score, labels.astype(np.float64))
-            if predictions:
-                self._pred.update(score, np.zeros(score.size))
-        else:
-            conf, correct = top_label(probs, labels)
-            self._rel.update(conf, correct)
-            if predictions:
-                self._pred.update(conf, np.zeros(conf.size))
+        self.fold(EventCells(self.layout(), labels, score, probs, predictions), slice(None))
 
-    def fold(self, batch: BinaryBatch, idx: np.ndarray | slice) -> None:
-        """Add the events ``idx`` of a prepared binary batch (the same result as :meth:`update` on them).
+    def fold(self, cells: EventCells, idx: np.ndarray | slice) -> None:
+        """Add the events ``idx`` of prepared :class:`EventCells`.
 
         The events' cells and sums are kept as rows and aggregated on the next read (or once
         :data:`PENDING_CELLS` are waiting): a fold costs a few array copies whatever the grids.
         """
         self._thaw()
-        keys, sums, rows, view = batch._take(idx)
+        keys, sums, rows, view = cells._take(idx)
+        if not keys.size:
+            return
         self._pending_cells += keys.size
         if self._pending_cells >= PENDING_CELLS:  # aggregated now: views of the batch are not kept
-            self._pending.append((batch.pred, keys, sums, rows))
+            self._pending.append((cells.pred, keys, sums, rows))
             self._flush()
             return
         if view:  # kept until the next read: copies, not views holding on to the whole batch
             keys, sums, rows = keys.copy(), sums.copy(), None if rows is None else rows.copy()
-        self._pending.append((batch.pred, keys, sums, rows))
+        self._pending.append((cells.pred, keys, sums, rows))
 
     def _flush(self) -> None:
         """Decode a restored document still packed; aggregate the folded events, in arrival order.
@@ -166,7 +388,7 @@ class BucketStats:
             return
         pending, self._pending, self._pending_cells = self._pending, [], 0
         st = self._stats
-        offsets = axis((st.fine.bins, st.ece.bins, self._rel.bins))
+        offsets = axis((st.fine.bins, st.ece.bins, st.classes, self._rel.bins))
         if len(pending) == 1 and pending[0][1].size >= BINCOUNT_CELLS:
             cells, sums = bincount_one(*pending[0][:3], offsets[-1])
         else:
@@ -178,21 +400,23 @@ class BucketStats:
             else:
                 cells, sums = sparse.aggregate(cells, sums)
         cuts = np.searchsorted(cells, offsets).tolist()
-        for k, grid in enumerate((st.fine, st.ece, self._rel, self._pred)):
+        for k, grid in enumerate((st.fine, st.ece, st.classwise, self._rel, self._pred)):
             a, b = cuts[k], cuts[k + 1]
-            if b > a:
+            if b > a and grid is not None:  # (a binary model has no class-wise cells)
                 grid.add_cells(cells[a:b] - offsets[k], sums[:, a:b], aggregated=True)
         rows = [p[3] for p in pending if p[3] is not None]
         if rows and st.reservoir is not None:
             st.reservoir.update(np.concatenate(rows))
+        if st.levelset is not None:  # fold by fold: a level set's bins are allocated batch by batch
+            for r in rows:
+                st.levelset.update(r[:, :-1], r[:, -1].astype(np.int64))
 
     def update_predictions(self, score: np.ndarray | None = None, probs: np.ndarray | None = None) -> None:
-        """Add predictions (with or without their outcome) to the prediction-side grid."""
-        z = np.max(probs, axis=1) if probs is not None else score
-        if z is None:
+        """Add predictions (with or without their outcome) to the prediction-side grid: the fold of their
+        :class:`EventCells`."""
+        if score is None and probs is None:
             raise ValueError("BucketStats.update_predictions needs score (binary) or probs (multiclass)")
-        self._thaw()
-        self.pred.update(z, np.zeros(z.size))
+        self.fold(EventCells(self.layout(), None, score, probs), slice(None))
 
     def merge(self, other: BucketStats) -> None:
         self._thaw()
@@ -387,59 +611,19 @@ class ModelWindows:
     def add(self, ts: np.ndarray, segment: np.ndarray, labels: np.ndarray, score: np.ndarray | None,
             probs: np.ndarray | None, watermark: float, predictions: bool = False) -> None:
         """Add labeled events to segment ``all`` and to their allow-listed segment (``predictions``: see
-        :meth:`BucketStats.update`)."""
-        if ts.size == 0:
-            return
-        if self.classes == 2 and score is not None:
-            self._add_all(ts, segment, self._folder(BinaryBatch(score, labels, self.sizes(), predictions)),
-                          watermark)
-            return
-
-        def adder(sel: np.ndarray | None) -> Any:
-            def update(bucket: BucketStats, idx: np.ndarray) -> None:
-                rows = idx if sel is None else sel[idx]
-                bucket.update(None if score is None else score[rows], None if probs is None else probs[rows],
-                              labels[rows], predictions)
-            return update
-
-        self._add_all(ts, segment, adder, watermark)
+        :meth:`BucketStats.update`): the :func:`fold` of this model's events."""
+        fold([(self, np.arange(ts.size))], ts, segment, labels, watermark, score=score, probs=probs,
+             predictions=predictions)
 
     def add_predictions(self, ts: np.ndarray, segment: np.ndarray, score: np.ndarray | None, probs: np.ndarray | None,
                         watermark: float) -> None:
         """Add predictions (labeled or not) to the prediction-side grids of segment ``all`` and their segment."""
-        if ts.size == 0:
-            return
-        if score is not None and probs is None:
-            self._add_all(ts, segment, self._folder(BinaryBatch(score, None, self.sizes(), True)), watermark)
-            return
+        fold([(self, np.arange(ts.size))], ts, segment, None, watermark, score=score, probs=probs)
 
-        def adder(sel: np.ndarray | None) -> Any:
-            def update(bucket: BucketStats, idx: np.ndarray) -> None:
-                rows = idx if sel is None else sel[idx]
-                bucket.update_predictions(None if score is None else score[rows],
-                                          None if probs is None else probs[rows])
-            return update
-
-        self._add_all(ts, segment, adder, watermark)
-
-    def sizes(self) -> tuple[int, int, int]:
-        """Cells of the fine, ECE and reliability grids of this model's buckets (see :class:`BinaryBatch`)."""
-        return int(self.params["bins"]), 15, int(self.params["reliability_bins"])
-
-    @staticmethod
-    def _folder(batch: BinaryBatch) -> Any:
-        def adder(sel: np.ndarray | None) -> Any:
-            def update(bucket: BucketStats, idx: np.ndarray) -> None:
-                bucket.fold(batch, idx if sel is None else sel[idx])
-            return update
-        return adder
-
-    def _add_all(self, ts: np.ndarray, segment: np.ndarray, adder: Any, watermark: float) -> None:
-        self.rings["all"].add(ts, adder(None), watermark)
-        for seg in self.segments:
-            sel = np.flatnonzero(segment == seg)
-            if sel.size:
-                self.rings[seg].add(ts[sel], adder(sel), watermark)
+    def layout(self) -> Layout:
+        """The grids of this model's buckets (:meth:`BucketStats.layout`), for :class:`EventCells`."""
+        p = self.params
+        return int(p["bins"]), ECE_BINS, self.classes, int(p["reliability_bins"])
 
     def versions(self) -> dict[str, int]:
         """Segment -> :attr:`TieredRing.version` of its ring (one ring per segment, ``"all"`` included).
@@ -470,3 +654,152 @@ class ModelWindows:
                   p["levelset_lambda"], p["reliability_bins"])
         out.rings = {seg: TieredRing.from_dict(r, out.factory, BucketStats.load) for seg, r in d["rings"].items()}
         return out
+
+
+def fold(parts: Sequence[tuple[ModelWindows, np.ndarray]], ts: np.ndarray, segment: np.ndarray,
+         labels: np.ndarray | None, watermark: float, *, score: np.ndarray | None = None,
+         probs: np.ndarray | None = None, predictions: bool = False) -> None:
+    """Add events to the rings of their models: part ``(windows, rows)`` adds the events ``rows`` (increasing)
+    of the batch columns to segment ``all`` of ``windows`` and to their allow-listed segment.
+
+    Parameters
+    ----------
+    parts
+        ``(windows, rows)`` per model.
+    ts, segment
+        Event time and segment of each event of the batch.
+    labels
+        Class labels of labeled events; ``None``: predictions (to the prediction-side grids only).
+    watermark
+        The rings' watermark after these events (the ingestor's: the largest event time seen); each ring is
+        rolled to it, or to its newest event if that is later.
+    score, probs
+        Binary scores, or class probabilities ``(n, K)`` (see :class:`EventCells`).
+    predictions
+        Also count labeled events on the prediction-side grids.
+
+    Examples
+    --------
+    >>> mw = ModelWindows("m", 2, [(60, 5), (600, 3)], segments=["web"], bins=64, reservoir=8)
+    >>> other = ModelWindows("n", 2, [(60, 5), (600, 3)], bins=64, reservoir=8)
+    >>> seg = np.array(["web", "app", "web", ""], dtype=object)
+    >>> fold([(mw, np.array([0, 1, 2])), (other, np.array([3]))], np.array([0.0, 10.0, 700.0, 5.0]), seg,
+    ...      np.array([1, 0, 1, 1]), 700.0, score=np.array([0.9, 0.2, 0.7, 0.5]))
+    >>> mw.rings["all"].window_sum(None).count, mw.rings["web"].window_sum(None).count, other.rings["all"].layout()
+    (3, 2, [[], [0.0]])
+    """
+    if not parts or not ts.size:
+        return
+    behind = float(ts.max()) > watermark  # not the ingestor's case: each ring rolls to its own newest event
+    by_layout: dict[Layout, list[tuple[ModelWindows, np.ndarray]]] = {}
+    for mw, rows in parts:
+        if rows.size:
+            by_layout.setdefault(mw.layout(), []).append((mw, rows))
+    for layout, group in by_layout.items():
+        _place(group, segment, ts, watermark, EventCells(layout, labels, score, probs, predictions), behind)
+
+
+#: Allow-lists up to this many segments are matched by comparing the segment column with each name.
+_COMPARED = 3
+
+
+def _entries(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, int]:
+    """Every (ring, event) pair of the parts: a ring *slot* ``part * width + j`` (``j = 0``: segment ``all``,
+    ``j = 1 + k``: the part's k-th allow-listed segment) and the event, found per distinct allow-list (not per
+    model), on the events of that list's models only: by comparing their segments with each name of a short
+    list, by one dictionary lookup per event for a longer one."""
+    rows = [r for _, r in group]
+    ev = np.concatenate(rows)
+    part = np.repeat(np.arange(len(group)), [r.size for r in rows])
+    width = 1 + max(len(mw.segments) for mw, _ in group)
+    lists: dict[tuple[str, ...], list[int]] = {}
+    for p, (mw, _) in enumerate(group):
+        if mw.segments:
+            lists.setdefault(tuple(mw.segments), []).append(p)
+    seg_of = np.full(ev.size, -1, dtype=np.int64)
+    bounds = np.cumsum([0, *(r.size for r in rows)]).tolist()  # part p's events: ev[bounds[p]:bounds[p + 1]]
+    for segs, ps in lists.items():
+        # only the events of this list's models: a thousand distinct allow-lists cost one pass over the batch
+        at: slice | np.ndarray = slice(None) if len(ps) == len(group) else np.concatenate(
+            [np.arange(bounds[p], bounds[p + 1]) for p in ps])
+        sub = segment[ev[at]]
+        if len(segs) <= _COMPARED:  # a comparison per segment over the column beats a lookup per event
+            k = np.full(sub.size, -1, dtype=np.int64)
+            for j, name in enumerate(segs):
+                k[sub == name] = j  # a name listed twice: its last position, as the dict below
+        else:
+            lut = {s: k for k, s in enumerate(segs)}
+            k = np.fromiter(map(lut.get, sub.tolist(), repeat(-1)), np.int64, sub.size)
+        seg_of[at] = k
+    has = np.flatnonzero(seg_of >= 0)  # positions, gathered twice (cheaper than two boolean selections)
+    first = part * width
+    slots = np.concatenate([first, first[has] + 1 + seg_of[has]])
+    return slots, np.concatenate([ev, ev[has]]), width
+
+
+def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray, ts: np.ndarray,
+           watermark: float, cells: EventCells, behind: bool) -> None:
+    """Roll every ring that gets events to ``watermark``, place all their events with one
+    :func:`bucket_cells` and sort them by (ring, bucket) once, then land each ring's buckets with one
+    :meth:`TieredRing.add` (a bucket's events are a contiguous slice of the sorted batch: no gather per bucket).
+
+    ``behind``: the watermark is behind an event; the rings are then added to one by one, as are rings at
+    other tiers than the first or ahead of ``watermark`` (each keeps its own geometry and watermark)."""
+    slots, ev, width = _entries(group, segment)
+    by_slot = _stable_argsort(slots)
+    ss = slots[by_slot]
+    heads = [0, *(np.flatnonzero(ss[1:] != ss[:-1]) + 1).tolist()]
+    rings: list[TieredRing[BucketStats]] = []
+    for s in ss[heads].tolist():
+        mw = group[s // width][0]
+        rings.append(mw.rings["all" if s % width == 0 else mw.segments[s % width - 1]])
+    first = rings[0]
+    tiers = first.tiers
+    if behind or any(r.watermark > watermark or (r.tiers is not tiers and r.tiers != tiers) for r in rings):
+        for ring, a, b in zip(rings, heads, [*heads[1:], ss.size]):
+            rows = ev[by_slot[a:b]]
+            ring.add(ts[rows], _through(cells.fold_into, rows), watermark)  # rolls to max(watermark, its events)
+        return
+    rid = np.repeat(np.arange(len(rings)), np.diff([*heads, ss.size]))  # dense ring index, in sorted order
+    ev = ev[by_slot]
+    tier, key, code = bucket_cells(tiers, ts[ev], first.bounds(watermark))
+    order = _by_ring_then_code(rid, code, [*heads, ss.size])  # each (ring, bucket) keeps its events in batch order
+    sr, sc = rid[order], code[order]
+    cut = (np.flatnonzero((sr[1:] != sr[:-1]) | (sc[1:] != sc[:-1])) + 1).tolist()
+    starts, ends = [0, *cut], [*cut, order.size]
+    sorted_cells = cells.subset(ev[order])  # one gather for the whole batch
+    heads_at = order[starts]
+    groups: list[list[tuple[int, float, slice]]] = [[] for _ in rings]
+    for r, t, k, a, b in zip(sr[starts].tolist(), tier[heads_at].tolist(), key[heads_at].tolist(), starts, ends):
+        groups[r].append((t, k, slice(a, b)))  # a bucket's events: a contiguous range of the sorted batch
+    update = sorted_cells.fold_into
+    for ring, g in zip(rings, groups):
+        ring.add(None, update, watermark, groups=g)  # rolls the ring to ``watermark`` first
+
+
+#: Rings up to which the events are sorted by bucket ring by ring rather than by one lexsort of the batch.
+_RING_SORTS = 32
+
+
+def _stable_argsort(a: np.ndarray) -> np.ndarray:
+    """``np.argsort(a, kind="stable")``; small non-negative integers as int16, which numpy radix-sorts."""
+    if a.size and 0 <= int(a.min()) and int(a.max()) < 1 << 15:
+        return np.argsort(a.astype(np.int16), kind="stable")
+    return np.argsort(a, kind="stable")
+
+
+def _by_ring_then_code(rid: np.ndarray, code: np.ndarray, bounds: list[int]) -> np.ndarray:
+    """``np.lexsort((code, rid))`` for ``rid`` sorted (ring ``r`` holds the entries ``bounds[r]:bounds[r + 1]``):
+    a stable sort of each ring's codes, which arrive nearly sorted (events in time order), for a few rings."""
+    if len(bounds) - 1 > _RING_SORTS:
+        return np.lexsort((code, rid))
+    return np.concatenate([a + np.argsort(code[a:b], kind="stable") for a, b in zip(bounds, bounds[1:])])
+
+
+def _through(fold: Callable[[BucketStats, np.ndarray], None], rows: np.ndarray
+             ) -> Callable[[BucketStats, np.ndarray], None]:
+    """``fold`` of the events ``rows[idx]`` (``idx``: into the ring's own events)."""
+    def update(state: BucketStats, idx: np.ndarray) -> None:
+        fold(state, rows[idx])
+    return update

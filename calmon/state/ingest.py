@@ -9,31 +9,36 @@ only.  Events without ``ts`` take the arrival (wall-clock) time.  A labeled even
 ``allowed_lateness`` behind the watermark *at its own record* is dropped and counted
 (``calmon_events_late_total``): "late" means the same at any batch size.  Joined events are
 placed at their prediction's time.
+
+Into the rings
+--------------
+Every event reaches its model's rings one way, :func:`calmon.state.buckets.fold`, called a few times a
+batch whatever the number of models (issue #15): the events of the batch's models are concatenated
+once per payload (:class:`Columns`: binary scores, or the probabilities of K classes), lateness is
+tested and counted over the whole batch, and each ring gets its predictions (with estimation
+enabled), then its labeled events, then its joined pairs.  The labeled pairs (on-time labeled events
+and joined predictions) of every model then reach the change detectors in one call
+(:meth:`~calmon.state.monitors.ChangeMonitor.feed`).
 """
 
 from __future__ import annotations
 
 import gc
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
-from calmon.events.decoder import LABELED, PREDICTION, DecodedBatch, ModelBatch
+from calmon.events.decoder import KINDS, LABELED, PREDICTION, DecodedBatch, ModelBatch
 from calmon.formats.records import Batch, DeadLetterSink
 from calmon.state.agentstate import AgentState
-from calmon.state.batchapply import (
-    BinaryColumns,
-    apply_binary,
-    binary_columns,
-    changes_binary,
-    count_events,
-    is_binary,
-)
-from calmon.state.batchfold import fold_binary
-from calmon.state.buckets import ModelWindows
-from calmon.state.join import JoinedBatch, event_watermarks
+from calmon.state.buckets import fold
+from calmon.state.counters import Counters
+from calmon.state.join import event_watermarks
+from calmon.state.monitors import calibration_pairs
 
 log = logging.getLogger("calmon.agent")
 
@@ -104,92 +109,176 @@ class Ingestor:
         joined = st.joiner.process(decoded.models, wms)  # advances the watermark in record order
         watermark = st.joiner.watermark
         count_events(st.counters, decoded.models)
-        # binary models are applied for the whole batch at once (issue #15, calmon.state.batchapply); the rest
-        # model by model.  Each ring gets its predictions, then labeled events, then joined pairs.
-        fast = [name for name, mb in decoded.models.items() if name in wms and name and is_binary(mb)
-                and getattr(st.models.get(name), "classes", 2) == 2]
-        cols = binary_columns(decoded.models, wms, fast) if fast else None
-        lrows = apply_binary(st, cols, watermark) if cols is not None else _NONE
-        skip = set(fast)
-        labeled: dict[str, tuple[np.ndarray, ModelBatch]] = {}
-        preds, labs, pairs = _Folds(), _Folds(), _Folds()
-        for name, mb in decoded.models.items():
-            if name not in skip:
-                self._apply_model(name, mb, wms, watermark, preds, labs, labeled)
-        preds.fold(watermark)
-        labs.fold(watermark, predictions=st.cfg.estimation.enabled)
+        events = Columns.decoded({name: mb for name, mb in decoded.models.items() if name and name in wms}, wms)
+        kept = [self._on_time(cols) for cols in events]  # late labeled events counted
+        for cols, (prows, lrows) in zip(events, kept):
+            n = len(cols.names)
+            busy = np.bincount(cols.part[prows], minlength=n) + np.bincount(cols.part[lrows], minlength=n)
+            for i in np.flatnonzero(busy).tolist():  # rings created in model order
+                st.windows_of(cols.names[i], cols.classes)
         for name, jb in joined.items():
-            mw = st.windows_of(name, jb.classes)
-            if mw.classes == 2 and jb.score is not None:
-                pairs.queue(mw, jb.ts, jb.segment, jb.score, jb.label)
-            else:
-                mw.add(jb.ts, jb.segment, jb.label, jb.score, jb.probs, watermark)
-        pairs.fold(watermark)
-        self._changes(cols, lrows, labeled, joined)
+            st.windows_of(name, jb.classes)
+        pairs = Columns.of(joined)
+        # each ring: its predictions first, then its labeled events, then its joined pairs
+        for cols, (prows, _) in zip(events, kept):
+            self._fold(cols, prows, watermark, labeled=False)
+        for cols, (_, lrows) in zip(events, kept):
+            self._fold(cols, lrows, watermark, labeled=True, predictions=st.cfg.estimation.enabled)
+        for cols in pairs:
+            self._fold(cols, None, watermark, labeled=True)
+        completed: list[tuple[Columns, np.ndarray | None]] = [(c, lrows) for c, (_, lrows) in zip(events, kept)]
+        self._changes(completed + [(cols, None) for cols in pairs])
 
-    def _apply_model(self, name: str, mb: ModelBatch, wms: dict[str, np.ndarray], watermark: float, preds: _Folds,
-                     labs: _Folds, labeled: dict[str, tuple[np.ndarray, ModelBatch]]) -> None:
-        """One model's events of the batch (the models :func:`~calmon.state.batchapply.apply_binary` does not take:
-        multiclass, score-less, and events without a model)."""
+    def _on_time(self, cols: Columns) -> tuple[np.ndarray, np.ndarray]:
+        """Count the late labeled events of ``cols``; return the rows of its on-time predictions (none
+        without estimation) and labeled events."""
         st = self.state
-        if not name or name not in wms:
-            return
+        assert cols.kind is not None and cols.wm is not None  # decoded events
+        on_time = cols.ts >= cols.wm - st.cfg.windows.allowed_lateness
+        lab = cols.kind == LABELED
+        late = np.bincount(cols.part[lab & ~on_time], minlength=len(cols.names))
+        for i in np.flatnonzero(late).tolist():
+            st.counters.add_late(cols.names[i], int(late[i]))
         estimation = st.cfg.estimation.enabled
-        on_time = mb.ts >= wms[name] - st.cfg.windows.allowed_lateness
-        lab = mb.kind == LABELED
-        late = lab & ~on_time
-        if late.any():
-            st.counters.add_late(name, int(late.sum()))
-        # labeled events reach the prediction-side grid through their bucket's update (one ring pass, not two)
-        psel = np.flatnonzero(on_time & (mb.kind == PREDICTION)) if estimation else _NONE
-        if psel.size:
-            mw = st.windows_of(name, mb.classes)
-            if mb.score is not None and mb.probs is None:
-                preds.queue(mw, mb.ts[psel], mb.segment[psel], mb.score[psel], None)
-            else:
-                mw.add_predictions(mb.ts[psel], mb.segment[psel], None if mb.score is None else mb.score[psel],
-                                   None if mb.probs is None else mb.probs[psel], watermark)
-        sel = np.flatnonzero(lab & on_time)
-        if sel.size:
-            mw = st.windows_of(name, mb.classes)
-            if mw.classes == 2 and mb.score is not None:
-                labs.queue(mw, mb.ts[sel], mb.segment[sel], mb.score[sel], mb.label[sel])
-            else:
-                mw.add(mb.ts[sel], mb.segment[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
-                       None if mb.probs is None else mb.probs[sel], watermark, predictions=estimation)
-            labeled[name] = (sel, mb)
+        prows = np.flatnonzero(on_time & (cols.kind == PREDICTION)) if estimation else _NONE
+        return prows, np.flatnonzero(lab & on_time)
 
-    def _changes(self, cols: BinaryColumns | None, lrows: np.ndarray,
-                 labeled: dict[str, tuple[np.ndarray, ModelBatch]], joined: dict[str, JoinedBatch]) -> None:
-        """Labeled pairs of each model to its change detector, merged in record order of their completing event:
-        binary models' in one pass (:func:`~calmon.state.batchapply.changes_binary`), the others model by model."""
+    def _fold(self, cols: Columns, rows: np.ndarray | None, watermark: float, labeled: bool,
+              predictions: bool = False) -> None:
+        """:func:`~calmon.state.buckets.fold` of the events ``rows`` of ``cols`` (``None``: all) into their
+        models' rings (``labeled=False``: as predictions)."""
+        if rows is not None and not rows.size:
+            return
+        rows = _every(rows, cols)
+        part = _pick(cols.part, rows)
+        heads = np.flatnonzero(np.concatenate([[True], part[1:] != part[:-1]]))
+        ends = [*heads[1:].tolist(), part.size]
+        parts = [(self.state.windows_of(cols.names[p], cols.classes), np.arange(a, b))
+                 for p, a, b in zip(part[heads].tolist(), heads.tolist(), ends)]
+        fold(parts, _pick(cols.ts, rows), _pick(cols.segment, rows), _pick(cols.label, rows) if labeled else None,
+             watermark, score=None if cols.score is None else _pick(cols.score, rows),
+             probs=None if cols.probs is None else _pick(cols.probs, rows), predictions=predictions)
+
+    def _changes(self, labeled: Sequence[tuple[Columns, np.ndarray | None]]) -> None:
+        """The labeled pairs ``labeled`` (rows of columns, ``None``: all) to the change detectors, in one
+        :meth:`~calmon.state.monitors.ChangeMonitor.feed`."""
         mon = self.state.changes
         if not mon.cfg.enabled:
             return
-        slow = {name for name, jb in joined.items() if not is_binary(jb)} | set(labeled)
-        names = set(joined) | set(labeled)
-        if cols is not None:
-            names.update(cols.names[i] for i in np.unique(cols.part[lrows]).tolist())
-        mon.touch(sorted(names))  # detectors in name order, whichever path feeds them
-        changes_binary(mon, cols, lrows, [jb for name, jb in joined.items() if name not in slow])
-        for name in sorted(slow):
-            parts = []
-            if name in labeled:
-                sel, mb = labeled[name]
-                parts.append((mb.index[sel], mb.ts[sel], mb.label[sel], None if mb.score is None else mb.score[sel],
-                              None if mb.probs is None else mb.probs[sel]))
-            jb = joined.get(name)
-            if jb is not None and len(jb):
-                assert jb.index is not None  # the Joiner always fills it
-                parts.append((jb.index, jb.ts, jb.label, jb.score, jb.probs))
-            order = np.argsort(np.concatenate([p[0] for p in parts]), kind="stable")
-            cols_ = [_merge([p[i] for p in parts], order) for i in (1, 2, 3, 4)]
-            ts, labels = cols_[0], cols_[1]
-            assert ts is not None and labels is not None
-            mon.update(name, cols_[2], cols_[3], labels.astype(np.int64), ts)
+        names: list[str] = []
+        parts: list[tuple[np.ndarray, ...]] = []
+        for cols, rows in labeled:
+            if rows is not None and not rows.size:
+                continue
+            sel = _every(rows, cols)
+            p, y = calibration_pairs(None if cols.score is None else _pick(cols.score, sel),
+                                     None if cols.probs is None else _pick(cols.probs, sel), _pick(cols.label, sel))
+            parts.append((_pick(cols.part, sel) + len(names), _pick(cols.index, sel), _pick(cols.ts, sel), p, y))
+            names.extend(cols.names)
+        if parts:
+            part, index, ts, p, y = (np.concatenate(c) for c in zip(*parts))
+            mon.feed(names, part, index, ts, p, y)
 
 
 _NONE = np.zeros(0, dtype=np.int64)
+
+
+def _every(rows: np.ndarray | None, cols: Columns) -> np.ndarray | None:
+    """``rows`` of ``cols`` (increasing), ``None`` for every row (the columns themselves, not gathers)."""
+    return None if rows is None or rows.size == cols.part.size else rows
+
+
+def _pick(a: np.ndarray, rows: np.ndarray | None) -> np.ndarray:
+    return a if rows is None else a[rows]
+
+
+class _Events(Protocol):
+    """What :class:`Columns` reads of a :class:`~calmon.events.rows.ModelBatch` or a
+    :class:`~calmon.state.join.JoinedBatch`."""
+
+    @property
+    def classes(self) -> int: ...
+    @property
+    def ts(self) -> np.ndarray: ...
+    @property
+    def segment(self) -> np.ndarray: ...
+    @property
+    def label(self) -> np.ndarray: ...
+    @property
+    def score(self) -> np.ndarray | None: ...
+    @property
+    def probs(self) -> np.ndarray | None: ...
+    @property
+    def index(self) -> np.ndarray | None: ...
+
+
+@dataclass
+class Columns:
+    """The events of several models with one payload (binary scores, or the probabilities of ``classes``
+    classes), concatenated model after model (each model's events in record order)."""
+
+    names: list[str]
+    classes: int
+    part: np.ndarray  #: the model (position in ``names``) of each event
+    ts: np.ndarray
+    segment: np.ndarray
+    label: np.ndarray
+    index: np.ndarray  #: record index in the batch (of a joined pair: of its completing event)
+    score: np.ndarray | None
+    probs: np.ndarray | None
+    kind: np.ndarray | None = None  #: decoded events only
+    wm: np.ndarray | None = None  #: the watermark at each event (:func:`calmon.state.join.event_watermarks`)
+
+    @classmethod
+    def of(cls, batches: Mapping[str, _Events]) -> list[Columns]:
+        """The events of ``batches`` (model -> its events) by payload: binary models first, then multiclass
+        models by number of classes in order of first appearance."""
+        by_classes: dict[int, list[str]] = {}
+        for name, b in batches.items():
+            by_classes.setdefault(b.classes, []).append(name)
+        out = []
+        for classes in sorted(by_classes, key=lambda k: k != 2):  # stable: binary first
+            names = by_classes[classes]
+            bs = [batches[n] for n in names]
+            index = [b.index for b in bs]
+            assert all(i is not None for i in index)  # the Joiner always fills it
+            cols = cls(names, classes, np.repeat(np.arange(len(bs)), [b.ts.size for b in bs]),
+                       _cat([b.ts for b in bs]), _cat([b.segment for b in bs]), _cat([b.label for b in bs]),
+                       _cat(index), _cat([b.score for b in bs]) if classes == 2 else None,
+                       None if classes == 2 else _cat([b.probs for b in bs]))
+            out.append(cols)
+        return out
+
+    @classmethod
+    def decoded(cls, models: Mapping[str, ModelBatch], wms: Mapping[str, np.ndarray]) -> list[Columns]:
+        """:meth:`of` decoded events, with their kinds and their watermarks ``wms``."""
+        out = cls.of(models)
+        for cols in out:
+            cols.kind = _cat([models[n].kind for n in cols.names])
+            cols.wm = _cat([wms[n] for n in cols.names])
+        return out
+
+
+def _cat(cols: Sequence[np.ndarray | None]) -> np.ndarray:
+    """One column of several models, concatenated (the model's own array for one model: columns are only read)."""
+    present = [c for c in cols if c is not None]
+    assert len(present) == len(cols), "a column missing for some models"
+    return present[0] if len(present) == 1 else np.concatenate(present)
+
+
+def count_events(counters: Counters, models: dict[str, ModelBatch]) -> None:
+    """Add the events of every model of a batch by kind to ``counters``, in the models' order (one
+    ``bincount`` for the batch)."""
+    parts = [(name, mb.kind) for name, mb in models.items() if len(mb)]
+    if not parts:
+        return
+    kinds = np.concatenate([k for _, k in parts])
+    part = np.repeat(np.arange(len(parts)), [k.size for _, k in parts])
+    counts = np.bincount(part * 3 + kinds, minlength=3 * len(parts)).reshape(len(parts), 3).tolist()
+    for (name, _), row in zip(parts, counts):
+        for k, cnt in enumerate(row):
+            if cnt:
+                counters.add_events(name or "", KINDS[k], cnt)
 
 
 @contextmanager
@@ -206,34 +295,3 @@ def _collection_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
-
-
-class _Folds:
-    """Binary events of several models gathered from one batch, folded into their rings at once
-    (:func:`~calmon.state.batchfold.fold_binary`)."""
-
-    def __init__(self) -> None:
-        self.parts: list[tuple[ModelWindows, np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]] = []
-
-    def queue(self, mw: ModelWindows, ts: np.ndarray, segment: np.ndarray, score: np.ndarray,
-              labels: np.ndarray | None) -> None:
-        self.parts.append((mw, ts, segment, score, labels))
-
-    def fold(self, watermark: float, predictions: bool = False) -> None:
-        if not self.parts:
-            return
-        sizes = np.cumsum([p[1].size for p in self.parts]).tolist()
-        if len(self.parts) == 1:  # one model: its columns as they are (fold_binary only reads them)
-            cols, labels = list(self.parts[0][1:4]), self.parts[0][4]
-        else:
-            cols = [np.concatenate([p[i] for p in self.parts]) for i in (1, 2, 3)]  # ts, segment, score
-            labels = None if self.parts[0][4] is None else np.concatenate([p[4] for p in self.parts])
-        parts = [(p[0], np.arange(a, b)) for p, a, b in zip(self.parts, [0, *sizes], sizes)]
-        fold_binary(parts, cols[0], cols[1], cols[2], labels, watermark, predictions)
-        self.parts = []
-
-
-def _merge(cols: list[np.ndarray | None], order: np.ndarray) -> np.ndarray | None:
-    """Concatenate one column of several parts and put it in ``order`` (``None`` if the column is absent)."""
-    present = [c for c in cols if c is not None]
-    return np.concatenate(present)[order] if present and len(present) == len(cols) else None

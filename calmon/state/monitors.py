@@ -1,9 +1,10 @@
 """Change detection in the agent: one :class:`~calmon.algorithms.changepoint.CalibrationChangeDetector` per model.
 
-Ingestion feeds every labeled pair (labeled events and joined predictions) in record order,
-under the state lock, so the detectors are part of the state: checkpointed with it and replayed
-exactly after a crash (their block sums are fixed-point).  Binary models feed the score,
-multiclass models the top-label confidence with ``y`` = correct.  Detections are exported as
+Ingestion feeds every labeled pair of a batch (labeled events and joined predictions), of every
+model, in one call (:meth:`ChangeMonitor.feed`), under the state lock, so the detectors are part of
+the state: checkpointed with it and replayed exactly after a crash (their block sums are
+fixed-point).  Binary models feed the score, multiclass models the top-label confidence with ``y``
+= correct (:func:`calibration_pairs`).  Detections are exported as
 ``calmon_change_detected_total{model,signal}`` and ``calmon_change_point_timestamp_seconds``, and
 judged by alert rules of kind ``change_detected``.
 
@@ -12,22 +13,24 @@ Examples
 >>> import numpy as np
 >>> from calmon.config import ChangesConfig
 >>> mon = ChangeMonitor(ChangesConfig(block=64))
->>> mon.update("m", np.full(128, 0.7), None, np.ones(128, np.int64), np.arange(128.0))
+>>> p, y = calibration_pairs(np.full(128, 0.7), None, np.ones(128, np.int64))
+>>> mon.feed(["m"], np.zeros(128, np.int64), np.arange(128), np.arange(128.0), p, y)
 >>> mon.view()["m"]["events"], sorted(mon.view()["m"]["signals"])
 (128, ['confidence', 'high', 'residual'])
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from calmon.algorithms.changepoint import CalibrationChangeDetector
 from calmon.config import ChangesConfig
+from calmon.stats.model import top_label
 
-__all__ = ["ChangeMonitor", "STATE_VERSION"]
+__all__ = ["ChangeMonitor", "STATE_VERSION", "calibration_pairs"]
 
 STATE_VERSION = 1
 
@@ -47,38 +50,27 @@ class ChangeMonitor:
                                                                     signals=tuple(c.signals))
         return det
 
-    def update(self, model: str, score: np.ndarray | None, probs: np.ndarray | None, labels: np.ndarray,
-               ts: np.ndarray) -> None:
-        """Feed labeled pairs of ``model`` in record order (binary ``score`` or multiclass ``probs``)."""
-        if not self.cfg.enabled or labels.size == 0:
-            return
-        if probs is not None:
-            top = np.argmax(probs, axis=1)
-            p = probs[np.arange(top.size), top]
-            y = (top == labels).astype(np.float64)
-        elif score is not None:
-            p, y = score, labels.astype(np.float64)
-        else:
-            raise ValueError("ChangeMonitor.update needs score or probs")
-        self._detector(model).update(p, y, ts)
+    def feed(self, names: Sequence[str], part: np.ndarray, index: np.ndarray, ts: np.ndarray, p: np.ndarray,
+             y: np.ndarray) -> None:
+        """Feed labeled pairs of several models (:func:`calibration_pairs`): pair ``j`` is model
+        ``names[part[j]]``'s (a name may stand at several positions), completed by record ``index[j]`` of the
+        batch at event time ``ts[j]``.
 
-    def update_many(self, models: Sequence[str], bounds: Sequence[int], score: np.ndarray, labels: np.ndarray,
-                    ts: np.ndarray) -> None:
-        """Feed binary models at once: ``models[i]`` gets the pairs ``bounds[i]:bounds[i + 1]`` (record order, at
-        least one each), the same as :meth:`update` model by model (issue #15: one vectorised pass a batch).
-
-        Detectors are created in the order of ``models``.
+        Each model gets its pairs in record order (ties in the order given), and the detectors of new
+        models are created in name order (the order a checkpoint lists them in), in one vectorised pass
+        (:meth:`CalibrationChangeDetector.update_many`, issue #15).
         """
-        if not self.cfg.enabled or not models:
+        if not self.cfg.enabled or not part.size:
             return
-        dets = [self._detector(m) for m in models]
-        CalibrationChangeDetector.update_many(dets, bounds, score, labels.astype(np.float64), ts)
-
-    def touch(self, models: Iterable[str]) -> None:
-        """Create the detectors of ``models`` in this order, if enabled (the order a checkpoint lists them in)."""
-        if self.cfg.enabled:
-            for m in models:
-                self._detector(m)
+        every = sorted(set(names))
+        rank = {n: i for i, n in enumerate(every)}
+        code = np.array([rank[n] for n in names], dtype=np.int64)[part]
+        order = np.lexsort((index, code))
+        sc = code[order]
+        present = np.unique(sc)
+        bounds = [*np.searchsorted(sc, present).tolist(), sc.size]
+        dets = [self._detector(every[i]) for i in present.tolist()]
+        CalibrationChangeDetector.update_many(dets, bounds, p[order], y[order], ts[order])
 
     def view(self) -> dict[str, dict[str, Any]]:
         """Per model: events seen and, per signal, detections and the last change (JSON)."""
@@ -100,3 +92,14 @@ class ChangeMonitor:
         if d.get("version") != STATE_VERSION:
             raise ValueError(f"changes: state version {d.get('version')!r}, expected {STATE_VERSION}")
         self.detectors = {str(m): CalibrationChangeDetector.from_dict(v) for m, v in d["models"].items()}
+
+
+def calibration_pairs(score: np.ndarray | None, probs: np.ndarray | None, labels: np.ndarray
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """What a detector reads of labeled events: the binary ``score`` and the label, or the top-label
+    confidence of multiclass ``probs`` and whether the label is the top class (float64 outcomes)."""
+    if probs is not None:
+        return top_label(probs, np.asarray(labels, dtype=np.int64))
+    if score is None:
+        raise ValueError("calibration_pairs needs score or probs")
+    return score, labels.astype(np.float64)

@@ -42,8 +42,8 @@ from calmon.testers.smce import smce_tester
 from calmon.testers.tcal import tcal_screen, tcal_tester
 
 __all__ = [
-    "BUILTIN", "CalibrationData", "DECISIONS", "Decision", "TESTERS", "TESTER_DECISIONS", "TestResult", "Tester",
-    "SCREENS", "check_params", "get_tester", "has_screen", "register_tester", "run_tester", "screen_tester",
+    "BUILTIN", "CalibrationData", "DECISIONS", "Decision", "MAX_MC", "TESTERS", "TESTER_DECISIONS", "TestResult",
+    "Tester", "SCREENS", "check_params", "get_tester", "has_screen", "register_tester", "run_tester", "screen_tester",
 ]
 
 #: ``fn(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator, **params) -> dict``.
@@ -65,6 +65,10 @@ TESTERS: Registry[Tester] = Registry("tester")
 for _name, _fn in BUILTIN.items():
     TESTERS.register(_name, _fn)
 
+#: Monte Carlo draws of one tester call at most: p-values resolve to ``1 / (mc + 1)``, so a million draws
+#: already pin a p-value to 1e-6 (its Monte Carlo error at p = 0.05 is 2e-4); more only cost time -- a
+#: null simulation that cannot stop early runs through every draw.
+MAX_MC = 1_000_000
 #: Keyword arguments :func:`run_tester` passes itself (from ``evaluation.alpha``/``mc``/``seed``).
 _RESERVED = frozenset({"data", "alpha", "mc", "rng", "seed"})
 
@@ -110,9 +114,9 @@ def run_tester(name: str, data: CalibrationData, *, alpha: float = 0.05, mc: int
                **params: Any) -> TestResult:
     """Run tester ``name`` on ``data`` with a generator seeded by ``seed``; the result typed and checked.
 
-    Raises ``ValueError`` for an unknown tester or parameter or an ``alpha`` outside (0, 1) (and
-    whatever the tester raises on bad data); ``RuntimeError`` if the tester answers with no valid
-    decision.
+    Raises ``ValueError`` for an unknown tester or parameter, an ``alpha`` outside (0, 1) or an ``mc``
+    above :data:`MAX_MC` (and whatever the tester raises on bad data); ``RuntimeError`` if the tester
+    answers with no valid decision.
     """
     raw = _call(get_tester(name), name, data, alpha, mc, seed, params)
     return TestResult.from_dict(name, raw)
@@ -123,6 +127,8 @@ def _call(fn: Callable[..., Any], name: str, data: CalibrationData, alpha: float
     """``fn`` (tester ``name`` or its screen) on ``data`` after checking ``alpha`` and the parameters."""
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if mc > MAX_MC:
+        raise ValueError(f"mc must be at most {MAX_MC:,}, got {mc}")
     check_params(name, params)
     return fn(data, alpha=alpha, mc=mc, rng=np.random.default_rng(seed), **params)
 

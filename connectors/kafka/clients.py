@@ -72,7 +72,7 @@ def header_tuple(headers: Sequence[tuple[str, bytes | None]]) -> tuple[tuple[str
             out = tuple((k, b"" if v is None else v) for k, v in out)
             break
     # Records of a topic mostly repeat their headers (e.g. a model name): sharing one tuple lets the new ones die
-    # young, which saves some of the garbage collector's work on a batch (about a tenth, scripts/bench_kafka.py).
+    # young, which saves some of the garbage collector's work on a batch (about a tenth, benchmarks/bench_kafka.py).
     shared = _SHARED_HEADERS.setdefault(out, out)
     if len(_SHARED_HEADERS) > _SHARED_MAX:
         _SHARED_HEADERS.clear()  # headers that never repeat (trace ids): no sharing, bounded memory

@@ -80,7 +80,7 @@ class KafkaSource:
         Attach each record's timestamp, key and headers to batches (:attr:`connectors.base.Batch.meta`,
         read by schema mappings through ``$timestamp``, ``$key``, ``$headers.NAME``).  Off by default:
         with it the source reads at about 0.7 (kafka-python) and 0.37 (confluent-kafka) of its rate
-        without, mostly garbage-collector work on one object per record (``scripts/bench_kafka.py``).
+        without, mostly garbage-collector work on one object per record (``benchmarks/bench_kafka.py``).
     on_revoke
         Optional callback ``fn(keys: list[str])`` told which partitions were revoked; it may run on the
         consumer's IO thread and must only set flags (e.g. "checkpoint soon").
@@ -461,7 +461,7 @@ class ConfluentKafkaSource(KafkaSource):
     """:class:`KafkaSource` on confluent-kafka (librdkafka): same positions, seeking, commits and health.
 
     Optional (``pip install confluent-kafka``); about three times the consume rate of kafka-python
-    without the ``crc32c`` package (see ``scripts/bench_kafka.py``).  ``client`` takes librdkafka
+    without the ``crc32c`` package (see ``benchmarks/bench_kafka.py``).  ``client`` takes librdkafka
     properties (dotted names, e.g. ``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``).
 
     Examples

@@ -73,8 +73,8 @@ Layout
 :mod:`~calmon.algorithms.tcal.estimators` (plug-in / debiased estimates, null variance, scale rules, cell sums of
 every level at once),
 :mod:`~calmon.algorithms.tcal.tails` (Cantelli bound, three-moment approximation),
-:mod:`~calmon.algorithms.tcal.atoms` (the Monte Carlo engine: atoms and levels),
-:mod:`~calmon.algorithms.tcal.simulator` (its kernel: draws and level statistics in place),
+:mod:`~calmon.algorithms.tcal.atoms` (the Monte Carlo engine: atoms and levels, and its kernel
+:class:`~calmon.algorithms.tcal.atoms.Simulator`: draws and level statistics in place),
 :mod:`~calmon.algorithms.tcal.adaptive` (:func:`tcal_test`, one function per critical-value method),
 :mod:`~calmon.algorithms.tcal.multiclass` (:func:`canonical_tcal_test`: K > 2, cube cells of the simplex,
 Y-only ``Categorical(z)`` Monte Carlo) and :mod:`~calmon.algorithms.tcal.views` (:func:`classwise_tcal_test`,

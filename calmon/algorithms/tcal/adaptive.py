@@ -23,21 +23,18 @@ import numpy as np
 from calmon.algorithms.tcal.atoms import BATCH_ELEMENTS, Atoms
 from calmon.algorithms.tcal.estimators import check_binary, check_bins, check_grid, n_levels, theorem3_threshold
 from calmon.algorithms.tcal.tails import (
-    approx_critical,
     approx_criticals,
-    cantelli_pvalue,
     cantelli_pvalues,
     chi_params,
     finite_or_none,
     kth_largest,
     q_params,
     q_transform,
-    three_moment_pvalue,
     three_moment_pvalues,
 )
 from calmon.stats.grid import ScoreGrid
 
-__all__ = ["METHODS", "COMBINES", "CRITICAL_VALUES", "REFERENCE", "Levels", "SimulationNeeded", "tcal_test",
+__all__ = ["METHODS", "COMBINES", "CRITICAL_VALUES", "Levels", "SimulationNeeded", "tcal_test",
            "insufficient_result"]
 
 METHODS = ("auto", "mc-raw", "mc-grid", "cantelli", "theorem3", "moment3", "binomial")
@@ -46,9 +43,6 @@ COMBINES = ("bonferroni", "minp")
 _TIE_TOL = 1e-7
 #: Methods that bound or approximate the null law instead of simulating it.
 _ANALYTIC = ("cantelli", "theorem3", "moment3")
-#: ``True``: measure the levels one at a time with the per-level functions (the slow, obviously right path
-#: the tests compare :meth:`Atoms.add_levels` and the vectorised tails with -- the same numbers bit for bit).
-REFERENCE = False
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -99,26 +93,15 @@ class Levels:
     chi: tuple[np.ndarray, np.ndarray] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
-        if REFERENCE:
-            self.cant = np.array([cantelli_pvalue(t, v) for t, v in zip(self.obs, self.var)])
-            self.approx = np.array([three_moment_pvalue(t, v, k) for t, v, k in zip(self.obs, self.var, self.k3)])
-        else:
-            self.cant = cantelli_pvalues(self.obs, self.var)
-            if (self.var > 0).all() and (self.k3 > 0).all():
-                self.chi = chi_params(self.var, self.k3)
-            self.approx = three_moment_pvalues(self.obs, self.var, self.k3, self.chi)
+        self.cant = cantelli_pvalues(self.obs, self.var)
+        if (self.var > 0).all() and (self.k3 > 0).all():
+            self.chi = chi_params(self.var, self.k3)
+        self.approx = three_moment_pvalues(self.obs, self.var, self.k3, self.chi)
 
     @classmethod
     def measure(cls, atoms: Atoms, bins: list[int], *, method: str, alpha: float, combine: str) -> Levels:
         """Add every level to ``atoms`` and compute its statistics (eqs. 5-6) and exact null moments."""
-        if REFERENCE:
-            for m in bins:
-                atoms.add_level(m)
-            obs, plugin = atoms.observed()
-            var = np.array([atoms.variance(lev) for lev in atoms.levels])
-            k3 = np.array([atoms.third_cumulant(lev) for lev in atoms.levels])
-        else:
-            obs, plugin, var, k3 = atoms.add_levels(bins)
+        obs, plugin, var, k3 = atoms.add_levels(bins)
         return cls(atoms=atoms, method=method, alpha=alpha, combine=combine, bins=bins, obs=obs, plugin=plugin,
                    var=var, k3=k3)
 
@@ -137,8 +120,6 @@ class Levels:
 
     def critical(self) -> list[float | None]:
         """Three-moment critical value of every level at its level (``None``: no variance)."""
-        if REFERENCE:
-            return [approx_critical(v, k, self.level_alpha) for v, k in zip(self.var, self.k3)]
         return approx_criticals(self.var, self.k3, self.level_alpha, self.chi)
 
     def describe(self, b_eq7: int, dyadic: bool) -> dict[str, Any]:
@@ -393,7 +374,7 @@ def tcal_test(z: np.ndarray | None = None, y: np.ndarray | None = None, grid: Sc
         (:func:`three_moment_pvalue`) puts every level's p-value above ``accept_margin`` times its level
         (``None`` or 0 disables this approximate screen; the Cantelli screen is exact).  Accepting can
         only lower the rejection rate, so the screen cannot raise the level; 2 (it was 4) lost no
-        rejection in 400 replications per setting of ``scripts/tcal_screen_power.py``.
+        rejection in 400 replications per setting of ``benchmarks/tcal_screen_power.py``.
     simulate
         ``False``: raise :class:`SimulationNeeded` instead of running the Monte Carlo when no screen
         decides (the agent answers the screened windows at once and sends the rest to its worker pool;

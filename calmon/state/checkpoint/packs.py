@@ -8,12 +8,12 @@ a header line, then one JSON document per line::
     {"format": "calmon.bucket", ...}
     ...
 
-A manifest refers to a blob by a :class:`BlobRef` ``{"pack": 7, "at": 61, "len": 33864, "crc":
-2740110361}`` -- pack generation, byte offset, length and the CRC-32 of those bytes, so a damaged
-or edited blob is detected and named (``"crc": null`` accepts an edited one).  A pack is written
-to a temporary file, fsynced, renamed to its final name and the directory fsynced *before* the
-manifest that refers to it is written; a crash during the pack leaves a temporary file no
-manifest refers to (removed by the next save).
+A manifest refers to a blob by a :class:`~calmon.state.checkpoint.schema.BlobRef` ``{"pack": 7, "at": 61,
+"len": 33864, "crc": 2740110361}`` -- pack generation, byte offset, length and the CRC-32 of those bytes, so a
+damaged or edited blob is detected and named (``"crc": null`` accepts an edited one). A pack is written to a
+temporary file, fsynced, renamed to its final name and the directory fsynced *before* the manifest that refers
+to it is written; a crash during the pack leaves a temporary file no manifest refers to
+(removed by the next save).
 
 Examples
 --------
@@ -37,14 +37,13 @@ import tempfile
 import zlib
 from pathlib import Path
 from types import TracebackType
-from typing import Any, TypedDict
+from typing import Any
 
-from calmon.formats.jsonio import fsync_dir
+from calmon.formats.jsonio import check_replaceable, fsync_dir
+from calmon.state.checkpoint.schema import PACK_FORMAT, PACK_VERSION, BlobRef, BlobRefDoc, SchemaError, convert
 
 __all__ = ["BlobRef", "CheckpointError", "PackReader", "PackWriter", "is_ref", "pack_path", "PACK_NAME"]
 
-PACK_FORMAT = "calmon-checkpoint-pack"
-PACK_VERSION = 1
 PACK_NAME = re.compile(r"^pack-([0-9]{12})\.jsonl$")
 #: Bytes buffered before a write(2) while a pack is written.
 _BUFFER = 1 << 20
@@ -52,15 +51,6 @@ _BUFFER = 1 << 20
 
 class CheckpointError(ValueError):
     """Checkpoint files exist but cannot be read (the message names the file and, for a blob, the field)."""
-
-
-class BlobRef(TypedDict):
-    """Where a blob lives: pack generation, byte offset, length, CRC-32 (``None``: not checked)."""
-
-    pack: int
-    at: int
-    len: int
-    crc: int | None
 
 
 def pack_path(directory: Path, generation: int) -> Path:
@@ -114,6 +104,7 @@ class PackWriter:
         self._file.flush()
         os.fsync(self._file.fileno())
         self._file.close()
+        check_replaceable(self.final)  # never a device, fifo or directory someone put under a pack's name
         os.replace(self._tmp, self.final)
         fsync_dir(self.final.parent)
         return True
@@ -153,16 +144,13 @@ class PackReader:
 
     def read(self, ref: Any, field: str) -> bytes:
         """The bytes of a blob; :class:`CheckpointError` naming the pack file and ``field`` when damaged."""
-        if not is_ref(ref) or not all(isinstance(ref.get(k), int) and not isinstance(ref.get(k), bool)
-                                      for k in ("pack", "at", "len")):
+        if not is_ref(ref):
             raise CheckpointError(f"field {field}: a blob reference needs integer pack, at and len, got {ref!r:.80}")
-        crc = ref.get("crc")
-        if crc is not None and not isinstance(crc, int):
-            raise CheckpointError(f"field {field}: crc must be an integer or null, got {crc!r:.40}")
-        pack, at, n = ref["pack"], ref["at"], ref["len"]
-        if at < 0 or n < 0:
-            raise CheckpointError(f"field {field}: blob in {pack_path(self.directory, pack)}: negative offset or "
-                                  "length")
+        try:
+            got = convert(ref, BlobRefDoc)
+        except SchemaError as exc:
+            raise CheckpointError(f"field {'.'.join(filter(None, (field, exc.field)))}: {exc.why}") from None
+        pack, at, n, crc = got.pack, got.at, got.len, got.crc
         data = os.pread(self._fd(pack, field), n, at)
         if len(data) != n:
             raise CheckpointError(f"field {field}: blob in {pack_path(self.directory, pack)} at bytes {at}-{at + n}: "

@@ -1,25 +1,57 @@
-"""The schema of the agent's checkpoint document, checked before any of it is used.
+"""The checkpoint format in one place: the names and versions of its files and documents, and their schema.
 
-A checkpoint may be edited by hand (``"sha256": null`` makes the store accept an edited file,
-see :mod:`calmon.state.checkpoint.store`), so the agent validates the document's structure before it
-touches it: a missing key or a value of the wrong type gives one :class:`SchemaError` naming
-the field (``join.pending.ts.3: must be a number, got 'x'``), never a ``KeyError`` traceback.
+A checkpoint directory holds (see :mod:`calmon.state.checkpoint.store` and :mod:`calmon.state.checkpoint.packs`):
 
-The schema is declarative: a spec is a type name (``"str"``, ``"int"``, ``"num"``, ``"bool"``,
-``"any"``, ``"obj"`` for any mapping), a :class:`Opt` (nullable), a :class:`ListOf`, a
-:class:`MapOf` (string keys) or a ``dict`` of field -> spec (a field whose name ends in ``?``
-may be absent; keys not listed are allowed, for forward compatibility). Parts owned by other
-rooms (the rings of a model, calibrator documents) are checked only at their top level here;
-their own ``from_dict`` reports deeper damage, which the state loader names by model.
+* manifests ``checkpoint-<generation>.json``: :data:`FORMAT` version :data:`VERSION` (versions 1 and 2 are
+  still read), head fields :class:`ManifestDoc`, whose ``state`` is the agent's document below;
+* packs ``pack-<generation>.jsonl``: :data:`PACK_FORMAT` version :data:`PACK_VERSION`, one blob a line,
+  referred to by :class:`BlobRef` values inside the state (read back as :class:`BlobRefDoc`);
+* the agent's state document, :data:`STATE_FORMAT` version :data:`STATE_VERSION` (:data:`STATE_READABLE`):
+  :class:`StateDoc` (its models' windows, :class:`ModelDoc`, are also the windows of a cluster snapshot,
+  :mod:`calmon.cluster.snapshots`).
+
+The bucket blobs are ``calmon.bucket`` documents, owned by :mod:`calmon.state.buckets` (``PACKED_VERSION``,
+``PACKED_PREFIX``) and :mod:`calmon.stats.packed`; the rings holding them by :mod:`calmon.state.windows`.
+
+Validation
+----------
+A checkpoint may be edited by hand (``"sha256": null`` makes the store accept an edited file), so the agent
+checks the document's structure before it touches it: a missing key or a value of the wrong type gives one
+:class:`SchemaError` naming the field (``field join.pending.ts.3: must be a number, got 'x'``), never a
+``KeyError`` traceback.  The schema is a set of :class:`msgspec.Struct` types checked by :func:`convert`
+(:func:`msgspec.convert`: strict types, an ``int`` is no ``bool``, a ``float`` field takes an ``int``); keys
+not listed are allowed, for forward compatibility.  Parts owned by other rooms (the rings of a model,
+calibrator documents, alert states) are checked only at their top level here; their own ``from_dict``
+reports deeper damage, which the state loader names by model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Union
+import re
+import types
+from typing import Annotated, Any, TypedDict, TypeVar, Union, get_args, get_origin
 
-__all__ = ["SchemaError", "CHECKPOINT_SCHEMA", "validate", "validate_checkpoint"]
+import msgspec
+
+__all__ = ["FORMAT", "VERSION", "PACK_FORMAT", "PACK_VERSION", "STATE_FORMAT", "STATE_VERSION", "STATE_READABLE",
+           "SchemaError", "BlobRef", "BlobRefDoc", "ManifestDoc", "ModelDoc", "StateDoc", "convert",
+           "validate_checkpoint"]
+
+#: The manifest file of a generation.  Version 3: bucket blobs may be packed ``calmon.bucket`` version-2
+#: documents; 2: buckets as blob references into packs; 1: no packs, every bucket inline.
+FORMAT = "calmon-checkpoint"
+VERSION = 3
+#: The pack file of a generation (its first line).
+PACK_FORMAT = "calmon-checkpoint-pack"
+PACK_VERSION = 1
+#: The agent's state document (a manifest's ``state``).  Version 2: buckets as blob references (incremental);
+#: 1: every bucket inline.
+STATE_FORMAT = "calmon.agent_state"
+STATE_VERSION = 2
+STATE_READABLE = (1, 2)
+
+T = TypeVar("T")
+_Count = dict[str, int]
 
 
 class SchemaError(ValueError):
@@ -31,117 +63,235 @@ class SchemaError(ValueError):
         self.why = why
 
 
-@dataclass(frozen=True)
-class Opt:
-    """``spec`` or null."""
+# -- the manifest and the pack -----------------------------------------------------------------------------------
+class ManifestDoc(msgspec.Struct):
+    """A manifest's fields (``generation`` and ``created`` are not read: the file name holds the generation)."""
 
-    spec: Spec
-
-
-@dataclass(frozen=True)
-class ListOf:
-    """A list whose items all fit ``spec``."""
-
-    spec: Spec
+    format: str
+    version: int
+    packs: list[int] | None = None  #: the generations of the packs ``state`` refers to
+    sha256: str | None = None  #: of the bytes of ``state`` as written (null: an edited file, not checked)
+    state: dict[str, Any] | None = None  #: absent when only the head was read
 
 
-@dataclass(frozen=True)
-class MapOf:
-    """A mapping with string keys whose values all fit ``spec``."""
+class BlobRef(TypedDict):
+    """A blob reference as the writer makes it (a JSON object inside the state; read back as :class:`BlobRefDoc`)."""
 
-    spec: Spec
-
-
-Spec = Union[str, Opt, ListOf, MapOf, dict[str, Any]]  # noqa: UP007 - a runtime alias, evaluated at import
-
-_COUNTS = MapOf("int")
-CHECKPOINT_SCHEMA: dict[str, Any] = {
-    "format": "str", "version": "int", "created": "num",
-    "decoder": {"models?": _COUNTS, "segments?": MapOf(ListOf("str")), "names?": ListOf("str")},
-    "join": {
-        "version?": "int", "ttl": "num", "max_pending": "int", "watermark": Opt("num"), "next_sweep?": Opt("num"),
-        "pending": {"ids": ListOf("str"), "models": ListOf("str"), "ts": ListOf("num"),
-                    "segments": ListOf("str"), "widths": ListOf("int"), "payload": "any"},
-        "early": {"ids": ListOf("str"), "models": ListOf("str"), "ts": ListOf("num"), "labels": ListOf("int")},
-        "classes": _COUNTS,
-        "counters": {"joined": _COUNTS, "expired": _COUNTS, "duplicates": _COUNTS, "orphans": "int"},
-    },
-    "models": MapOf({"name": "str", "params": {"classes": "int", "bins": "int", "reservoir": "int"},
-                     "tiers": ListOf(ListOf("num")), "segments": ListOf("str"), "rings": MapOf("obj")}),
-    "counters": {"events": ListOf(ListOf("any")), "rejected": _COUNTS, "late": _COUNTS, "records": _COUNTS,
-                 "batches": "int"},
-    "sources": MapOf("any"),
-    "dead_letter?": "any",
-    "alerts?": Opt("obj"),
-    "calibrators?": Opt(MapOf("obj")),
-}
-
-_SCALARS = {
-    "str": (lambda v: isinstance(v, str), "a string"),
-    "int": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
-    "num": (lambda v: isinstance(v, int | float) and not isinstance(v, bool), "a number"),
-    "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "obj": (lambda v: isinstance(v, Mapping), "an object"),
-    "any": (lambda v: True, "anything"),
-}
+    pack: int
+    at: int
+    len: int
+    crc: int | None
 
 
-def _short(v: Any) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."
+class BlobRefDoc(msgspec.Struct):
+    """Where a blob lives: pack generation, byte offset, length, CRC-32 (null or absent: not checked)."""
+
+    pack: int
+    at: Annotated[int, msgspec.Meta(ge=0)]
+    len: Annotated[int, msgspec.Meta(ge=0)]
+    crc: int | None = None
 
 
-def validate(doc: Any, spec: Spec, path: str = "") -> None:
-    """Raise :class:`SchemaError` naming the first field of ``doc`` that does not fit ``spec``.
+# -- the agent's state document ----------------------------------------------------------------------------------
+class DecoderDoc(msgspec.Struct):
+    models: _Count = {}
+    segments: dict[str, list[str]] = {}
+    names: list[str] = []
+
+
+def _same_lengths(cols: dict[str, Any]) -> None:
+    lengths = {k: len(v) for k, v in cols.items() if isinstance(v, list)}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"columns of different lengths {lengths}")
+
+
+class PendingDoc(msgspec.Struct):
+    """Predictions waiting for their label, as columns (``payload``: the scores, see ``Joiner.to_dict``)."""
+
+    ids: list[str]
+    models: list[str]
+    ts: list[float]
+    segments: list[str]
+    widths: list[int]
+    payload: Any
+
+    def __post_init__(self) -> None:
+        _same_lengths({"ids": self.ids, "models": self.models, "ts": self.ts, "segments": self.segments,
+                       "widths": self.widths, "payload": self.payload})
+
+
+class EarlyDoc(msgspec.Struct):
+    """Labels that arrived before their prediction, as columns."""
+
+    ids: list[str]
+    models: list[str]
+    ts: list[float]
+    labels: list[int]
+
+    def __post_init__(self) -> None:
+        _same_lengths({"ids": self.ids, "models": self.models, "ts": self.ts, "labels": self.labels})
+
+
+class JoinCountersDoc(msgspec.Struct):
+    joined: _Count
+    expired: _Count
+    duplicates: _Count
+    orphans: int
+
+
+class JoinDoc(msgspec.Struct):
+    ttl: float
+    max_pending: int
+    watermark: float | None
+    pending: PendingDoc
+    early: EarlyDoc
+    classes: _Count
+    counters: JoinCountersDoc
+    version: int = 1
+    next_sweep: float | None = None
+
+
+class ParamsDoc(msgspec.Struct):
+    classes: int
+    bins: int
+    reservoir: int
+
+
+class ModelDoc(msgspec.Struct):
+    """One model's windows (``ModelWindows.to_dict``); each ring is checked by ``TieredRing.from_dict``."""
+
+    name: str
+    params: ParamsDoc
+    tiers: list[list[float]]
+    segments: list[str]
+    rings: dict[str, dict[str, Any]]
+
+
+class CountersDoc(msgspec.Struct):
+    events: list[tuple[Any, Any, int]]  #: [model, kind, count] rows
+    rejected: _Count
+    late: _Count
+    records: _Count
+    batches: int
+
+
+class StateDoc(msgspec.Struct):
+    """The agent's checkpoint document: the runtime's head (format, positions, alerts, calibrators) and the
+    state's parts (``AgentState.to_doc``; ``changes`` is checked by the change monitor's own loader)."""
+
+    format: str
+    version: int
+    created: float
+    decoder: DecoderDoc
+    join: JoinDoc
+    models: dict[str, ModelDoc]
+    counters: CountersDoc
+    sources: dict[str, Any]
+    dead_letter: Any = None
+    alerts: dict[str, Any] | None = None
+    calibrators: dict[str, dict[str, Any]] | None = None
+
+
+def validate_checkpoint(doc: Any) -> StateDoc:
+    """Check the agent's checkpoint document against :class:`StateDoc`; :class:`SchemaError` names the field."""
+    return convert(doc, StateDoc)
+
+
+# -- validation with errors named by field -----------------------------------------------------------------------
+def convert(doc: Any, into: type[T]) -> T:
+    """``doc`` (JSON values) checked and converted into type ``into``, an error named by its field.
+
+    Raises
+    ------
+    SchemaError
+        The first value that does not fit, by its dotted path (``models.m.tiers.0``: msgspec's own path
+        does not name mapping keys, so the key is found by checking the mapping's values one by one).
 
     Examples
     --------
-    >>> validate({"a": [1, 2.5]}, {"a": ListOf("num"), "b?": "str"})
-    >>> try:
-    ...     validate({"a": [1, "x"]}, {"a": ListOf("num")})
-    ... except SchemaError as exc:
-    ...     print(exc)
+    >>> class Doc(msgspec.Struct):
+    ...     a: list[float]
+    ...     b: dict[str, int] = {}
+    >>> convert({"a": [1, 2.5]}, Doc)
+    Doc(a=[1.0, 2.5], b={})
+    >>> for bad in ({"a": [1, "x"]}, {"a": [], "b": {"k": 1, "j": None}}, {"b": {}}):
+    ...     try:
+    ...         convert(bad, Doc)
+    ...     except SchemaError as exc:
+    ...         print(exc)
     field a.1: must be a number, got 'x'
+    field b.j: must be an integer, got None
+    field a: missing
     """
-    if isinstance(spec, Opt):
-        if doc is not None:
-            validate(doc, spec.spec, path)
-        return
-    if isinstance(spec, str):
-        ok, what = _SCALARS[spec]
-        if not ok(doc):
-            raise SchemaError(path, f"must be {what}, got {_short(doc)}")
-        return
-    sep = "." if path else ""
-    if isinstance(spec, ListOf):
-        if not isinstance(doc, list):
-            raise SchemaError(path, f"must be a list, got {_short(doc)}")
-        for i, v in enumerate(doc):
-            validate(v, spec.spec, f"{path}{sep}{i}")
-        return
-    if not isinstance(doc, Mapping):
-        raise SchemaError(path, f"must be an object, got {_short(doc)}")
-    if isinstance(spec, MapOf):
-        for k, v in doc.items():
-            validate(v, spec.spec, f"{path}{sep}{k}")
-        return
-    for key, sub in spec.items():
-        name = key.rstrip("?")
-        if name not in doc:
-            if key.endswith("?"):
-                continue
-            raise SchemaError(f"{path}{sep}{name}", "missing")
-        validate(doc[name], sub, f"{path}{sep}{name}")
+    try:
+        return msgspec.convert(doc, into)
+    except msgspec.ValidationError as exc:
+        try:
+            error = _locate(doc, into, str(exc), "")
+        except (LookupError, TypeError, ValueError, AttributeError):  # a path the walk cannot follow: msgspec's words
+            why, _, at = str(exc).partition(" - at `$")
+            error = SchemaError(at.rstrip("`").lstrip("."), why)
+        raise error from None
 
 
-def validate_checkpoint(doc: Any) -> None:
-    """Check the agent's checkpoint document: :data:`CHECKPOINT_SCHEMA` plus the join buffers' shapes."""
-    validate(doc, CHECKPOINT_SCHEMA)
-    for part in ("pending", "early"):
-        cols = doc["join"][part]
-        lengths = {k: len(v) for k, v in cols.items() if isinstance(v, list)}
-        if len(set(lengths.values())) > 1:
-            raise SchemaError(f"join.{part}", f"columns of different lengths {lengths}")
-    for i, row in enumerate(doc["counters"]["events"]):
-        if len(row) != 3 or not isinstance(row[2], int):
-            raise SchemaError(f"counters.events.{i}", f"must be [model, kind, count], got {_short(row)}")
+_AT = re.compile(r"^(?P<why>.*?)(?: - at `(?P<key>key` in `)?\$(?P<path>[^`]*)`)?$", re.S)
+_STEP = re.compile(r"\.([^.\[]+)|\[(\d+)\]|\[(\.\.\.)\]")
+_MISSING = re.compile(r"^Object missing required field `(.+)`$")
+_EXPECTED = re.compile(r"^Expected `([^`]+)`(?: of length (\d+))?( [<>]=? \S+)?(?:, got .*)?$")
+_WHAT = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+         "object": "an object", "array": "a list", "null": "null"}
+
+
+def _locate(doc: Any, tp: Any, message: str, prefix: str) -> SchemaError:
+    """The :class:`SchemaError` of msgspec's ``message`` about ``doc`` (of type ``tp``), its path made dotted."""
+    m = _AT.match(message)
+    assert m is not None  # the pattern matches any text
+    why, node, path = m.group("why"), doc, [prefix] if prefix else []
+    for name, index, _keys in _STEP.findall(m.group("path") or ""):
+        tp = _unwrap(tp)
+        if name:
+            tp = {f.encode_name: f.type for f in msgspec.structs.fields(tp)}[name]
+            node = node[name]
+            path.append(name)
+        elif index:
+            args = get_args(tp)
+            fixed = get_origin(tp) is tuple and args[-1] is not Ellipsis
+            tp = args[min(int(index), len(args) - 1)] if fixed else args[0]
+            node = node[int(index)]
+            path.append(index)
+        else:  # a mapping's value: msgspec does not say which, so check them in turn
+            value_type = get_args(tp)[1]
+            for key, value in node.items():
+                try:
+                    msgspec.convert(value, value_type)
+                except msgspec.ValidationError as exc:
+                    return _locate(value, value_type, str(exc), ".".join([*path, str(key)]))
+            break  # (not reached: one of them failed)
+    else:
+        missing = _MISSING.match(why)
+        if m.group("key"):
+            why = "keys must be strings"
+        elif missing:
+            return SchemaError(".".join([*path, missing.group(1)]), "missing")
+        expected = _EXPECTED.match(why)
+        if expected:
+            what = " or ".join(_WHAT.get(t, t) for t in expected.group(1).split(" | "))
+            if expected.group(2):
+                what = f"{what} of {expected.group(2)} items"
+            what += expected.group(3) or ""
+            text = repr(node)
+            why = f"must be {what}, got {text if len(text) <= 60 else text[:57] + '...'}"
+        elif why[:1].isupper() and not why[1:2].isupper():
+            why = why[0].lower() + why[1:]
+    return SchemaError(".".join(path), why)
+
+
+def _unwrap(tp: Any) -> Any:
+    """``X`` of ``X | None`` (the value being walked into is not null)."""
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return _unwrap(args[0])
+    if get_origin(tp) is Annotated:
+        return get_args(tp)[0]
+    return tp

@@ -23,7 +23,8 @@ older pack.  Version 3 (written now) is version 2 whose bucket blobs may be *pac
 (``calmon.bucket`` version 2: every array of a bucket in one compressed payload, see
 :mod:`calmon.stats.packed`), which a version-2 reader would not understand -- so it refuses them by
 the version number instead.  Version-2 manifests (buckets as unpacked documents) and version-1
-manifests (no ``packs``, every bucket inline) are still read.
+manifests (no ``packs``, every bucket inline) are still read.  The names, versions and schema of
+these documents are in :mod:`calmon.state.checkpoint.schema`.
 
 Writing order and atomicity
 ---------------------------
@@ -57,13 +58,12 @@ import numpy as np
 
 from calmon.formats.jsonio import write_bytes_atomic
 from calmon.state.checkpoint.packs import PACK_NAME, CheckpointError, PackReader, PackWriter, is_ref, pack_path
+from calmon.state.checkpoint.schema import FORMAT, VERSION, ManifestDoc, SchemaError, convert
 
 __all__ = ["CheckpointStore", "CheckpointError", "FORMAT", "VERSION", "encode", "inline_refs"]
 
 log = logging.getLogger(__name__)
 
-FORMAT = "calmon-checkpoint"
-VERSION = 3
 _NAME = re.compile(r"^checkpoint-([0-9]{12})\.json$")
 _STATE_KEY = b'"state":'
 
@@ -212,8 +212,7 @@ class CheckpointStore:
         got = self._packs_of.get(generation)
         if got is None:
             try:
-                head = _read_head(self.path_of(generation))
-                got = frozenset(int(p) for p in head.get("packs") or ())
+                got = frozenset(convert(_read_head(self.path_of(generation)), ManifestDoc).packs or ())
             except (OSError, ValueError, TypeError) as exc:
                 log.warning("checkpoint %s: cannot read its pack list (%s); it is not restorable",
                             self.path_of(generation), exc)
@@ -249,13 +248,13 @@ class CheckpointStore:
         version = top.get("version")
         if not isinstance(version, int) or version > VERSION:
             raise CheckpointError(f"{path}: checkpoint version {version!r} is not supported (max {VERSION})")
-        state = top.get("state")
-        if not isinstance(state, dict):
+        try:
+            head = convert(top, ManifestDoc)
+        except SchemaError as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
+        state, packs, digest = head.state, head.packs or [], head.sha256
+        if state is None:
             raise CheckpointError(f"{path}: 'state' missing or not an object")
-        packs = top.get("packs") or []
-        if not isinstance(packs, list) or not all(isinstance(p, int) for p in packs):
-            raise CheckpointError(f"{path}: field packs: must be a list of pack generations, got {packs!r:.60}")
-        digest = top.get("sha256")
         if digest is not None:
             i = data.find(_STATE_KEY)
             body = data[i + len(_STATE_KEY):].rstrip()

@@ -1,4 +1,4 @@
-"""The pieces of :func:`calmon.state.batchfold.fold_binary`'s placement against plain references: the (ring slot,
+"""The pieces of :func:`calmon.state.buckets.fold`'s placement against plain references: the (ring slot,
 event) pairs of ``_entries``, and the sorts that replaced numpy's general ones (issue #15) give the same orders."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from calmon.state import batchfold
-from calmon.state.batchfold import _entries
+from calmon.state import buckets
+from calmon.state.buckets import _entries
 
 
 class _Windows:
@@ -69,10 +69,10 @@ def test_sorts_are_numpys(seed: int) -> None:
     n = int(rng.choice([0, 1, 9, 3000]))
     hi = int(rng.choice([3, 1 << 15, 1 << 40]))
     slots = rng.integers(-2 if seed % 5 == 0 else 0, hi, n)
-    assert np.array_equal(batchfold._stable_argsort(slots), np.argsort(slots, kind="stable"))
+    assert np.array_equal(buckets._stable_argsort(slots), np.argsort(slots, kind="stable"))
     rings = int(rng.choice([1, 3, 40]))
     rid = np.sort(rng.integers(0, rings, n))
     bounds = [0, *(np.flatnonzero(rid[1:] != rid[:-1]) + 1).tolist(), n]
     code = rng.integers(0, 5, n) + (np.arange(n) // 100 if seed % 2 else 0) + (1 << 42) * rng.integers(0, 2, n)
     if n:
-        assert np.array_equal(batchfold._by_ring_then_code(rid, code, bounds), np.lexsort((code, rid)))
+        assert np.array_equal(buckets._by_ring_then_code(rid, code, bounds), np.lexsort((code, rid)))

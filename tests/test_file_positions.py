@@ -1,10 +1,6 @@
-"""The modules split out of ``calmon/algorithms/tcal/atoms.py`` and ``connectors/files.py``.
-
-``Simulator`` (:mod:`calmon.algorithms.tcal.simulator`) and the file-source positions
-(:mod:`connectors.filepositions`) stay importable where they were, and give what an independent
-computation gives: the simulator ``Atoms.stats(*Atoms.draw(r, rng))`` (scipy's ``M @ X`` and a formed
-``g = k (1 - 2p)``), bit for bit, on both of its paths; a position the dict built here from ``os.stat``
-and ``hashlib``; a restore the files, offsets and lost entries of the scenarios below.
+"""File-source positions (:mod:`connectors.filepositions`) as :class:`~connectors.files.FileSource` gives and
+restores them: a position is the dict built here from ``os.stat`` and ``hashlib``; a restore gives the files,
+offsets and lost entries of the scenarios below.
 """
 
 import hashlib
@@ -12,65 +8,9 @@ import logging
 import os
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-import calmon.algorithms.tcal.simulator as simulator_mod
-from calmon.algorithms.tcal.atoms import Atoms
-from calmon.stats.grid import ScoreGrid
-from connectors import filepositions
 from connectors.files import FileSource
-
-
-def test_reexports() -> None:
-    import calmon.algorithms.tcal as tcal
-    import calmon.algorithms.tcal.atoms as atoms_mod
-    import connectors.files as files_mod
-
-    assert atoms_mod.Simulator is simulator_mod.Simulator
-    assert "Simulator" in atoms_mod.__all__
-    assert tcal.simulate_null is atoms_mod.simulate_null
-    assert files_mod.POSITION_VERSION == filepositions.POSITION_VERSION == 2
-    assert "POSITION_VERSION" in files_mod.__all__
-
-
-def _atoms(kind: str) -> Atoms:
-    rng = np.random.default_rng(5)
-    if kind == "raw":
-        z = np.round(rng.beta(2, 3, size=700), 2)  # ties: atoms of several events next to singletons
-        a = Atoms.from_raw(z, (rng.random(700) < z).astype(float))
-        for m in (2, 16, 128, 1024):
-            a.add_level(m)
-        return a
-    g = ScoreGrid(256)
-    z = rng.uniform(size=900)
-    g.update(z, (rng.random(900) < z).astype(float))
-    a = Atoms.from_grid(g)
-    for m in (4, 32, 256):
-        a.add_level(m)
-    return a
-
-
-@pytest.mark.parametrize("kind", ["raw", "grid"])
-@pytest.mark.parametrize("fold", [True, False])
-def test_simulator_equals_stats_of_draws(monkeypatch: pytest.MonkeyPatch, kind: str, fold: bool) -> None:
-    """Both paths of the kernel: the weights folded into the matrix, or ``g`` formed (FMA kernels)."""
-    if fold and not simulator_mod._FOLD:
-        pytest.skip("the CSR kernel fuses multiply-adds here: the folded path is never taken")
-    monkeypatch.setattr(simulator_mod, "_FOLD", fold)
-    atoms = _atoms(kind)
-    sim = atoms.simulator(64)
-    from_draws = [st.data[: st.indptr[st.rows // 2]] for st in sim.steps if st.source < 0]
-    assert from_draws, "no level summed straight from the draws"
-    # folded: the k block's entries are ones and the g block's the weights; unfolded: ones in both
-    assert all(np.all(d == 1.0) for d in from_draws)
-    g_blocks = [st.data[st.indptr[st.rows // 2]:] for st in sim.steps if st.source < 0]
-    assert all(np.all(d == 1.0) for d in g_blocks) != fold
-    for r, seed in ((64, 1), (17, 2)):
-        T = sim(r, np.random.default_rng(seed))
-        ref = atoms.stats(*atoms.draw(r, np.random.default_rng(seed)))
-        assert np.array_equal(T, ref)
-    sim.release()
 
 
 def _entry(p: Path, offset: int, line: int, done: bool) -> dict:

@@ -1,25 +1,30 @@
-"""A batch's binary models applied at once (calmon.state.batchapply) against the model-by-model path."""
+"""A batch's models applied at once (calmon.state.ingest: one fold per kind of event, one feed of the change
+detectors) against an eager model-by-model reference (tests/bucket_reference.py: each model's rings updated ring
+by ring and bucket by bucket, each detector fed its pairs in record order by plain Python)."""
 
 import json
 import time
 
 import numpy as np
 import pytest
+from bucket_reference import RefWindows
 
+import calmon.state.agentstate as agentstate_module
 import calmon.state.ingest as ingest_module
 from calmon.algorithms.changepoint import CalibrationChangeDetector
 from calmon.config import build_config
 from calmon.state.agentstate import AgentState
 from calmon.state.ingest import Ingestor
+from calmon.state.monitors import ChangeMonitor
 from connectors.base import Batch
 
 CLOCK = 1_767_400_000.0
 
 
 def _records(seed: int, models: int = 40, n: int = 6000) -> list[bytes]:
-    """Binary models' predictions with delayed outcomes and labeled events, plus what the batched path leaves to
-    the per-model one (a multiclass model), a binary model sending ``probs`` and the join's and lateness's
-    corner cases (outcomes without a model, early outcomes, duplicate ids, late labeled events, no ``ts``)."""
+    """Binary models' predictions with delayed outcomes and labeled events, plus a multiclass model, a binary
+    model sending ``probs`` and the join's and lateness's corner cases (outcomes without a model, early outcomes,
+    duplicate ids, late labeled events, no ``ts``)."""
     rng = np.random.default_rng(seed)
     out: list[tuple[float, dict]] = []
     t0 = CLOCK - 3700.0
@@ -89,20 +94,47 @@ def _same(ours: str, ref: str) -> None:
     pytest.fail(f"the documents differ at {first(json.loads(ours), json.loads(ref), '')}")
 
 
+def _model_by_model(parts, ts, segment, labels, watermark, *, score=None, probs=None, predictions=False):
+    """The reference of ``fold``: each model's events added to its rings on their own (RefWindows: ring by ring,
+    bucket by bucket, eagerly)."""
+    for mw, rows in parts:
+        assert isinstance(mw, RefWindows)
+        sc, pr = (None if score is None else score[rows]), (None if probs is None else probs[rows])
+        if labels is None:
+            mw.add_predictions(ts[rows], segment[rows], sc, pr, watermark)
+        else:
+            mw.add(ts[rows], segment[rows], labels[rows], sc, pr, watermark, predictions)
+
+
+def _pair_by_pair(self, names, part, index, ts, p, y):
+    """The reference of ``ChangeMonitor.feed``: per model in name order, its pairs in record order (ties in the
+    order given) to its detector's own update."""
+    if not self.cfg.enabled or not part.size:
+        return
+    by_model: dict[str, list[int]] = {}
+    for j, k in enumerate(part.tolist()):
+        by_model.setdefault(names[k], []).append(j)
+    for name in sorted(by_model):
+        js = sorted(by_model[name], key=lambda j: int(index[j]))
+        self._detector(name).update(p[js], y[js], ts[js])
+
+
 @pytest.mark.parametrize(("seed", "batch"), [(0, 1000), (1, 1000), (2, 1), (3, 13), (4, 65536)])
 def test_batched_models_equal_model_by_model(seed, batch, monkeypatch):
     records = _records(seed, n=6000 if batch > 1 else 1500)
     taken: list[str] = []
-    apply = ingest_module.apply_binary
+    fold = ingest_module.fold
 
-    def counting(st, cols, watermark):
-        taken.extend(cols.names)
-        return apply(st, cols, watermark)
+    def counting(parts, *args, **kw):
+        taken.extend(mw.name for mw, _ in parts)
+        return fold(parts, *args, **kw)
 
-    monkeypatch.setattr(ingest_module, "apply_binary", counting)
+    monkeypatch.setattr(ingest_module, "fold", counting)
     ours = _state(records, batch)
-    assert len(set(taken)) >= 30 and "digits" not in taken  # the batched path ran (multiclass: model by model)
-    monkeypatch.setattr(ingest_module, "is_binary", lambda mb: False)  # every model through _apply_model
+    assert len(set(taken)) >= 30 and "digits" in taken  # the batch fold ran, for every model (multiclass too)
+    monkeypatch.setattr(ingest_module, "fold", _model_by_model)  # every model on its own, eagerly
+    monkeypatch.setattr(agentstate_module, "ModelWindows", RefWindows)
+    monkeypatch.setattr(ChangeMonitor, "feed", _pair_by_pair)
     taken.clear()
     ref = _state(records, batch)
     assert not taken
@@ -110,6 +142,7 @@ def test_batched_models_equal_model_by_model(seed, batch, monkeypatch):
     doc = json.loads(ours)
     assert sum(doc["counters"]["late"].values()) > 5 and sum(doc["join"]["counters"]["joined"].values()) > 200
     assert sum(d["events"] for d in doc["changes"]["models"].values()) > 1000
+    assert doc["changes"]["models"]["digits"]["events"] > 50  # the multiclass model's detector was fed
 
 
 def test_update_many_equals_update_detector_by_detector():
