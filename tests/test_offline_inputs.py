@@ -96,7 +96,7 @@ def test_errors_name_the_input(tmp_path: Path) -> None:
         expand_inputs([str(tmp_path / "empty")])
     fake = tmp_path / "fake.parquet"
     fake.write_text('{"score": 0.5, "label": 1}\n')
-    with pytest.raises(InputError, match="not one"):
+    with pytest.raises(InputError, match="not a Parquet or Arrow file"):
         read_input(str(fake))
 
 

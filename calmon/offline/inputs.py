@@ -211,8 +211,7 @@ class _Inputs:
             self.add_tables([(path, kind, path)])
             return
         if p.name.lower().endswith(TABLE_SUFFIXES):
-            raise InputError(f"{path}: named like a Parquet/Arrow file but is not one (no Parquet or Arrow magic "
-                             "bytes)")
+            raise InputError(f"{path}: not a Parquet or Arrow file (it begins with {head[:8]!r})")
         codec = codec_of(head)
         if codec is not None:
             inner = Path(p.stem).suffix.lower()  # events.jsonl.gz -> .jsonl
