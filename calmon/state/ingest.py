@@ -240,11 +240,9 @@ class Columns:
         for classes in sorted(by_classes, key=lambda k: k != 2):  # stable: binary first
             names = by_classes[classes]
             bs = [batches[n] for n in names]
-            index = [b.index for b in bs]
-            assert all(i is not None for i in index)  # the Joiner always fills it
             cols = cls(names, classes, np.repeat(np.arange(len(bs)), [b.ts.size for b in bs]),
                        _cat([b.ts for b in bs]), _cat([b.segment for b in bs]), _cat([b.label for b in bs]),
-                       _cat(index), _cat([b.score for b in bs]) if classes == 2 else None,
+                       _cat([b.index for b in bs]), _cat([b.score for b in bs]) if classes == 2 else None,
                        None if classes == 2 else _cat([b.probs for b in bs]))
             out.append(cols)
         return out
@@ -260,7 +258,8 @@ class Columns:
 
 
 def _cat(cols: Sequence[np.ndarray | None]) -> np.ndarray:
-    """One column of several models, concatenated (the model's own array for one model: columns are only read)."""
+    """One column of several models, concatenated (the model's own array for one model: columns are only read).
+    Every model has it (a joined pair's record index: the Joiner always fills it)."""
     present = [c for c in cols if c is not None]
     assert len(present) == len(cols), "a column missing for some models"
     return present[0] if len(present) == 1 else np.concatenate(present)
