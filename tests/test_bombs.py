@@ -345,4 +345,4 @@ def test_a_file_named_parquet_that_is_not_one_is_named_once_not_skipped(tmp_path
     with pytest.raises(InputError, match=r"fake.parquet: not a Parquet or Arrow file"):
         read_input(str(d))
     (d / "fake.parquet").unlink()
-    assert read_input(str(d)).n == 10
+    assert read_input(str(d)).n == 30  # the directory's JSON Lines and Parquet files, read as one input

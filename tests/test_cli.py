@@ -34,7 +34,7 @@ def test_simulate_pipe_check_joins_delayed_outcomes():
     r = calmon("check", "-", "--json", "--tests", "none", stdin=sim.stdout)
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
-    assert doc["n"] == 5000 and doc["join"] == {"unjoined_predictions": 0, "orphan_outcomes": 0}
+    assert doc["n"] == 5000 and doc["join"] == {"joined": 5000, "unjoined_predictions": 0, "orphan_outcomes": 0}
     assert doc["metrics"]["ece"] > 0.05  # temperature 0.5 is overconfident
 
 

@@ -181,3 +181,18 @@ def test_bad_connector_options_exit_2_naming_the_key(tmp_path, capsys, extra, ne
     assert code == 2, err_text
     lines = err_text.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "no_such_option" in lines[0], err_text
+
+
+def test_join_ttl_alone_is_enough() -> None:
+    """Setting only ``join.ttl`` beyond the default lateness raises the lateness with it (#32.4)."""
+    from calmon.config import ConfigError, build_config
+
+    cfg = build_config({"sources": [{"path": "x"}], "join": {"ttl": "30d"}}, env={})
+    assert cfg.join.ttl == cfg.windows.allowed_lateness == 30 * 86400
+    cfg = build_config({"sources": [{"path": "x"}], "join": {"ttl": "21h"}}, env={})
+    assert cfg.join.ttl == 21 * 3600 and cfg.windows.allowed_lateness == 7 * 86400  # the default already covers it
+    cfg = build_config({"sources": [{"path": "x"}]}, env={"CALMON__JOIN__TTL": "10d"})
+    assert cfg.windows.allowed_lateness == 10 * 86400
+    with pytest.raises(ConfigError, match="windows.allowed_lateness"):  # set explicitly below the TTL: an error
+        build_config({"sources": [{"path": "x"}], "join": {"ttl": "30d"}, "windows": {"allowed_lateness": "1d"}},
+                     env={})

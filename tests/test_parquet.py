@@ -129,7 +129,7 @@ def test_directory_of_parquet_files_and_arrow(tmp_path: Path, binary: dict[str, 
     assert_same(read_input(str(d)), ref)
     feather.write_feather(t, tmp_path / "t.feather")
     assert_same(read_input(str(tmp_path / "t.feather")), ref)
-    with pytest.raises(InputError, match="without Parquet or Arrow files"):
+    with pytest.raises(InputError, match="directory without supported files"):
         read_input(str(_empty_dir(tmp_path)))
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from calmon.calibration.base import Calibrator
 from calmon.calibration.document import load
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
-from calmon.offline.inputs import Dataset, read_input
+from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
 
 FORMATS = ("csv", "jsonl", "npz")
 
@@ -25,7 +25,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Apply a calibrator (from `calmon fit`) to JSONL events, CSV or NPZ and write the "
                                    "recalibrated predictions with their labels (readable by `calmon check`).")
     p.add_argument("calibrator", help="calibrator document (JSON) written by `calmon fit`")
-    p.add_argument("input", help="file (.jsonl, .csv, .npz) or - for standard input")
+    p.add_argument("input", nargs="+", help=INPUTS_HELP)
     p.add_argument("-o", "--output", default="-", help="output file (default: CSV on standard output)")
     p.add_argument("--format", choices=FORMATS, default=None,
                    help="output format (default: from the output extension, else csv)")
@@ -113,7 +113,7 @@ def write_output(res: dict[str, Any], path: str, fmt: str | None, model: str | N
 def run(args: argparse.Namespace) -> int:
     cal = load(args.calibrator)
     mapping = mapping_from_arguments(args)
-    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
+    ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
     res = apply_dataset(cal, ds)
     write_output(res, args.output, args.format, ds.model)
     if args.output != "-":

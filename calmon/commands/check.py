@@ -18,7 +18,7 @@ from calmon.algorithms.twosample import calibration_change_test
 from calmon.evaluate.verdict import summarize
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import clean
-from calmon.offline.inputs import Dataset, read_input
+from calmon.offline.inputs import INPUTS_HELP, Dataset, read_input, read_inputs
 from calmon.stats.model import ModelStats
 from calmon.testers import MAX_MC, CalibrationData, check_params, run_tester
 
@@ -34,7 +34,7 @@ MAX_PERMUTATION_CELLS = 1 << 25
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("check", help="report calibration metrics and tests of a file",
                        description="Calibration report of JSONL events, CSV or NPZ (use - for standard input).")
-    p.add_argument("input", help="file (.jsonl, .csv, .npz) or - for standard input")
+    p.add_argument("input", nargs="+", help=INPUTS_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the readable report")
     p.add_argument("--model", default=None, help="model to check when the events hold several")
     p.add_argument("--tests", default=DEFAULT_TESTS,
@@ -130,7 +130,8 @@ def report(ds: Dataset, args: argparse.Namespace, progress: Steps | None = None)
                                    None if args.reliability_bins == 15 else args.reliability_bins),
     }
     if ds.model is not None:
-        doc["join"] = {"unjoined_predictions": ds.unjoined_predictions, "orphan_outcomes": ds.orphan_outcomes}
+        doc["join"] = {"joined": ds.joined, "unjoined_predictions": ds.unjoined_predictions,
+                       "orphan_outcomes": ds.orphan_outcomes}
     if ds.skipped:
         doc["skipped"] = ds.skipped
     names = parse_testers(args.tests)
@@ -203,9 +204,10 @@ def render(doc: dict[str, Any]) -> str:
         lines.append(f"  vs reference {r['input']}: calibration {r['decision']} (p = {r['p_value']:.4g}; debiased "
                      f"l2-ECE^2 {r['reference_dpe']:.3e} -> {r['current_dpe']:.3e}, {r['permutations']} "
                      "within-cell permutations)")
-    if "join" in doc and (doc["join"]["unjoined_predictions"] or doc["join"]["orphan_outcomes"]):
-        lines.append(f"  join: {doc['join']['unjoined_predictions']} predictions without outcome, "
-                     f"{doc['join']['orphan_outcomes']} outcomes without prediction")
+    j = doc.get("join")
+    if j and (j["joined"] or j["unjoined_predictions"] or j["orphan_outcomes"]):
+        lines.append(f"  join: {j['joined']} predictions joined with their outcome by id, {j['unjoined_predictions']} "
+                     f"without outcome, {j['orphan_outcomes']} outcomes without prediction")
     lines.append(f"  accuracy            {_pct(m.get('accuracy'))}")
     if "base_rate" in m:
         lines.append(f"  base rate           {_pct(m['base_rate'])}")
@@ -238,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
     with Steps(steps) as progress:
         progress.start("read")
         mapping = mapping_from_arguments(args)
-        ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
+        ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
         progress.done()
         doc = report(ds, args, progress)
         progress.done()

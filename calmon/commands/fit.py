@@ -15,7 +15,7 @@ from calmon.calibration.registry import CALIBRATORS, make_calibrator
 from calmon.calibration.split import hash_split
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import check_replaceable, write_json_atomic
-from calmon.offline.inputs import Dataset, read_input
+from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
 
 #: ``--bins`` (``--option bins=``) and ``--ece-bins`` at most: every bin's estimate needs events, and at this
 #: bound a million-row file already has only ten per bin (larger values only allocate memory).
@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Fit a calibrator on JSONL events, CSV or NPZ and write a versioned JSON "
                                    f"document (methods: {methods}). Binary methods fit the binary score, or "
                                    "the top-label confidence of multiclass data.")
-    p.add_argument("input", help="file (.jsonl, .csv, .npz) or - for standard input")
+    p.add_argument("input", nargs="+", help=INPUTS_HELP)
     p.add_argument("--method", "-m", required=True, help=f"calibration method ({methods})")
     p.add_argument("-o", "--output", default="-", help="calibrator document to write (default: standard output)")
     p.add_argument("--model", default=None, help="model to use when the events hold several")
@@ -141,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output != "-":
         check_replaceable(args.output)  # before the work: the write refuses a device, fifo or directory anyway
     mapping = mapping_from_arguments(args)
-    ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
+    ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
     doc = fit_dataset(ds, args.method, options, holdout=args.holdout, salt=args.salt, ece_bins=args.ece_bins)
     if args.output == "-":
         json.dump(doc, sys.stdout, indent=2, allow_nan=False)

@@ -13,7 +13,7 @@ from calmon.calibration.document import load
 from calmon.commands.check import DEFAULT_TESTS, Steps, build_stats, check_numbers, parse_testers, report
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import check_replaceable, write_bytes_atomic
-from calmon.offline.inputs import Dataset, read_input
+from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
 
@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write an HTML or PNG calibration report of a file",
                        description="Reliability diagrams with histogram and bands, the smCE witness, the tests "
                                    "and the verdict, in one self-contained file.")
-    p.add_argument("input", help="file (.jsonl, .csv, .npz) or - for standard input")
+    p.add_argument("input", nargs="+", help=INPUTS_HELP)
     p.add_argument("-o", "--output", required=True, help="report file to write (e.g. report.html)")
     p.add_argument("--format", choices=("html", "png"), default=None,
                    help="html (default, or from the output's extension) or png")
@@ -95,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
     with Steps(steps) as progress:
         progress.start("read")
         mapping = mapping_from_arguments(args)
-        ds = read_input(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
+        ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
         progress.done()
         doc = report(ds, args, progress)
         stats = build_stats(ds, args.bins)

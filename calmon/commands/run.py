@@ -30,7 +30,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-c", "--config", required=True, help="YAML configuration file (see config/calmon.example.yaml)")
     p.add_argument("--check-config", action="store_true", help="validate the configuration, print it and exit")
     p.add_argument("--exit-when-done", action="store_true",
-                   help="stop after a final evaluation and checkpoint when every source is exhausted")
+                   help="stop after a final evaluation and checkpoint when every source is exhausted, and print the "
+                        "verdict table (model, segment, window, n, ECE, tests, verdict)")
+    p.add_argument("--results", metavar="FILE", default=None,
+                   help="when the agent stops, write its /api/status document (every window's metrics, tests and "
+                        "verdict) to FILE as JSON")
     p.add_argument("--port", type=int, default=None, help="override exporter.port")
     p.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     p.add_argument("--role", default="all", choices=list(ROLES),
@@ -73,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.check_config:
         return print_config(cfg)
-    return serve(agent)
+    return serve(agent, results=args.results, table=args.exit_when_done)
 
 
 def print_config(cfg: Any) -> int:
@@ -83,8 +87,11 @@ def print_config(cfg: Any) -> int:
     return 0
 
 
-def serve(agent: Any) -> int:
-    """Open the agent (single-process or evaluator), serve, run until stopped."""
+def serve(agent: Any, results: str | None = None, table: bool = False) -> int:
+    """Open the agent (single-process or evaluator), serve, run until stopped.
+
+    Then write the ``/api/status`` document to ``results`` (if given) and print the verdict table (if ``table``).
+    """
     from calmon.agent.runtime import StartupError
     try:
         agent.open()
@@ -97,10 +104,25 @@ def serve(agent: Any) -> int:
         print(f"calmon run: serving {agent.http.url}/metrics", file=sys.stderr, flush=True)
     from calmon.events.schema import MappingError
     try:
-        return int(agent.run())
+        rc = int(agent.run())
     except MappingError as exc:  # a mapped path that matched none of the first records: the batch was not applied
         print(f"calmon run: schema error: {exc}", file=sys.stderr)
         return 2
+    if results is None and not table:
+        return rc
+    doc = agent.status()
+    if results is not None:
+        from calmon.formats.jsonio import write_json_atomic
+        try:
+            write_json_atomic(results, doc)
+        except (OSError, ValueError) as exc:
+            print(f"calmon run: cannot write --results {results}: {exc}", file=sys.stderr)
+            return 2
+        print(f"calmon run: wrote the status document to {results}", file=sys.stderr)
+    if table:
+        from calmon.exporter.status.table import verdict_table
+        print(verdict_table(doc), flush=True)
+    return rc
 
 
 def run_stage(args: argparse.Namespace, cfg: Any) -> int:

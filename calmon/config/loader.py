@@ -21,7 +21,16 @@ from typing import Any, Literal
 
 import yaml
 
-from calmon.config.schema import Config, ConfigError, Duration, TesterConfig, TierConfig, _check, parse_duration
+from calmon.config.schema import (
+    Config,
+    ConfigError,
+    Duration,
+    TesterConfig,
+    TierConfig,
+    WindowsConfig,
+    _check,
+    parse_duration,
+)
 
 ENV_PREFIX = "CALMON__"
 #: Deepest nesting of a configuration document, also after expanding aliases.
@@ -294,6 +303,7 @@ def build_config(doc: dict[str, Any] | None, env: typing.Mapping[str, str] | Non
     _check(isinstance(doc, dict), "", f"the configuration must be a mapping, got {type(doc).__name__}")
     doc = _substitute(doc, env, "")
     doc = apply_env_overrides(doc, env)
+    doc = _lateness_follows_ttl(doc)
     cfg = _build(Config, doc, "")
     if base_dir is not None:
         base = Path(base_dir)
@@ -302,6 +312,27 @@ def build_config(doc: dict[str, Any] | None, env: typing.Mapping[str, str] | Non
             if s.path and not Path(s.path).is_absolute():
                 s.path = str(base / s.path)
     return cfg
+
+
+def _lateness_follows_ttl(doc: dict[str, Any]) -> dict[str, Any]:
+    """Without ``windows.allowed_lateness``, a ``join.ttl`` beyond its default raises it to the TTL.
+
+    A joined event takes its prediction's time and can arrive ``join.ttl`` after it, so lateness must be at least the
+    TTL; a user who sets only ``join.ttl: 21h`` means that (an explicit lateness below the TTL is still an error).
+    """
+    join, windows = doc.get("join"), doc.get("windows")
+    if not isinstance(join, dict) or "ttl" not in join:
+        return doc
+    if windows is not None and (not isinstance(windows, dict) or "allowed_lateness" in windows):
+        return doc
+    try:
+        ttl = parse_duration(join["ttl"], "join.ttl")
+    except ConfigError:
+        return doc  # the build names the key
+    default = WindowsConfig().allowed_lateness
+    if ttl <= default:
+        return doc
+    return {**doc, "windows": {**(windows or {}), "allowed_lateness": ttl}}
 
 
 def load_config(path: str | Path, env: typing.Mapping[str, str] | None = None) -> Config:

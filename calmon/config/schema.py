@@ -219,7 +219,8 @@ class WindowsConfig:
 
     #: Window lengths to evaluate and export (``all`` = everything since the state began).
     names: list[str] = field(default_factory=lambda: ["1h", "24h", "7d", "all"])
-    #: Events older than (newest event time - allowed_lateness) are dropped and counted.
+    #: Events older than (newest event time - allowed_lateness) are dropped and counted. Must be >= ``join.ttl``;
+    #: when not set, a ``join.ttl`` above 7 days raises it to the TTL.
     allowed_lateness: Duration = Duration(7 * 86400.0)
     #: Ring of buckets, finest first; older data is merged into coarser buckets.
     tiers: list[TierConfig] = field(default_factory=lambda: [

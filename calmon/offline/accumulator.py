@@ -81,6 +81,7 @@ class _Bad:
     source: str
     number: int
     rejection: Rejection
+    what: str = "line"
 
 
 @dataclass
@@ -103,23 +104,23 @@ class EventAccumulator:
     first_bad: _Bad | None = None
     _parts: dict[str, list[ModelBatch]] = field(default_factory=dict)
 
-    def add(self, chunk: Chunk) -> None:
-        """Decode one chunk."""
+    def add(self, chunk: Chunk, what: str | None = None) -> None:
+        """Decode one chunk (``what``: how its records are numbered, default the accumulator's)."""
         out = self.decoder.decode(chunk.records)
         for r in out.rejected:
             self.reasons[r.reason] = self.reasons.get(r.reason, 0) + 1
         if out.rejected and self.first_bad is None:
             r = out.rejected[0]
-            self.first_bad = _Bad(chunk.source, int(chunk.numbers[r.index]), r)
+            self.first_bad = _Bad(chunk.source, int(chunk.numbers[r.index]), r, what or self.what)
         self.invalid += len(out.rejected)
         for m, mb in out.models.items():
             mb.index = mb.index + self.total
             self._parts.setdefault(m, []).append(mb)
         self.total += len(chunk.records)
 
-    def add_all(self, chunks: Iterable[Chunk]) -> None:
+    def add_all(self, chunks: Iterable[Chunk], what: str | None = None) -> None:
         for c in chunks:
-            self.add(c)
+            self.add(c, what)
 
     def dataset(self, name: str, model: str | None, skip_invalid: bool) -> Dataset:
         """The labeled dataset of one model (``model=None``: the only one), or :class:`InputError`."""
@@ -129,7 +130,7 @@ class EventAccumulator:
         if self.first_bad is not None and not skip_invalid:
             b = self.first_bad
             more = f" (and {self.invalid - 1} more invalid {self.what}s)" if self.invalid > 1 else ""
-            raise InputError(f"{b.source}: {self.what} {b.number}: {b.rejection.reason}: {b.rejection.detail}{more}")
+            raise InputError(f"{b.source}: {b.what} {b.number}: {b.rejection.reason}: {b.rejection.detail}{more}")
         models = {}
         for m in list(self._parts):  # one model at a time, its chunks released as it is concatenated
             models[m] = _concat(self._parts.pop(m), self.decoder.models.get(m, 2) if m else 2)
@@ -217,12 +218,13 @@ def _labeled_dataset(name: str, models: dict[str, ModelBatch], model: str, skipp
     ts = lab.ts if pairs is None else np.concatenate([lab.ts, pairs.ts])
     if k == 2:
         z = _stack(lab.score, None if pairs is None else pairs.score)
-        return Dataset(name, 2, z, labels.astype(np.float64), ids=ids, ts=ts, model=model,
+        return Dataset(name, 2, z, labels.astype(np.float64), ids=ids, ts=ts, model=model, joined=n_joined,
                        unjoined_predictions=unjoined, orphan_outcomes=orphans, skipped=skipped)
     probs = _stack(lab.probs, None if pairs is None else pairs.probs)
     top = probs.argmax(axis=1)
     return Dataset(name, k, probs[np.arange(len(probs)), top], (top == labels).astype(np.float64), probs=probs,
-                   labels=labels, ids=ids, ts=ts, model=model, unjoined_predictions=unjoined, orphan_outcomes=orphans,
+                   labels=labels, ids=ids, ts=ts, model=model, joined=n_joined, unjoined_predictions=unjoined,
+                   orphan_outcomes=orphans,
                    skipped=skipped)
 
 

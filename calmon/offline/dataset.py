@@ -33,6 +33,8 @@ class Dataset:
     ts: np.ndarray | None = None
     model: str | None = None
     top_label_only: bool = False
+    #: Rows that are a prediction joined with its outcome by id (the others were labeled events or rows).
+    joined: int = 0
     unjoined_predictions: int = 0
     orphan_outcomes: int = 0
     skipped: dict[str, int] = field(default_factory=dict)

@@ -20,6 +20,14 @@ Formats
 * **NPZ**: ``confidence`` + ``correct``, ``score`` + ``label``, or ``probs`` + ``labels``
   (loaded with ``allow_pickle=False``).
 
+Several inputs
+---------------
+:func:`read_inputs` reads several paths as one input -- files of any of the formats above, directories (every
+supported file under them, in sorted path order, hidden and ``_``-prefixed names skipped) and glob patterns
+(``'logs/2026-*/*.jsonl.gz'``, ``**`` included). Every event record of every input goes through one decoder and one
+join, so predictions in one file and their outcomes in another are joined by id exactly as the agent joins them
+(with no time limit); CSV and NPZ rows of labeled predictions are appended as they are.
+
 Any invalid record stops the read with :class:`InputError`, whose message is one line naming
 the file, the line or row (or array) and the field; with ``skip_invalid`` invalid events are
 counted by reason code and skipped instead. Records are decoded by :class:`calmon.events.decoder.Decoder`,
@@ -31,18 +39,19 @@ change the result of ``check``, so ``future_timestamp``/``past_timestamp`` are n
 bomb (a stream expanding more than 100 times over 64 MiB of output, :mod:`calmon.formats.compressed`): it is
 stopped there, so ``calmon check bomb.jsonl.gz`` answers at once. Compressed input is decompressed in bounded
 pieces, and a line of compressed JSON Lines longer than 16 MiB is read past without being held (``too_large``).
-A file of a directory named like a table (``*.parquet``...) that is not one is an error, not skipped.
+A file named like a table (``*.parquet``...) that is not one is an error, not skipped.
 """
 
 from __future__ import annotations
 
+import glob
 import io
 import itertools
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import msgspec
 import numpy as np
@@ -65,7 +74,11 @@ from connectors.filewhole import CompressedLines
 
 if TYPE_CHECKING:
     from calmon.events.schema import Mapping
-__all__ = ["Dataset", "InputError", "read_input"]
+__all__ = ["Dataset", "InputError", "read_input", "read_inputs", "expand_inputs", "INPUTS_HELP"]
+
+#: The help of the commands' ``input`` arguments (``nargs="+"``).
+INPUTS_HELP = ("files (.jsonl, .csv, .npz, .parquet, .arrow; compressed too), directories, glob patterns, or - for "
+               "standard input; predictions and outcomes in different inputs are joined by id")
 
 _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _SNIFF = 1 << 16
@@ -76,31 +89,246 @@ _DEFAULT_MODEL = "default"  # the model of a table without model column when no 
 
 def read_input(path: str, model: str | None = None, skip_invalid: bool = False,
                mapping: Mapping | None = None) -> Dataset:
-    """Read ``path`` (a file, a directory of Parquet/Arrow files, or ``-`` for standard input).
+    """Read ``path`` (a file, a directory, a glob pattern, or ``-`` for standard input): :func:`read_inputs`."""
+    return read_inputs([path], model, skip_invalid, mapping)
 
-    The format follows the content (gzip/zstd/bzip2/xz, Parquet and Arrow magic bytes, ``{`` for JSON Lines)
-    and the extension; ``mapping`` (:func:`calmon.events.schema.load_mapping`) is applied to every event
-    record (JSON Lines, table rows, CSV rows).
+
+def read_inputs(paths: Sequence[str], model: str | None = None, skip_invalid: bool = False,
+                mapping: Mapping | None = None) -> Dataset:
+    """Read every input of ``paths`` as one dataset: events of all of them decoded and joined together.
+
+    The format of each file follows its content (gzip/zstd/bzip2/xz, Parquet and Arrow magic bytes, ``{`` for JSON
+    Lines) and its extension; ``mapping`` (:func:`calmon.events.schema.load_mapping`) is applied to every event record
+    (JSON Lines, table rows, CSV rows). Directories and glob patterns are expanded by :func:`expand_inputs`.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> d = tempfile.mkdtemp()
+    >>> with open(os.path.join(d, "predictions.jsonl"), "w") as f:
+    ...     _ = f.write('{"type": "prediction", "id": "a", "model": "m", "score": 0.8}\\n'
+    ...                 '{"type": "prediction", "id": "b", "model": "m", "score": 0.3}\\n')
+    >>> with open(os.path.join(d, "outcomes.jsonl"), "w") as f:
+    ...     _ = f.write('{"type": "outcome", "id": "a", "label": 1}\\n{"type": "outcome", "id": "z", "label": 0}\\n')
+    >>> ds = read_inputs([os.path.join(d, "predictions.jsonl"), os.path.join(d, "outcomes.jsonl")])
+    >>> ds.n, ds.joined, ds.unjoined_predictions, ds.orphan_outcomes
+    (1, 1, 1, 1)
+    >>> read_input(d).n  # the directory: the same two files
+    1
     """
-    if path == "-":
-        return _read_data("<stdin>", sys.stdin.buffer.read(), "", model, skip_invalid, mapping)
-    p = Path(path)
-    if not p.exists():
-        raise InputError(f"{path}: no such file")
-    if p.is_dir():
-        return _read_tables(path, _table_files(p), model, skip_invalid, mapping)
-    with p.open("rb") as fh:
-        head = fh.read(_SNIFF)
-    kind = table_kind(head, path)
-    if kind is not None:
-        return _read_tables(path, [(path, kind, path)], model, skip_invalid, mapping)
-    codec = codec_of(head)
-    if codec is not None:
-        return _read_compressed(path, codec, model, skip_invalid, mapping)
-    suffix = p.suffix.lower()
-    if head.strip() and _is_jsonl(suffix, head):
-        return _read_events(path, jsonl_chunks(path, _file_pieces(p)), model, skip_invalid, mapping)
-    return _read_data(path, p.read_bytes(), suffix, model, skip_invalid, mapping)
+    files = expand_inputs(paths)
+    names = ["<stdin>" if f == "-" else f for f in files]
+    shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+    name = names[0] if len(names) == 1 else f"{len(names)} inputs ({shown})"
+    ins = _Inputs(mapping, model)
+    for f in files:
+        ins.add_path(f)
+    return ins.dataset(name, model, skip_invalid)
+
+
+_KNOWN = (*_JSONL_SUFFIXES, ".csv", ".npz", *TABLE_SUFFIXES)
+_COMPRESSED = (".gz", ".zst", ".bz2", ".xz")
+
+
+def _supported(name: str) -> bool:
+    n = name.lower()
+    for c in _COMPRESSED:
+        n = n.removesuffix(c)
+    return n.endswith(_KNOWN)
+
+
+def expand_inputs(paths: Sequence[str]) -> list[str]:
+    """Files named by ``paths``: each a file, ``-``, a directory (its supported files) or a glob pattern.
+
+    A directory contributes every file under it whose name ends in a supported extension (``.jsonl``, ``.json``,
+    ``.ndjson``, ``.csv``, ``.npz``, Parquet/Arrow, each optionally ``.gz``/``.zst``/``.bz2``/``.xz``), in sorted path
+    order, hidden and ``_``-prefixed names skipped (like Spark's and pyarrow's datasets). A pattern that matches
+    nothing, a directory without such files and a missing path are :class:`InputError` s.
+    """
+    if not paths:
+        raise InputError("no input given")
+    out: list[str] = []
+    for path in paths:
+        if path == "-":
+            out.append(path)
+            continue
+        p = Path(path)
+        if p.is_dir():
+            found = [str(f) for f in sorted(p.rglob("*")) if f.is_file() and _supported(f.name)
+                     and not any(x[:1] in "._" for x in f.relative_to(p).parts)]
+            if not found:
+                raise InputError(f"{path}: is a directory without supported files (*.jsonl, *.csv, *.npz, "
+                                 "*.parquet, *.arrow, *.feather; optionally .gz/.zst/.bz2/.xz)")
+            out.extend(found)
+        elif p.exists():
+            out.append(path)
+        elif glob.has_magic(path):
+            found = sorted(f for f in glob.glob(path, recursive=True) if Path(f).is_file())
+            if not found:
+                raise InputError(f"{path}: no file matches this pattern")
+            out.extend(found)
+        else:
+            raise InputError(f"{path}: no such file")
+    if out.count("-") > 1:
+        raise InputError("-: standard input can be read only once")
+    return out
+
+
+class _Inputs:
+    """Every input of one command: event records into one accumulator (one decoder, one join), rows of CSV/NPZ
+    files of labeled predictions into datasets appended at the end."""
+
+    def __init__(self, mapping: Mapping | None, model: str | None) -> None:
+        self.mapping = mapping
+        self.model = model  # the model of a table without model column (default: "default")
+        self.acc: EventAccumulator | None = None
+        self.rows: list[Dataset] = []
+        self.injected = False  # a table without model column took the default model
+        #: Every event input was a table of top-label columns (confidence, correct); None before the first one.
+        self.top_label: bool | None = None
+
+    def events(self, chunks: Iterator[Chunk], what: str = "line", top_label: bool = False,
+               max_record_bytes: float = math.inf) -> None:
+        self.top_label = top_label and self.top_label is not False
+        if self.acc is None:
+            decoder = make_decoder(self.mapping)
+            decoder.max_record_bytes = math.inf
+            self.acc = EventAccumulator(decoder, what)
+        # compressed lines beyond _MAX_LINE arrive as an OversizedRecord: rejected by length, never held
+        self.acc.decoder.max_record_bytes = min(self.acc.decoder.max_record_bytes, max_record_bytes)
+        self.acc.add_all(chunks, what)
+
+    def add_path(self, path: str) -> None:
+        """Read one file (or ``-``) into the accumulator or the row datasets."""
+        if path == "-":
+            self.add_data("<stdin>", sys.stdin.buffer.read(), "")
+            return
+        p = Path(path)
+        with p.open("rb") as fh:
+            head = fh.read(_SNIFF)
+        kind = table_kind(head, path)
+        if kind is not None:
+            self.add_tables([(path, kind, path)])
+            return
+        if p.name.lower().endswith(TABLE_SUFFIXES):
+            raise InputError(f"{path}: not a Parquet or Arrow file (it begins with {head[:8]!r})")
+        codec = codec_of(head)
+        if codec is not None:
+            inner = Path(p.stem).suffix.lower()  # events.jsonl.gz -> .jsonl
+            self.add_stream(path, lambda: open(path, "rb"), codec, inner)
+            return
+        suffix = p.suffix.lower()
+        if head.strip() and _is_jsonl(suffix, head):
+            self.events(jsonl_chunks(path, _file_pieces(p)))
+            return
+        self.add_data(path, p.read_bytes(), suffix)
+
+    def add_data(self, name: str, data: bytes, suffix: str) -> None:
+        """An input held in memory (standard input, a CSV or NPZ file, decompressed CSV)."""
+        if not data.strip():
+            raise InputError(f"{name}: empty input, no events")
+        kind = table_kind(data[:8])
+        if kind is not None:
+            self.add_tables([(data, kind, name)])
+            return
+        codec = codec_of(data[:4])
+        if codec is not None:
+            self.add_stream(name, lambda: io.BytesIO(data), codec, "")
+            return
+        if suffix == ".npz" or data[:4] == b"PK\x03\x04":
+            self.rows.append(_read_npz(name, data))
+        elif _is_jsonl(suffix, data[:_SNIFF]):
+            self.events(jsonl_chunks(name, [data]))
+        elif self.mapping is None:
+            self.rows.append(_read_csv(name, data))
+        else:
+            self.events(_csv_mapped_chunks(name, data))
+
+    def add_stream(self, name: str, opener: Callable[[], BinaryIO], codec: str, inner: str) -> None:
+        """A compressed stream (``opener`` opens it at its start; it is read twice: its first bytes tell JSON Lines
+        from CSV), decompressed in bounded pieces (:mod:`calmon.formats.compressed`): a decompression bomb stops it
+        with one line, and so does a truncated or corrupt stream."""
+        try:
+            with opener() as fh:
+                head = _first_bytes(DecompressedReader(fh.read, codec))
+            with opener() as fh:
+                if _is_jsonl(inner, head[:_SNIFF]):
+                    lines = CompressedLines(fh.read, codec, 0, 1, _MAX_LINE)
+                    self.events(_line_chunks(name, lines), max_record_bytes=_MAX_LINE)
+                    return
+                data = b"".join(iter(DecompressedReader(fh.read, codec).read, b""))
+            self.add_data(name, data, inner)
+        except CorruptStream as exc:
+            raise InputError(f"{name}: {exc}") from None
+
+    def add_tables(self, files: list[tuple[str | bytes, str, str]]) -> None:
+        """Parquet/Arrow files (``(path or bytes, kind, label)``) streamed batch by batch."""
+        for src, kind, label in files:
+            table = None
+            try:
+                table = TableFile(src, kind)
+                if self.mapping is not None:
+                    plan = mapped_plan(table.names, self.mapping.columns)
+                else:
+                    plan = canonical_plan(table.names, self.model or _DEFAULT_MODEL)
+                self.injected |= bool(plan.const)
+
+                def chunks(table: TableFile = table, plan: Any = plan, label: str = label) -> Iterator[Chunk]:
+                    row = 1
+                    for batch in table.batches(plan.read):
+                        records = batch_records(batch, plan)
+                        yield Chunk(label, records, range(row, row + len(records)))
+                        row += len(records)
+
+                self.events(chunks(), "row", plan.top_label)
+            except TableError as exc:
+                raise InputError(f"{label}: {exc}") from None
+            finally:
+                if table is not None:
+                    table.close()
+
+    def dataset(self, name: str, model: str | None, skip_invalid: bool) -> Dataset:
+        """The labeled dataset of every input (events joined together, then the rows of CSV/NPZ inputs)."""
+        parts: list[Dataset] = []
+        if self.acc is not None:
+            ds = self.acc.dataset(name, model or (_DEFAULT_MODEL if self.injected else None), skip_invalid)
+            if self.injected and model is None:
+                ds.model = None  # like a CSV file: no model named anywhere
+            ds.top_label_only = bool(self.top_label) and ds.classes == 2
+            parts.append(ds)
+        parts.extend(self.rows)
+        return parts[0] if len(parts) == 1 else _concat_datasets(name, parts)
+
+
+def _concat_datasets(name: str, parts: list[Dataset]) -> Dataset:
+    """Several datasets of the same kind as one (rows in input order)."""
+    first = parts[0]
+    for d in parts[1:]:
+        if d.classes != first.classes or d.top_label_only != first.top_label_only:
+            raise InputError(f"{name}: inputs of different kinds: {first.source} has {first.kind} data with "
+                             f"{first.classes} classes, {d.source} has {d.kind} data with {d.classes}")
+
+    def cat(attr: str, fill: Any) -> np.ndarray | None:
+        arrays = [getattr(d, attr) for d in parts]
+        if all(a is None for a in arrays):
+            return None
+        return np.concatenate([a if a is not None else fill(d) for a, d in zip(arrays, parts)])
+
+    skipped: dict[str, int] = {}
+    for d in parts:
+        for k, v in d.skipped.items():
+            skipped[k] = skipped.get(k, 0) + v
+    models = {d.model for d in parts if d.model is not None}
+    return Dataset(name, first.classes, np.concatenate([d.z for d in parts]), np.concatenate([d.y for d in parts]),
+                   probs=cat("probs", lambda d: np.full((d.n, first.classes), np.nan)) if first.probs is not None
+                   else None,
+                   labels=cat("labels", lambda d: np.full(d.n, -1, dtype=np.int64)),
+                   ids=cat("ids", lambda d: np.full(d.n, "", dtype=object)),
+                   ts=cat("ts", lambda d: np.full(d.n, np.nan)),
+                   model=models.pop() if len(models) == 1 else None, top_label_only=first.top_label_only,
+                   joined=sum(d.joined for d in parts),
+                   unjoined_predictions=sum(d.unjoined_predictions for d in parts),
+                   orphan_outcomes=sum(d.orphan_outcomes for d in parts), skipped=skipped)
 
 
 def _is_jsonl(suffix: str, head: bytes) -> bool:
@@ -111,51 +339,6 @@ def _file_pieces(p: Path) -> Iterator[bytes]:
     with p.open("rb") as fh:
         while piece := fh.read(_PIECE):
             yield piece
-
-
-def _read_data(name: str, data: bytes, suffix: str, model: str | None, skip_invalid: bool,
-               mapping: Mapping | None) -> Dataset:
-    """An input held in memory (standard input, a CSV or NPZ file, decompressed CSV)."""
-    if not data.strip():
-        raise InputError(f"{name}: empty input, no events")
-    kind = table_kind(data[:8])
-    if kind is not None:
-        return _read_tables(name, [(data, kind, name)], model, skip_invalid, mapping)
-    codec = codec_of(data[:4])
-    if codec is not None:
-        return _read_stream(name, lambda: io.BytesIO(data), codec, "", model, skip_invalid, mapping)
-    if suffix == ".npz" or data[:4] == b"PK\x03\x04":
-        return _read_npz(name, data)
-    if not _is_jsonl(suffix, data[:_SNIFF]):
-        return _read_csv(name, data) if mapping is None else _read_csv_mapped(name, data, model, skip_invalid,
-                                                                              mapping)
-    return _read_events(name, jsonl_chunks(name, [data]), model, skip_invalid, mapping)
-
-
-def _read_compressed(path: str, codec: str, model: str | None, skip_invalid: bool,
-                     mapping: Mapping | None) -> Dataset:
-    """A compressed file: JSON Lines are decoded as they are decompressed; CSV and NPZ decompressed whole."""
-    inner = Path(Path(path).stem).suffix.lower()  # events.jsonl.gz -> .jsonl
-    return _read_stream(path, lambda: open(path, "rb"), codec, inner, model, skip_invalid, mapping)
-
-
-def _read_stream(name: str, opener: Callable[[], BinaryIO], codec: str, inner: str, model: str | None,
-                 skip_invalid: bool, mapping: Mapping | None) -> Dataset:
-    """A compressed stream (``opener`` opens it at its start; it is read twice: its first bytes tell JSON Lines
-    from CSV), decompressed in bounded pieces (:mod:`calmon.formats.compressed`): a decompression bomb stops it
-    with one line, and so does a truncated or corrupt stream."""
-    try:
-        with opener() as fh:
-            head = _first_bytes(DecompressedReader(fh.read, codec))
-        with opener() as fh:
-            if _is_jsonl(inner, head[:_SNIFF]):
-                lines = CompressedLines(fh.read, codec, 0, 1, _MAX_LINE)
-                return _read_events(name, _line_chunks(name, lines), model, skip_invalid, mapping,
-                                    max_record_bytes=_MAX_LINE)
-            data = b"".join(iter(DecompressedReader(fh.read, codec).read, b""))
-        return _read_data(name, data, inner, model, skip_invalid, mapping)
-    except CorruptStream as exc:
-        raise InputError(f"{name}: {exc}") from None
 
 
 def _first_bytes(r: DecompressedReader) -> bytes:
@@ -189,67 +372,8 @@ def _line_chunks(name: str, lines: CompressedLines, n: int = 65_536) -> Iterator
         raise InputError(f"{name}: {lines.error}")
 
 
-def _read_events(name: str, chunks: Iterator[Chunk], model: str | None, skip_invalid: bool,
-                 mapping: Mapping | None, what: str = "line", max_record_bytes: float = math.inf) -> Dataset:
-    decoder = make_decoder(mapping)
-    decoder.max_record_bytes = max_record_bytes
-    acc = EventAccumulator(decoder, what)
-    acc.add_all(chunks)
-    return acc.dataset(name, model, skip_invalid)
-
-
-def _table_files(d: Path) -> list[tuple[str | bytes, str, str]]:
-    """The Parquet/Arrow files under a directory, in sorted path order (hidden and ``_`` names skipped)."""
-    found: list[tuple[str | bytes, str, str]] = []
-    for f in sorted(d.rglob("*")):
-        rel = f.relative_to(d).parts
-        if f.is_file() and f.name.lower().endswith(TABLE_SUFFIXES) and not any(x[:1] in "._" for x in rel):
-            with f.open("rb") as fh:
-                head = fh.read(8)
-            kind = table_kind(head, str(f))
-            if kind is None:
-                raise InputError(f"{f}: not a Parquet or Arrow file (it begins with {head!r}); move it out of {d}")
-            found.append((str(f), kind, str(f)))
-    if not found:
-        raise InputError(f"{d}: is a directory without Parquet or Arrow files (*.parquet, *.arrow, *.feather)")
-    return found
-
-
-def _read_tables(name: str, files: list[tuple[str | bytes, str, str]], model: str | None, skip_invalid: bool,
-                 mapping: Mapping | None) -> Dataset:
-    """Parquet/Arrow files (``(path or bytes, kind, label)``) streamed batch by batch through one decoder."""
-    acc = EventAccumulator(make_decoder(mapping), "row")
-    injected = False
-    top_label = True
-    for src, kind, label in files:
-        table = None
-        try:
-            table = TableFile(src, kind)
-            if mapping is not None:
-                plan = mapped_plan(table.names, mapping.columns)
-            else:
-                plan = canonical_plan(table.names, model or _DEFAULT_MODEL)
-            injected |= bool(plan.const)
-            top_label &= plan.top_label
-            row = 1
-            for batch in table.batches(plan.read):
-                records = batch_records(batch, plan)
-                acc.add(Chunk(label, records, range(row, row + len(records))))
-                row += len(records)
-        except TableError as exc:
-            raise InputError(f"{label}: {exc}") from None
-        finally:
-            if table is not None:
-                table.close()
-    ds = acc.dataset(name, model or (_DEFAULT_MODEL if injected else None), skip_invalid)
-    if injected and model is None:
-        ds.model = None  # like a CSV file: no model named anywhere
-    ds.top_label_only = top_label and ds.classes == 2
-    return ds
-
-
-def _read_csv_mapped(name: str, data: bytes, model: str | None, skip_invalid: bool, mapping: Mapping) -> Dataset:
-    """CSV rows as objects keyed by the header's names, decoded with the schema mapping."""
+def _csv_mapped_chunks(name: str, data: bytes) -> Iterator[Chunk]:
+    """CSV rows as objects keyed by the header's names, for the schema mapping's decoder."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
@@ -260,13 +384,9 @@ def _read_csv_mapped(name: str, data: bytes, model: str | None, skip_invalid: bo
         raise InputError(f"{name}: empty input, no events")
     header = [c.strip() for c in first[1]]
     enc = msgspec.json.Encoder().encode
-
-    def chunks() -> Iterator[Chunk]:
-        while batch := list(itertools.islice(rows, 65_536)):
-            recs = [enc({k: cell_value(v) for k, v in zip(header, cells) if v != ""}) for _, cells in batch]
-            yield Chunk(name, recs, [n for n, _ in batch])
-
-    return _read_events(name, chunks(), model, skip_invalid, mapping)
+    while batch := list(itertools.islice(rows, 65_536)):
+        recs = [enc({k: cell_value(v) for k, v in zip(header, cells) if v != ""}) for _, cells in batch]
+        yield Chunk(name, recs, [n for n, _ in batch])
 
 
 def _check_arrays(name: str, z: np.ndarray, y: np.ndarray, what: str) -> None:
