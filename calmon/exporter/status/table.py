@@ -46,7 +46,7 @@ def _verdict(ev: Mapping[str, Any]) -> str:
 
 def verdict_rows(doc: Mapping[str, Any]) -> list[tuple[str, ...]]:
     """One row of :data:`COLUMNS` per evaluation of an ``/api/status`` document."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for ev in doc.get("evaluations", []):
         s = ev.get("summary") or {}
         ci = s.get("ece_ci")
