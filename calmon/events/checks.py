@@ -95,9 +95,6 @@ class Verdicts:
             for j in np.flatnonzero(new).tolist():
                 self.details[j] = detail
 
-    def reject_all(self, reason: str, detail: str) -> None:
-        self.reject(np.ones(self.n, bool), reason, detail)
-
     def reject_one(self, j: int, reason: str, detail: str) -> None:
         if self.bad[j] == 0:
             self.bad[j] = REASONS.index(reason) + 1

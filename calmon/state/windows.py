@@ -258,14 +258,6 @@ class TieredRing(Generic[S]):
                                                                       starts, ends)]
 
     # -- reading ------------------------------------------------------------------------------
-    def iter_newest_first(self) -> list[tuple[float, float, S]]:
-        """``(start, width, state)`` of every bucket, newest first."""
-        out: list[tuple[float, float, S]] = []
-        for (w, _), tier in zip(self.tiers, self.buckets):
-            out.extend((k, w, s) for k, s in tier.items())
-        out.sort(key=lambda x: -x[0])
-        return out
-
     def window_sums(self, lengths: dict[str, float | None], watermark: float | None = None) -> dict[str, S]:
         """Sum of the buckets of each window (``None`` = everything including the archive), in one pass.
 
