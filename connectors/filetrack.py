@@ -20,15 +20,14 @@ import os
 import stat as stat_mod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from calmon.formats.csvobjects import CsvObjects
 from calmon.formats.csvrows import CsvConverter
 from calmon.formats.records import PREFIX_BYTES, OversizedRecord
 
-if TYPE_CHECKING:
-    from connectors.filewhole import CompressedLines, TableRows
-__all__ = ["TrackedFile", "LineSkip", "fingerprint", "locate", "skip_to_end", "csv_header", "FP_MAX", "BOM"]
+__all__ = ["TrackedFile", "Segment", "WholeReader", "LineSkip", "fingerprint", "locate", "skip_to_end", "csv_header",
+           "FP_MAX", "BOM"]
 
 FP_MAX = 1024
 BOM = b"\xef\xbb\xbf"
@@ -64,6 +63,29 @@ class LineSkip:
         return OversizedRecord(self.prefix, self.size, self.sha.hexdigest())
 
 
+@dataclass
+class Segment:
+    """Records delivered together: contiguous ``lines`` (or table records) from number ``first``, or one
+    ``oversized`` line read past without being held."""
+
+    first: int
+    lines: list[bytes] | None = None
+    oversized: OversizedRecord | None = None
+
+
+class WholeReader(Protocol):
+    """A reader of a file read whole (compressed lines or a table: :mod:`connectors.filewhole`)."""
+
+    offset: int  # the position to checkpoint: decompressed bytes (compressed lines) or rows (tables) returned
+
+    @property
+    def finished(self) -> bool: ...
+
+    def read(self, want: int) -> list[Segment]: ...
+
+    def close(self) -> None: ...
+
+
 @dataclass(eq=False)
 class TrackedFile:
     """Reading state of one file (see the module docstring).
@@ -95,7 +117,7 @@ class TrackedFile:
     #: whole-file reading (:mod:`connectors.filewhole`): ``"gzip"``, ``"zstd"``, ``"bzip2"``, ``"xz"`` or
     #: ``"table"``; None: plain lines
     whole: str | None = None
-    reader: CompressedLines | TableRows | None = None
+    reader: WholeReader | None = None
     head: bytes = b""  # a whole file's first (at most FP_MAX) raw bytes: its fingerprint
     seen: tuple[int, int] = (-1, -1)  # (size, mtime_ns) at the last scan
     seen_since: float = 0.0  # monotonic time since which ``seen`` has not changed

@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Collection, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from calmon.formats.compressed import MAX_EXPANSION_RATIO, CorruptStream, DecompressedReader, DecompressionBomb
@@ -48,24 +47,14 @@ from calmon.formats.parquet import (
     table_kind,
 )
 from calmon.formats.records import PREFIX_BYTES, OversizedRecord
-from connectors.filetrack import LineSkip, TrackedFile
+from connectors.filetrack import LineSkip, Segment, TrackedFile
 
-__all__ = ["Segment", "CompressedLines", "TableRows", "ALL_COLUMNS", "READ_BUDGET", "open_reader"]
+__all__ = ["CompressedLines", "TableRows", "ALL_COLUMNS", "READ_BUDGET", "open_reader"]
 
 ALL_COLUMNS = "all"  # schema_columns value: a mapping that reads every column
 #: Decompressed bytes one :meth:`CompressedLines.read` takes in at most.
 READ_BUDGET = 16 << 20
 _ARROW_SUFFIXES = (".arrow", ".feather", ".ipc")
-
-
-@dataclass
-class Segment:
-    """Records delivered together: contiguous ``lines`` (or table records) from number ``first``, or one
-    ``oversized`` line read past without being held."""
-
-    first: int
-    lines: list[bytes] | None = None
-    oversized: OversizedRecord | None = None
 
 
 class CompressedLines:
