@@ -54,12 +54,12 @@ def shaped(draw: st.DrawFn) -> tuple[list[bytes], int, dict]:
 def mutated(draw: st.DrawFn, exact: dict) -> dict:
     """``exact`` with some fields moved to other paths, dropped or made constant, and sections changed."""
     m = json.loads(json.dumps(exact))
-    for name in draw(st.lists(st.sampled_from(sorted(m["fields"])), max_size=4, unique=True)):
+    for name in draw(st.lists(st.sampled_from(sorted(m["fields"])), min_size=1, max_size=4, unique=True)):
         m["fields"][name] = draw(st.sampled_from([*PATHS, None, {"const": "churn"}, {"const": 0.5}, ""]))
     if draw(st.booleans()):
         m["ts_unit"] = draw(st.sampled_from(["auto", "s", "ms", "us", "ns", "iso", "weeks"]))
-    if draw(st.booleans()):
-        m["probe_records"] = draw(st.sampled_from([0, 1, 5, 1000, -1]))
+    if draw(st.integers(0, 3)):  # mostly a probe shorter than the input: where a probe could stop the agent
+        m["probe_records"] = draw(st.sampled_from([0, 1, 5, 20, 1000, -1]))
     if draw(st.integers(0, 4)) == 0:
         m["types"] = {"labeled": draw(st.sampled_from(["labeled", "lbl", 3]))}
     return m
