@@ -141,8 +141,12 @@ def _last_changes(changes: Any) -> dict[str, tuple[float, str]]:
     return out
 
 
+def _worst_first(r: Row) -> tuple[Any, ...]:
+    return (ALERTS.get(r.alert, 9), VERDICTS[r.verdict][1], -(r.ece or 0.0), r.model, r.segment, r.window)
+
+
 def overview_rows(doc: Mapping[str, Any]) -> list[Row]:
-    """The rows of a status document's evaluations, each with its HTML (see the module docstring)."""
+    """The rows of a status document's evaluations, each with its HTML, worst first (see the module docstring)."""
     agent = doc.get("agent") if isinstance(doc.get("agent"), dict) else {}
     alerts = _alert_states(doc.get("alerts"))
     changes = _last_changes((agent or {}).get("changes"))
@@ -179,6 +183,7 @@ def overview_rows(doc: Mapping[str, Any]) -> list[Row]:
                    '<td class="muted">-</td>') + "</tr>")
         rows.append(Row(model, segment, window, n, ece, verdict, change[0] if change else None, alert,
                         f"{model} {segment} {window}".lower(), html))
+    rows.sort(key=_worst_first)  # the default order, once per round: a query without sort only filters
     return rows
 
 
@@ -210,10 +215,6 @@ class Selection:
         return "./" + ("?" + urlencode(kept) if kept else "")
 
 
-def _worst_first(r: Row) -> tuple[Any, ...]:
-    return (ALERTS.get(r.alert, 9), VERDICTS[r.verdict][1], -(r.ece or 0.0), r.model, r.segment, r.window)
-
-
 def select(rows: Sequence[Row], query: Query, page_size: int = PAGE_SIZE) -> Selection:
     """Filter, sort and page ``rows`` by a parsed query string (unknown values are ignored)."""
     q = _first(query, "q").strip().lower()
@@ -231,8 +232,6 @@ def select(rows: Sequence[Row], query: Query, page_size: int = PAGE_SIZE) -> Sel
         missing = [r for r in chosen if r.key(sort)[0] is True]  # no ECE / no change: last either way
         present.sort(key=lambda r: (r.key(sort), r.model, r.segment, r.window), reverse=desc)
         chosen = present + missing
-    else:
-        chosen.sort(key=_worst_first)
     pages = max(1, math.ceil(len(chosen) / page_size))
     try:
         page = min(max(1, int(_first(query, "page", "1"))), pages)
