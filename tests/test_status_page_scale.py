@@ -223,3 +223,38 @@ def test_index_costs_about_what_metrics_costs(models):
     assert pages.renders == 1
     print(f"{n} requests at {models} models: / {cpu_index:.3f} s CPU, /metrics {cpu_metrics:.3f} s CPU")
     assert cpu_index < 1.5 * cpu_metrics, (cpu_index, cpu_metrics)
+
+
+def test_the_agent_serves_its_pages_from_the_round_cache(tmp_path):
+    """Wired in the agent: `/` renders once per published round; `/model/NAME` and 404 for an unknown model."""
+    import urllib.error
+
+    from calmon.agent.runtime import Agent
+    from calmon.config import build_config
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(f'{{"model": "m", "ts": {1767225600 + i}, "score": {0.1 + 0.8 * (i % 5) / 4}, '
+                           f'"label": {i % 2}}}\n' for i in range(400)))
+    cfg = build_config({"state_dir": str(tmp_path / "state"), "sources": [{"path": str(src)}],
+                        "exporter": {"port": 0}, "evaluation": {"tests": [], "min_events": 10, "every": "1h"},
+                        "checkpoint": {"enabled": False}}, env={})
+    agent = Agent(cfg)
+    agent.open()
+    try:
+        while agent.poll_once():
+            pass
+        agent.evaluate_round()
+        assert agent.http is not None and agent.pages is not None
+        url = agent.http.url
+        bodies = [urllib.request.urlopen(f"{url}/", timeout=30).read() for _ in range(3)]
+        renders = agent.pages.renders
+        assert len(set(bodies)) == 1 and renders == 1 and b'data-model="m"' in bodies[0]
+        detail = urllib.request.urlopen(f"{url}/model/m", timeout=30).read()
+        assert b'class="reliability-svg"' in detail
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(f"{url}/model/nope", timeout=30)
+        assert err.value.code == 404
+        agent.evaluate_round()  # a new round: rendered again on the next request
+        urllib.request.urlopen(f"{url}/", timeout=30).read()
+        assert agent.pages.renders == renders + 1
+    finally:
+        agent.close()
