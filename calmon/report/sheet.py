@@ -40,7 +40,7 @@ _PCT = {"ece", "smce", "classwise_ece", "accuracy", "base_rate", "mean_confidenc
 def _wrap(text: str, width_in: float, fontsize: float) -> list[str]:
     """Lines of ``text`` that fit ``width_in`` inches (a character is at most ~0.6 em wide in the UI font)."""
     chars = max(20, int(width_in * 72 / (fontsize * 0.6)))
-    return textwrap.wrap(text, chars) or [""]
+    return textwrap.wrap(text, chars, break_on_hyphens=False) or [""]
 
 
 def _value(key: str, v: Any) -> str:
@@ -58,7 +58,7 @@ def _tests_rows(before: Mapping[str, Any], after: Mapping[str, Any] | None) -> t
     ta: Mapping[str, Any] = (after or {}).get("tests") or {}
     names = sorted(set(tb) | set(ta))
     if after is None:
-        head = ["test", "decision", "p-value (H0: calibrated)", "statistic"]
+        head = ["test", "decision", "p-value", "statistic"]
         return head, [[n, str(tb[n].get("decision", "-")), _p(tb[n].get("p_value")), _p(tb[n].get("statistic"))]
                       for n in names]
     head = ["test", "before", "p-value", "after", "p-value"]
@@ -150,7 +150,7 @@ def report_figure(data: ReportInput) -> Figure:
     fig.text(0.3 / WIDTH, 1 - y / height, "Tests", fontsize=11, fontweight="bold", va="top")
     fig.text((0.3 + half + 0.3) / WIDTH, 1 - y / height, "Metrics", fontsize=11, fontweight="bold", va="top")
     y += 0.3
-    tw = [0.2, 0.26, 0.32, 0.22] if len(th) == 4 else [0.16, 0.26, 0.16, 0.26, 0.16]
+    tw = [0.2, 0.3, 0.25, 0.25] if len(th) == 4 else [0.16, 0.26, 0.16, 0.26, 0.16]
     _table(fig, rect(0.3, y, half, _ROW * (len(trows) + 1)), th, trows, tw)
     mw = [0.6, 0.4] if len(mh) == 2 else [0.5, 0.25, 0.25]
     _table(fig, rect(0.3 + half + 0.3, y, half, _ROW * (len(mrows) + 1)), mh, mrows, mw)
