@@ -68,7 +68,7 @@ def witness_informative(doc: Mapping[str, Any]) -> tuple[bool, str]:
     --------
     >>> witness_informative({"tests": {"smce": {"decision": "miscalibrated", "p_value": 0.001}}})
     (True, '')
-    >>> print(witness_informative({"tests": {"smce": {"decision": "calibrated", "p_value": 0.4}}})[1][:86])
+    >>> print(witness_informative({"tests": {"smce": {"decision": "calibrated", "p_value": 0.4}}})[1][:94])
     The smooth calibration error's witness is not drawn: the smCE test does not reject calibration
     """
     smce = (doc.get("tests") or {}).get("smce")
