@@ -1,14 +1,15 @@
 """Regenerate the screenshots in docs/ (never edited by hand).
 
-    python scripts/screenshots.py            # docs/status_page.png and docs/report.png
+    python scripts/screenshots.py            # docs/status_page.png, docs/status_model.png and docs/report.png
     python scripts/screenshots.py --only status
 
-* ``docs/status_page.png``: ``calmon demo`` is started on a free port with the drift after 10 s; once
-  the ``CalibrationDrift`` alert fires and a refreshed calibrator is published after the drift (or
-  after ``--timeout`` seconds, whatever the agent shows then), its status page is saved and
-  rendered by headless Chromium.
-* ``docs/report.png``: ``calmon report`` on 20 000 simulated over-confident binary scores
-  (temperature 0.5, seed 7), rendered by headless Chromium.
+* ``docs/status_page.png`` and ``docs/status_model.png``: ``calmon demo`` is started on a free port with the
+  drift after 10 s; once the ``CalibrationDrift`` alert fires and a refreshed calibrator is published after the
+  drift (or after ``--timeout`` seconds, whatever the agent shows then), its status page (the overview) and the
+  page of the model with the firing alert (diagrams, tests, calibrator) are rendered by headless Chromium
+  from the running agent.
+* ``docs/report.png``: ``calmon report ... -o report.png`` on 20 000 simulated over-confident binary scores
+  (temperature 0.5, seed 7): the PNG report itself (verdict, tests, metrics, diagrams, witness).
 
 Needs the Debian ``chromium`` package. Takes one to three minutes (the demo's rounds run every 15 s).
 """
@@ -87,7 +88,9 @@ def status_page(timeout: float) -> None:
         if not _loop_done(narration):
             print(f"screenshots: the loop did not complete in {timeout:.0f} s; taking the page as it is")
         time.sleep(1.0)  # the page of the round that said it
-        page = _get(f"{url}/").decode()
+        index = _get(f"{url}/").decode()
+        row = re.search(r'<tr class="row [^"]*" data-model="[^"]*"[^>]*><td><a href="([^"]+)"', index)
+        detail = _get(f"{url}/{row.group(1)}").decode() if row else ""
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -96,9 +99,12 @@ def status_page(timeout: float) -> None:
             proc.kill()
     print("".join(line for line in narration if line.startswith("==>")), end="")
     with tempfile.TemporaryDirectory() as tmp:
-        html = Path(tmp) / "status.html"
-        html.write_text(re.sub(r'<meta http-equiv="refresh"[^>]*>', "", page), encoding="utf-8")
-        chromium_shot(html.as_uri(), DOCS / "status_page.png", 1400, 2200)
+        for name, page, height in (("status_page", index, 1100), ("status_model", detail, 2200)):
+            if not page:
+                continue
+            html = Path(tmp) / f"{name}.html"
+            html.write_text(re.sub(r'<meta http-equiv="refresh"[^>]*>', "", page), encoding="utf-8")
+            chromium_shot(html.as_uri(), DOCS / f"{name}.png", 1400, height)
 
 
 def report() -> None:
@@ -109,12 +115,13 @@ def report() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         csv = Path(tmp) / "overconfident.csv"
         csv.write_text("score,label\n" + "".join(f"{a:.6f},{b}\n" for a, b in zip(z, y)))
-        out = Path(tmp) / "report.html"
+        out = Path(tmp) / "report.png"
         res = subprocess.run([sys.executable, "-m", "calmon", "report", csv.name, "-o", out.name],
                              capture_output=True, text=True, cwd=tmp, timeout=600)
         if res.returncode != 0:
             raise SystemExit(f"screenshots: calmon report failed:\n{res.stderr[-2000:]}")
-        chromium_shot(out.as_uri(), DOCS / "report.png", 1400, 2000)
+        shutil.copyfile(out, DOCS / "report.png")
+        print(f"wrote {(DOCS / 'report.png').relative_to(REPO)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from calmon.exporter.status.page import render
+from calmon.exporter.status.page import render, render_model
 from connectors.simulation import SimulationSpec, Simulator
 
 
@@ -39,7 +39,7 @@ def test_estimates_and_score_drift_in_status_and_metrics(tmp_path):
     assert 'calmon_estimated_accuracy{model="m",segment="all",window="all"}' in text
     assert 'calmon_estimated_accuracy_lower{model="m",segment="all",window="all"}' in text
     assert "calmon_score_drift_p_value{" in text and "calmon_window_predictions{" in text
-    page = render(st)  # the status page shows estimated beside realised
+    page = render_model(st, "m") or ""  # the model's status page shows estimated beside realised
     assert 'data-metric="accuracy"' in page and "outcomes in for" in page and "before the labels" in page
 
 

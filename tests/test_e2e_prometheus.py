@@ -344,13 +344,18 @@ def test_drift_alert_fires_and_resolves_through_prometheus_and_alertmanager(tmp_
         # the alert links the agent's status page, and the link works (from the scraped instance label)
         link = am_alert["annotations"]["status_page"]
         assert link == f"http://127.0.0.1:{port}/" and firing[0]["annotations"]["status_page"] == link
-        # the status page at "/" shows the firing alert and a reliability diagram per evaluated window
+        # the status page at "/" shows the firing alert and an overview row per evaluated window; the model's
+        # page (linked from its rows) a reliability diagram per window
         status, page = http("GET", link)
         assert status == 200 and page.startswith("<!DOCTYPE html>"), str(page)[:200]
-        n_windows = len(agent_status(port)["evaluations"])
-        assert page.count('class="reliability-svg"') == n_windows >= 2
+        evaluations = agent_status(port)["evaluations"]
+        assert page.count('<tr class="row ') == len(evaluations) >= 2
         assert 'data-alert="CalibrationDrift" data-state="firing"' in page
-        assert page.count('class="verdict miscalibrated"') >= 1 and 'id="freshness"' in page
+        assert page.count('<tr class="row miscalibrated"') >= 1 and 'id="freshness"' in page
+        model = evaluations[0]["model"]
+        status, detail = http("GET", f"{link}model/{urllib.parse.quote(model, safe='')}")
+        assert status == 200 and detail.count('class="reliability-svg"') == sum(
+            1 for e in evaluations if e["model"] == model)
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "status_page_agent.html").write_text(page, encoding="utf-8")
 

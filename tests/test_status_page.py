@@ -10,15 +10,19 @@ import os
 import struct
 import subprocess
 import tempfile
+import urllib.parse
 from pathlib import Path
 
 import numpy as np
 import pytest
 from _deploy_helpers import ARTIFACTS, require_binary
 
-from calmon.exporter.status.page import PAD_TOP, SIZE, reliability_svg, render
+from calmon.exporter.http import Endpoints, HTTPExporter
+from calmon.exporter.status.page import PAD_TOP, SIZE, reliability_svg, render, render_model
+from calmon.exporter.status.pages import StatusPages
 
 EVIL = '<script>alert("x")</script>&co'
+EVIL_URL = urllib.parse.quote(EVIL, safe="")
 
 
 def reliability(z: np.ndarray, y: np.ndarray, bins: int = 20) -> list[dict]:
@@ -102,45 +106,65 @@ def parse(page: str) -> Collector:
     return c
 
 
-def check_dom(dom: Collector, snap: dict) -> None:
+def check_index(dom: Collector, snap: dict) -> None:
+    """The overview: one row per evaluation, worst first, nothing fetched, every link relative."""
     evs = snap["evaluations"]
-    assert not dom.find("script") and not dom.find("link") and not dom.find("iframe") and not dom.find("img")
-    for _, attrs in dom.elements:  # nothing is fetched from anywhere
-        for k in ("src", "href"):
-            assert k not in attrs, attrs
-    assert len(dom.find("svg", class_="reliability-svg")) == len(evs)
-    figures = dom.find("figure", class_="reliability")
-    assert [(f["data-model"], f["data-segment"], f["data-window"]) for f in figures] == sorted(
-        [(e["model"], e["segment"], e["window"]) for e in evs],
-        key=lambda k: (k[0], k[1] != "all", k[1], k[2]))
+    scripts = dom.find("script")
+    assert all("src" not in s for s in scripts) and len(scripts) <= 1  # one small inline script at most
+    assert not dom.find("link") and not dom.find("iframe") and not dom.find("img")
+    for _, attrs in dom.elements:  # nothing is fetched from anywhere; links stay on this server
+        assert "src" not in attrs, attrs
+        assert "://" not in attrs.get("href", "") and not attrs.get("href", "").startswith("/"), attrs
+    rows = dom.find("tr", class_="row")
+    assert sorted((r["data-model"], r["data-segment"], r["data-window"]) for r in rows) == sorted(
+        (e["model"], e["segment"], e["window"]) for e in evs)
+    ranks = [0 if r["data-alert"] == "firing" else 1 if r["data-alert"] == "pending" else 2 for r in rows]
+    assert ranks == sorted(ranks)  # firing alerts first
+    assert not dom.find("svg", class_="reliability-svg")  # diagrams are on the model pages
     text = "".join(dom.text)
     assert EVIL in text  # shown as text, not markup
-    assert len(dom.find("section", class_="model")) == 3
     assert [r["data-state"] for r in dom.find("tr", class_="alert")] == ["firing", "pending", "resolved"]
     assert len(dom.find("tr", class_="calibrator")) == 1
-    # every populated bin is a bar whose height is the observed frequency
-    bars = dom.find("rect", class_="bar")
-    order = sorted(evs, key=lambda e: (e["model"], e["segment"] != "all", e["segment"], e["window"]))
-    expected = [b for e in order for b in e["reliability"] if b["events"]]
-    assert len(bars) == len(expected) > 0
-    for bar, b in zip(bars, expected):
-        assert bar["data-bin"] == f"{b['bin']:.2f}" and int(bar["data-events"]) == b["events"]
-        assert float(bar["height"]) / SIZE == pytest.approx(b["mean_outcome"], abs=2e-5)
-        assert (float(bar["y"]) - PAD_TOP) / SIZE == pytest.approx(1 - b["mean_outcome"], abs=2e-5)
-    dom_tests = dom.find("tr", class_="test")
-    missing = dom.find("tr", class_="missing")
-    assert len(dom_tests) - len(missing) == 2 * (len(evs) - 1)
-    # the window without results shows both configured testers as missing, not nothing
-    assert sorted(m["data-test"] for m in missing) == ["smce", "tcal"]
+
+
+def check_models(snap: dict) -> None:
+    """Each model's page: its cards, bars equal to the reliability statistics."""
+    evs = snap["evaluations"]
+    for model in sorted({e["model"] for e in evs}):
+        page = render_model(snap, model)
+        assert page is not None and page.startswith("<!DOCTYPE html>") and "<script" not in page
+        dom = parse(page)
+        mine = sorted((e for e in evs if e["model"] == model),
+                      key=lambda e: (e["segment"] != "all", e["segment"], e["window"]))
+        figures = dom.find("figure", class_="reliability")
+        assert [(f["data-model"], f["data-segment"], f["data-window"]) for f in figures] == [
+            (e["model"], e["segment"], e["window"]) for e in mine]
+        # every populated bin is a bar whose height is the observed frequency
+        bars = dom.find("rect", class_="bar")
+        expected = [b for e in mine for b in e["reliability"] if b["events"]]
+        assert len(bars) == len(expected)
+        for bar, b in zip(bars, expected):
+            assert bar["data-bin"] == f"{b['bin']:.2f}" and int(bar["data-events"]) == b["events"]
+            assert float(bar["height"]) / SIZE == pytest.approx(b["mean_outcome"], abs=2e-5)
+            assert (float(bar["y"]) - PAD_TOP) / SIZE == pytest.approx(1 - b["mean_outcome"], abs=2e-5)
+        tests = dom.find("tr", class_="test")
+        missing = dom.find("tr", class_="missing")
+        assert len(tests) - len(missing) == 2 * sum(1 for e in mine if e["tests"])
+        if model == "fraud":  # the window without results shows both testers as missing, not nothing
+            assert sorted(m["data-test"] for m in missing) == ["smce", "tcal"]
+            (seg,) = dom.find("details", class_="segment")  # a segment other than all: collapsed
+            assert seg["data-segment"] == 'eu "west"'
+    assert render_model(snap, "no such model") is None
 
 
 def test_render_is_self_contained_escaped_and_faithful():
     snap = snapshot()
     page = render(snap)
     assert page.startswith("<!DOCTYPE html>") and page.endswith("</html>")
-    assert "<script>" not in page and "&lt;script&gt;" in page
+    assert "<script>alert" not in page and "&lt;script&gt;" in page
     assert 'data-segment="eu &quot;west&quot;"' in page
-    check_dom(parse(page), snap)
+    check_index(parse(page), snap)
+    check_models(snap)
     assert 'content="60"' in page and 'http-equiv="refresh"' not in render(snap, refresh=None)
 
 
@@ -173,49 +197,66 @@ def png_size(path: Path) -> tuple[int, int]:
     return struct.unpack(">II", data[16:24])
 
 
-@pytest.mark.integration
-def test_status_page_in_headless_chromium(tmp_path):
-    snap = snapshot()
-    page_path = tmp_path / "status.html"
-    page_path.write_text(render(snap, refresh=None), encoding="utf-8")
-    url = page_path.as_uri()
+def dump_dom(url: str, tmp_path: Path) -> Collector:
     env = {**os.environ, "HOME": str(tmp_path)}
     with tempfile.TemporaryDirectory() as user_dir:
         res = subprocess.run([*chromium_args(user_dir), "--dump-dom", url], capture_output=True, text=True,
                              timeout=90, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
-    dom = parse(res.stdout)
-    assert dom.find("title") and "calmon status" in "".join(dom.text)
-    check_dom(dom, snap)  # the browser's DOM agrees with the snapshot: nothing injected, nothing lost
+    return parse(res.stdout)
 
-    ARTIFACTS.mkdir(exist_ok=True)
-    shot = ARTIFACTS / "status_page.png"
-    shot.unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory() as user_dir:
-        res = subprocess.run([*chromium_args(user_dir), "--window-size=1300,1800", f"--screenshot={shot}",
-                              url], capture_output=True, text=True, timeout=90, env=env)
+
+@pytest.mark.integration
+def test_status_page_in_headless_chromium(tmp_path):
+    """The pages as the agent serves them (cached per round), read by a browser: its DOM agrees with the snapshot."""
+    snap = snapshot()
+    pages = StatusPages(lambda: snap, lambda: "round")
+    ep = Endpoints(lambda: b"", lambda: True, lambda: True, lambda: snap, render, pages=pages.serve)
+    srv = HTTPExporter(ep, "127.0.0.1", 0).start()
+    try:
+        dom = dump_dom(f"{srv.url}/", tmp_path)
+        assert dom.find("title") and "calmon status" in "".join(dom.text)
+        check_index(dom, snap)  # nothing injected, nothing lost (the inline script only hides rows as one types)
+        model = dump_dom(f"{srv.url}/model/{EVIL_URL}", tmp_path)  # the link of the escaped model name works
+        assert [f["data-model"] for f in model.find("figure", class_="reliability")] == [EVIL, EVIL]
+        assert pages.renders == 1  # one render for every request of the round
+
+        ARTIFACTS.mkdir(exist_ok=True)
+        shot = ARTIFACTS / "status_page.png"
+        shot.unlink(missing_ok=True)
+        env = {**os.environ, "HOME": str(tmp_path)}
+        with tempfile.TemporaryDirectory() as user_dir:
+            res = subprocess.run([*chromium_args(user_dir), "--window-size=1300,1800", f"--screenshot={shot}",
+                                  f"{srv.url}/"], capture_output=True, text=True, timeout=90, env=env)
+    finally:
+        srv.stop()
     assert res.returncode == 0 and shot.exists(), res.stderr[-2000:]
     assert png_size(shot) == (1300, 1800)
-    # a blank or unstyled page compresses to a few kB; the diagrams and tables do not
+    # a blank or unstyled page compresses to a few kB; the tables do not
     assert shot.stat().st_size > 30_000, shot.stat().st_size
 
 
 def test_render_accepts_the_agents_shapes():
-    """The agent's snapshot: RFC 3339 generated_at, calibrators with before/after error dicts."""
-    page = render({"generated_at": "2026-11-21T23:00:00Z", "version": "0.1.0", "evaluations": [],
-                   "alerts": [{"alert": "A", "model": "m", "segment": "all", "window": "1h",
-                               "severity": "info", "state": "firing", "since": 0.0, "value": None,
-                               "started_at": 0.0}],
-                   "calibrators": {"m": {"model": "m", "method": "platt", "version": 2,
-                                         "before": {"ece": 0.12, "nll": 0.7},
-                                         "after": {"ece": 0.01, "nll": 0.6},
-                                         "reason": None}}})
-    dom = parse(page)
+    """The agent's snapshot: RFC 3339 generated_at, calibrators with before/after error dicts, labelled."""
+    snap = {"generated_at": "2026-11-21T23:00:00Z", "version": "0.1.0", "evaluations": [],
+            "alerts": [{"alert": "A", "model": "m", "segment": "all", "window": "1h",
+                        "severity": "info", "state": "firing", "since": 0.0, "value": None,
+                        "started_at": 0.0}],
+            "calibrators": {"m": {"model": "m", "method": "platt", "version": 2,
+                                  "before": {"ece": 0.12, "nll": 0.7},
+                                  "after": {"ece": 0.01, "nll": 0.6},
+                                  "reason": None}}}
+    dom = parse(render(snap))
     assert "generated 2026-11-21T23:00:00Z" in "".join(dom.text)
     (row,) = dom.find("tr", class_="calibrator")
     text = "".join(dom.text)
-    assert "ece before = 0.12" in text and "ece after = 0.01" in text and "platt" in text
+    assert "12.00 %" in text and "1.00 %" in text and "platt" in text
     assert [r["data-state"] for r in dom.find("tr", class_="alert")] == ["firing"]
+    page = render_model(snap, "m")
+    assert page is not None and " = " not in "".join(parse(page).text)  # no raw key = value dumps
+    held = parse(page)
+    assert [r["data-measure"] for r in held.find("tr")if "data-measure" in r] == ["ece", "nll"]
+    assert "log loss" in "".join(held.text)
 
 
 def overconfident_bins(n: int = 40000, temperature: float = 0.5, seed: int = 5) -> list[dict]:
@@ -264,7 +305,8 @@ def test_plain_names_summary_freshness_and_calibrators():
                                                                "last_timestamp": 990.0, "last_duration": 2.5}},
             "calibrators": {"m": {"method": "platt", "version": 2, "before": {"ece": 0.13},
                                   "after": {"ece": 0.02}}}}
-    page = render(snap)
+    page = render_model(snap, "m")
+    assert page is not None
     dom = parse(page)
     text = "".join(dom.text)
     assert 'content="15"' in page  # reloads with the evaluation period
@@ -278,16 +320,18 @@ def test_plain_names_summary_freshness_and_calibrators():
     assert missing["data-test"] == "smce"
     assert dom.find("th", title=next(a["title"] for t, a in dom.elements if t == "th" and "p-value:" in
                                      a.get("title", "")))
-    (cal,) = dom.find("tr", class_="calibrator")
+    (line,) = dom.find("p", class_="calibrator-line")
     assert "13.00 %" in text and "2.00 %" in text and "recalibrated" in text
-    # with the verdict module's summary, its words and regions are shown (escaped), not the page's own
+    (cal,) = parse(render(snap)).find("tr", class_="calibrator")
+    # with the verdict module's summary, its words and regions are shown (escaped) once, not the page's own
     summary = {"calibrated": False, "direction": "over-confident", "ece": 0.06, "ece_ci": [0.05, 0.07],
                "regions": [{"lo": 0.0, "hi": 0.2, "sign": 1, "gap": 0.04}], "recommendation": "fit <platt>",
                "text": "Scores are too extreme & should be softened."}
-    dom = parse(render({**snap, "evaluations": [{**ev, "summary": summary}]}))
+    one = {**snap, "evaluations": [{**ev, "summary": summary}]}
+    dom = parse(render_model(one, "m") or "")
     text = "".join(dom.text)
-    assert "Scores are too extreme & should be softened." in text and "fit <platt>" in text
-    assert "5.00 % to 7.00 %" in text
+    assert text.count("Scores are too extreme & should be softened.") == 1
+    assert "5.00 % \u2013 7.00 %" in "".join(parse(render(one)).text)  # the interval in the overview row
     (region,) = dom.find("rect", class_="region")
     assert region["data-lo"] == "0.000" and region["data-hi"] == "0.200" and "above" in region["class"]
     # before the first round: when it runs
@@ -309,9 +353,9 @@ def test_renders_the_verdict_modules_summary():
     summary = verdict.summarize(grid, tests, alpha=0.01).to_dict()
     ev = {"model": "m", "segment": "all", "window": "1h", "n": int(p.size), "metrics": {"ece": summary["ece"]},
           "reliability": reliability(z, y), "tests": tests, "summary": summary}
-    dom = parse(render({"evaluations": [ev]}))
+    dom = parse(render_model({"evaluations": [ev]}, "m") or "")
     text = "".join(dom.text)
-    assert summary["text"] in text and summary["recommendation"] in text
+    assert text.count(summary["text"]) == 1 and text.count(summary["recommendation"]) == 1  # the verdict once
     assert len(dom.find("rect", class_="region")) == len(summary["regions"]) > 0
     for rect, r in zip(dom.find("rect", class_="region"), summary["regions"]):
         assert ("above" if r["sign"] == "+" else "below") in rect["class"]

@@ -70,6 +70,7 @@ from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, Sc
 from calmon.exporter.http import Endpoints, HTTPExporter
 from calmon.exporter.metrics import AgentMetrics, SeriesBudget
 from calmon.exporter.status.page import render as render_status
+from calmon.exporter.status.pages import StatusPages
 from calmon.exporter.views import LiveView
 from calmon.state.agentstate import AgentState, StateError
 from calmon.state.checkpoint.incremental import Checkpointer, resolver
@@ -151,6 +152,7 @@ class Agent:
         self.store: CheckpointStore | None = None
         self.checkpointer: Checkpointer | None = None
         self.http: HTTPExporter | None = None
+        self.pages: StatusPages | None = None  # the cached status pages, with the exporter
         self.scheduler: Scheduler | None = None
         self.evaluator: Evaluator | None = None
         self.pool: TesterPool | None = None
@@ -212,7 +214,10 @@ class Agent:
         self.ready = True
 
     def _start_http(self) -> HTTPExporter:
-        endpoints = Endpoints(self.render_metrics, self.healthy, self.is_ready, self.status, render_status)
+        # / is rendered once per published round (and at most every evaluation period), like /metrics
+        self.pages = StatusPages(self.status, lambda: self.published, max_age=max(1.0, self.cfg.evaluation.every))
+        endpoints = Endpoints(self.render_metrics, self.healthy, self.is_ready, self.status, render_status,
+                              pages=self.pages.serve)
         return start_exporter(self.cfg.exporter, endpoints)
 
     def render_metrics(self) -> bytes:

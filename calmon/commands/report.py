@@ -1,8 +1,9 @@
-"""``calmon report``: one self-contained HTML (or PNG) report of a file of predictions with outcomes."""
+"""``calmon report``: one self-contained HTML (or PNG / SVG page) report of predictions with outcomes."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,19 +19,20 @@ from calmon.stats.grid import ScoreGrid
 from calmon.stats.model import ModelStats
 
 if TYPE_CHECKING:  # matplotlib is imported only when a report is drawn: `calmon --help` stays fast
-    from calmon.report import Panel
+    from calmon.report import Panel, ReportInput
 #: Per-class panels drawn at most (the first classes by index).
 MAX_CLASS_PANELS = 10
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write an HTML or PNG calibration report of a file",
+    p = sub.add_parser("report", help="write an HTML, PNG or SVG calibration report of a file",
                        description="Reliability diagrams with histogram and bands, the smCE witness, the tests "
                                    "and the verdict, in one self-contained file.")
     p.add_argument("input", nargs="+", help=INPUTS_HELP)
     p.add_argument("-o", "--output", required=True, help="report file to write (e.g. report.html)")
-    p.add_argument("--format", choices=("html", "png"), default=None,
-                   help="html (default, or from the output's extension) or png")
+    p.add_argument("--format", choices=("html", "png", "svg"), default=None,
+                   help="html (default, or from the output's extension), png or svg (one page: verdict, tests, "
+                        "metrics, diagrams)")
     p.add_argument("--calibrator", default=None, metavar="FILE",
                    help="calibrator document (from `calmon fit`): adds the after-recalibration curves")
     p.add_argument("--model", default=None, help="model to report when the events hold several")
@@ -44,19 +46,31 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run, reliability_bins=15, test_param=[])
 
 
-def _after(ds: Dataset, path: str) -> ModelStats:
-    """Statistics of the predictions after the calibrator, with the same outcomes."""
+def _calibrated(ds: Dataset, path: str) -> tuple[Dataset, str]:
+    """The same outcomes with the calibrator's scores, and the calibrator's method."""
     cal = load(path)
     if cal.kind == "multiclass":
-        if ds.probs is None or ds.classes != cal.classes:
+        if ds.probs is None or ds.labels is None or ds.classes != cal.classes:
             raise ValueError(f"--calibrator {path}: a multiclass calibrator of {cal.classes} classes cannot "
                              f"recalibrate {ds.kind} data with {ds.classes} classes")
-        stats = ModelStats(ds.classes, bins=4096, reservoir=0)
-        stats.update(probs=np.asarray(cal.predict(ds.probs)), labels=ds.labels)
-        return stats
+        probs = np.asarray(cal.predict(ds.probs), dtype=float)
+        return dataclasses.replace(ds, probs=probs, z=probs.max(axis=1),
+                                   y=(probs.argmax(axis=1) == ds.labels).astype(float)), cal.method
     # a binary calibrator maps the binary score, or the top-label confidence (as `calmon fit` fitted it)
+    z = np.clip(np.asarray(cal.predict(ds.z), dtype=float), 0.0, 1.0)
+    if ds.classes > 2 or ds.top_label_only:
+        return dataclasses.replace(ds, z=z, probs=None, labels=None, classes=2, top_label_only=True), cal.method
+    return dataclasses.replace(ds, z=z), cal.method
+
+
+def _after(ds: Dataset, after: Dataset) -> ModelStats:
+    """Statistics of the predictions after the calibrator, with the same outcomes."""
+    if after.probs is not None and after.labels is not None:
+        stats = ModelStats(ds.classes, bins=4096, reservoir=0)
+        stats.update(probs=after.probs, labels=after.labels)
+        return stats
     stats = ModelStats(2, bins=4096, reservoir=0)
-    stats.update(score=np.clip(cal.predict(ds.z), 0.0, 1.0), labels=ds.y.astype("int64"))
+    stats.update(score=after.z, labels=ds.y.astype("int64"))
     return stats
 
 
@@ -85,31 +99,58 @@ def _witness(grid: ScoreGrid) -> tuple[np.ndarray, np.ndarray] | None:
     return points, w - float(np.average(w, weights=weights))
 
 
-def run(args: argparse.Namespace) -> int:
-    from calmon.report import ReportInput, render_html, render_png
+def report_input(args: argparse.Namespace, progress: Steps | None = None) -> tuple[ReportInput, Dataset]:
+    """Read the inputs, run the check (before and after ``--calibrator``), build every panel: what is drawn."""
+    from calmon.report import ReportInput
+    from calmon.report.page import witness_informative
     from calmon.report.timeview import estimates_html, time_view, time_view_html
+
+    def step(name: str) -> None:
+        if progress is not None:
+            progress.start(name)
+
+    def done(k: int = 1) -> None:
+        if progress is not None:
+            progress.done(k)
+
+    step("read")
+    mapping = mapping_from_arguments(args)
+    ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
+    done()
+    doc = report(ds, args, progress)
+    stats = build_stats(ds, args.bins)
+    calibrator, after, after_doc = None, None, None
+    if args.calibrator:
+        calibrated, method = _calibrated(ds, args.calibrator)
+        after = _after(ds, calibrated)
+        after_doc = report(calibrated, args)  # the header's "after" verdict, tests and metrics
+        calibrator = {"file": args.calibrator, "method": method}
+    step("witness")
+    informative, note = witness_informative(doc)
+    witness = _witness(stats.fine) if informative else None
+    done()
+    tv = time_view(ds.z, ds.y, ds.ts)
+    data = ReportInput(doc, _panels(ds, stats, after), witness, calibrator,
+                       sections=[time_view_html(tv), estimates_html(ds.z, ds.y)], facts={"time_view": tv.to_dict()},
+                       after_doc=after_doc, witness_note=note)
+    return data, ds
+
+
+def run(args: argparse.Namespace) -> int:
+    from calmon.report import render_html, render_png, render_svg
     check_numbers(args)
     check_replaceable(args.output)  # before the work: the write refuses a device, fifo or directory anyway
-    fmt = args.format or ("png" if str(args.output).lower().endswith(".png") else "html")
+    ext = str(args.output).lower().rsplit(".", 1)[-1]
+    fmt = args.format or (ext if ext in ("png", "svg") else "html")
     steps = 4 + len(parse_testers(args.tests))
     with Steps(steps) as progress:
-        progress.start("read")
-        mapping = mapping_from_arguments(args)
-        ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
-        progress.done()
-        doc = report(ds, args, progress)
-        stats = build_stats(ds, args.bins)
-        after = _after(ds, args.calibrator) if args.calibrator else None
-        progress.start("witness")
-        witness = _witness(stats.fine)
-        progress.done()
+        data, ds = report_input(args, progress)
         progress.start("draw")
-        tv = time_view(ds.z, ds.y, ds.ts)
-        data = ReportInput(doc, _panels(ds, stats, after), witness,
-                           None if args.calibrator is None else {"file": args.calibrator},
-                           sections=[time_view_html(tv), estimates_html(ds.z, ds.y)], facts={"time_view": tv.to_dict()})
-        out = render_png(data) if fmt == "png" else render_html(data).encode("utf-8")
+        out = (render_png(data) if fmt == "png" else render_svg(data).encode("utf-8") if fmt == "svg"
+               else render_html(data).encode("utf-8"))
         progress.done(2)
     write_bytes_atomic(Path(args.output), out)
-    print(f"{args.output}: {fmt} report of {ds.n} predictions; {doc['summary']['text']}")
+    print(f"{args.output}: {fmt} report of {ds.n} predictions; {data.doc['summary']['text']}")
+    if data.after_doc is not None:
+        print(f"after the calibrator {args.calibrator}: {data.after_doc['summary']['text']}")
     return 0

@@ -1,4 +1,4 @@
-"""The agent's HTTP endpoint: /metrics, /healthz, /readyz, / (status page), /api/status (JSON).
+"""The agent's HTTP endpoint: /metrics, /healthz, /readyz, / and /model/NAME (status pages), /api/status (JSON).
 
 A :class:`http.server.ThreadingHTTPServer` in a daemon thread.  TLS uses the standard
 :mod:`ssl` module (server certificate, optional client-certificate verification); the TLS
@@ -22,6 +22,7 @@ import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 from calmon.exporter.connections import ConnectionTable, HTTPLimits
 
@@ -45,16 +46,22 @@ class Endpoints:
     status
         Returns the status snapshot (a JSON-serialisable dict).
     status_html
-        Renders the snapshot to an HTML page.
+        Renders the snapshot to an HTML page (per request; used when ``pages`` is not given).
+    pages
+        Returns the body of a status page -- ``pages(path, query)`` for ``/`` and ``/model/NAME``, the
+        query string parsed -- or ``None`` when there is no such page (404); e.g.
+        :meth:`calmon.exporter.status.pages.StatusPages.serve`, which caches a round's pages.
     """
 
     def __init__(self, metrics: Callable[[], bytes], healthy: Callable[[], bool], ready: Callable[[], bool],
-                 status: Callable[[], dict[str, Any]], status_html: Callable[[dict[str, Any]], str]) -> None:
+                 status: Callable[[], dict[str, Any]], status_html: Callable[[dict[str, Any]], str],
+                 pages: Callable[[str, dict[str, list[str]]], bytes | None] | None = None) -> None:
         self.metrics = metrics
         self.healthy = healthy
         self.ready = ready
         self.status = status
         self.status_html = status_html
+        self.pages = pages
 
 
 def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: ConnectionTable,
@@ -104,7 +111,8 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: Connecti
             self.do_GET()
 
         def do_GET(self) -> None:  # noqa: N802 - http.server naming
-            path = self.path.split("?", 1)[0].rstrip("/") or "/"
+            path, _, qs = self.path.partition("?")
+            path = path.rstrip("/") or "/"
             if path not in OPEN_PATHS and not self._authorised():
                 self._send(401, b"unauthorized\n", "text/plain; charset=utf-8",
                            {"WWW-Authenticate": 'Basic realm="calmon", charset="UTF-8"'})
@@ -121,6 +129,12 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: Connecti
                 elif path == "/api/status":
                     body = json.dumps(endpoints.status(), allow_nan=False, default=str).encode()
                     self._send(200, body, "application/json")
+                elif endpoints.pages is not None and (path in ("/", "/index.html") or path.startswith("/model/")):
+                    page = endpoints.pages(path, parse_qs(qs[:2048]))
+                    if page is None:
+                        self._send(404, b"no such model in this round\n", "text/plain; charset=utf-8")
+                    else:
+                        self._send(200, page, "text/html; charset=utf-8")
                 elif path in ("/", "/index.html"):
                     html = endpoints.status_html(endpoints.status())
                     self._send(200, html.encode(), "text/html; charset=utf-8")

@@ -20,7 +20,8 @@ from matplotlib.figure import Figure  # noqa: E402
 
 from calmon.stats.grid import ScoreGrid  # noqa: E402
 
-__all__ = ["Bar", "reliability_bars", "draw_reliability", "draw_witness", "figure_svg", "new_figure"]
+__all__ = ["Bar", "draw_reliability", "draw_witness", "figure_png", "figure_svg", "new_figure", "reliability_bars",
+           "witness_limit"]
 
 #: Two-sided normal quantile of the calibration band (95 %).
 _BAND_Z = 1.959963984540054
@@ -104,14 +105,24 @@ def draw_reliability(ax: Axes, hist_ax: Axes, bars: list[Bar], name: str, title:
         hist_ax.set_yscale("log")
 
 
+def witness_limit(w: np.ndarray) -> float:
+    """The witness axis' half-height: the curve's own range with a margin (never the fixed +-2 of a flat line)."""
+    peak = float(np.max(np.abs(w))) if w.size else 0.0
+    return max(1.15 * peak, 1e-3)
+
+
 def draw_witness(ax: Axes, points: np.ndarray, w: np.ndarray) -> None:
-    """The (centred) smCE witness: above 0 where outcomes exceed the scores, below where they fall short."""
+    """The (centred) smCE witness: above 0 where outcomes exceed the scores, below where they fall short.
+
+    The y axis follows the curve (:func:`witness_limit`): what matters is its sign and where it changes.
+    """
     ax.axhline(0.0, color="black", linewidth=0.8)
     ax.plot(points, w, color="#c44e52")
     ax.fill_between(points, 0, w, where=w > 0, color="#55a868", alpha=0.3, label="outcomes above scores")
     ax.fill_between(points, 0, w, where=w < 0, color="#c44e52", alpha=0.3, label="outcomes below scores")
-    ax.set(xlim=(0, 1), ylim=(-2.05, 2.05), xlabel="score", ylabel="w(score) - mean w",
-           title="smooth calibration error: witness function (centred)")
+    lim = witness_limit(w)
+    ax.set(xlim=(0, 1), ylim=(-lim, lim), xlabel="score", ylabel="witness w(score), centred",
+           title="where: the smooth calibration error's witness")
     ax.legend(loc="lower left", fontsize=8)
 
 
@@ -124,8 +135,9 @@ def figure_svg(fig: Figure) -> str:
     return text[text.index("<svg"):]
 
 
-def figure_png(fig: Figure) -> bytes:
+def figure_png(fig: Figure, tight: bool = True) -> bytes:
+    """The figure as PNG bytes; ``tight=False`` keeps the figure's own size (a laid-out page)."""
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight" if tight else None)
     plt.close(fig)
     return buf.getvalue()

@@ -3,7 +3,7 @@
 :func:`render_html` writes one HTML file with the figures as inline SVG and, in a
 ``<script type="application/json" id="report-data">`` block, the numbers every bar was drawn from
 (checked against independently computed bins by ``tests/test_report.py`` in headless Chromium).
-:func:`render_png` draws the same panels into one PNG.
+:mod:`calmon.report.sheet` lays the same report out as one PNG or SVG page.
 """
 
 from __future__ import annotations
@@ -21,14 +21,13 @@ from calmon.report.figures import (
     Bar,
     draw_reliability,
     draw_witness,
-    figure_png,
     figure_svg,
     new_figure,
     reliability_bars,
 )
 from calmon.stats.grid import ScoreGrid
 
-__all__ = ["Panel", "ReportInput", "grid_panel", "render_html", "render_png"]
+__all__ = ["Panel", "ReportInput", "grid_panel", "render_html", "witness_informative"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +52,37 @@ class ReportInput:
     sections: Sequence[str] = ()
     #: JSON facts of those sections for the embedded data block (e.g. the detected changes).
     facts: Mapping[str, Any] = field(default_factory=dict)
+    #: The check document of the scores after ``calibrator`` (same outcomes): the "after" verdict and columns.
+    after_doc: Mapping[str, Any] | None = None
+    #: Why the witness is not drawn (when ``witness`` is ``None``).
+    witness_note: str = ""
+
+
+def witness_informative(doc: Mapping[str, Any]) -> tuple[bool, str]:
+    """Whether the smCE witness carries information, and if not, the sentence saying why it is left out.
+
+    The witness is the 1-Lipschitz function with the largest correlation with the residuals ``y - z``; when no
+    smooth calibration error is detected that maximum is noise, and the curve shows nothing but its fit to it.
+
+    Examples
+    --------
+    >>> witness_informative({"tests": {"smce": {"decision": "miscalibrated", "p_value": 0.001}}})
+    (True, '')
+    >>> print(witness_informative({"tests": {"smce": {"decision": "calibrated", "p_value": 0.4}}})[1][:94])
+    The smooth calibration error's witness is not drawn: the smCE test does not reject calibration
+    """
+    smce = (doc.get("tests") or {}).get("smce")
+    if isinstance(smce, Mapping):
+        if smce.get("decision") == "miscalibrated":
+            return True, ""
+        p = smce.get("p_value")
+        why = f"the smCE test does not reject calibration (p = {p:.3g})" if isinstance(p, float) else \
+            f"the smCE test says {smce.get('decision')}"
+    else:
+        if (doc.get("summary") or {}).get("calibrated") is False:
+            return True, ""
+        why = "no miscalibration was detected"
+    return False, f"The smooth calibration error's witness is not drawn: {why}, so the curve would only fit noise."
 
 
 def _panel_figure(panel: Panel) -> Any:
@@ -105,12 +135,22 @@ def render_html(data: ReportInput) -> str:
              f"{html.escape(str(doc.get('input')))}</title><style>{_STYLE}</style></head><body>",
              f"<h1>Calibration report: {html.escape(str(doc.get('input')))}</h1>",
              f"<p>{doc.get('n')} labelled predictions ({html.escape(str(doc.get('kind')))})</p>",
-             f"<p class='verdict' id='verdict'>{html.escape(str(summary.get('text', 'no verdict')))}</p>",
+             f"<p class='verdict' id='verdict'>{'<b>Before the calibrator:</b> ' if data.after_doc else ''}"
+             f"{html.escape(str(summary.get('text', 'no verdict')))}</p>",
              "<ul>" + "".join(f"<li>{html.escape(e)}</li>" for e in summary.get("evidence", [])) + "</ul>",
              "<h2>Tests</h2>", _tests_table(doc.get("tests", {})), "<h2>Metrics</h2>",
              _metrics_table(doc.get("metrics", {}))]
     if data.calibrator:
-        parts.append(f"<h2>Calibrator</h2><p>{html.escape(json.dumps(clean(dict(data.calibrator))))}</p>")
+        cal = data.calibrator
+        parts.append(f"<h2>Calibrator</h2><p id='calibrator'>{html.escape(str(cal.get('file', '')))}: "
+                     f"{html.escape(str(cal.get('method', '?')))}; the green curves are the recalibrated scores on "
+                     "the same outcomes.</p>")
+        if data.after_doc is not None:
+            after = data.after_doc
+            parts += ["<p class='verdict' id='verdict-after'><b>After the calibrator:</b> "
+                      f"{html.escape(str((after.get('summary') or {}).get('text', 'no verdict')))}</p>",
+                      "<h3>Tests after the calibrator</h3>", _tests_table(after.get("tests", {})),
+                      "<h3>Metrics after the calibrator</h3>", _metrics_table(after.get("metrics", {}))]
     parts.append("<h2>Reliability diagrams</h2><p>Bars: mean outcome per score bin; dashed: perfect calibration; "
                  "orange: where 95 % of bars fall if the scores are calibrated; grey: how many scores per bin."
                  "</p><div class='panels'>")
@@ -120,6 +160,8 @@ def render_html(data: ReportInput) -> str:
     if data.witness is not None:
         parts.append("<h2>Where: the smooth calibration error's witness</h2>"
                      f"<div class='panel' id='witness'>{figure_svg(_witness_figure(data.witness))}</div>")
+    elif data.witness_note:
+        parts.append(f"<p class='muted' id='witness-note'>{html.escape(data.witness_note)}</p>")
     parts.extend(data.sections)
     payload = {"summary": summary, **data.facts, "panels": [{"name": p.name, "title": p.title,
                                                "bars": [b.to_dict() for b in p.bars],
@@ -131,20 +173,6 @@ def render_html(data: ReportInput) -> str:
     blob = json.dumps(clean(payload), allow_nan=False).replace("</", "<\\/")
     parts.append(f"<script type='application/json' id='report-data'>{blob}</script></body></html>")
     return "".join(parts)
-
-
-def render_png(data: ReportInput) -> bytes:
-    """The panels (and the witness) in one PNG, the verdict as the title."""
-    ratios = [3.5, 1.2] * len(data.panels) + ([3.0] if data.witness is not None else [])
-    fig, axes = new_figure(ratios)
-    for k, p in enumerate(data.panels):
-        draw_reliability(axes[2 * k], axes[2 * k + 1], p.bars, p.name, p.title, p.after)
-    if data.witness is not None:
-        draw_witness(axes[-1], data.witness[0], data.witness[1])
-    text = str(data.doc.get("summary", {}).get("text", ""))
-    fig.suptitle("\n".join(text[i:i + 110] for i in range(0, min(len(text), 330), 110)), fontsize=8)
-    fig.tight_layout()
-    return figure_png(fig)
 
 
 def grid_panel(name: str, title: str, grid: ScoreGrid, after: ScoreGrid | None = None) -> Panel:

@@ -75,26 +75,35 @@ def estimates_block(ev: dict[str, Any]) -> str:
             f'{"".join(rows)}</table></details>')
 
 
-def changes_section(changes: Any, watermark: Any) -> str:
-    """Per model and signal: detections of a calibration change and where the last one started (event time)."""
+def changes_section(changes: Any, watermark: Any, limit: int | None = None) -> str:
+    """Per model and signal: detections of a calibration change and where the last one started (event time).
+
+    With ``limit``, the newest ``limit`` detections (by detection time) and a count of the others.
+    """
     if not isinstance(changes, dict):
         return ""
-    rows = []
+    rows: list[tuple[float, str]] = []
     for model in sorted(changes):
         view = changes[model] if isinstance(changes[model], dict) else {}
         for signal, sig in sorted((view.get("signals") or {}).items()):
             last = sig.get("last") if isinstance(sig, dict) else None
             if not isinstance(last, dict):
                 continue
-            rows.append(f'<tr data-model="{escape(model)}" data-signal="{escape(signal)}"><td>{escape(model)}</td>'
+            rows.append((-(finite(last.get("detected_at")) or 0.0),
+                         f'<tr data-model="{escape(model)}" data-signal="{escape(signal)}"><td>{escape(model)}</td>'
                         f'<td title="{escape(signal)}">{escape(_SIGNALS.get(signal, signal))}</td>'
                         f'<td class="num">{int(sig.get("detections", 0))}</td>'
                         f'<td>{"outcomes above the scores" if last.get("direction") == "up" else "outcomes below"}</td>'
-                        f'<td>{_when(last.get("change_point"))}</td><td>{_when(last.get("detected_at"))}</td></tr>')
-    body = ("".join(rows) if rows else
+                        f'<td>{_when(last.get("change_point"))}</td><td>{_when(last.get("detected_at"))}</td></tr>'))
+    more = ""
+    if limit is not None and len(rows) > limit:
+        rows.sort(key=lambda r: r[0])
+        more = f'<p class="muted">and {len(rows) - limit:,} older detections (on each model\'s page)</p>'
+        rows = rows[:limit]
+    body = ("".join(r[1] for r in rows) if rows else
             '<tr><td colspan="6" class="muted">no change detected in any model\'s calibration</td></tr>')
     return ('<h2 id="changes">Calibration changes</h2><p class="muted">sequential detection (Page-Hinkley) on each '
             f'model\'s calibration residuals; newest event time {_when(watermark)}</p>'
             '<table class="changes"><tr><th>model</th><th>signal</th><th>detections</th><th>direction</th>'
             '<th title="where the change most likely started">change point</th><th>detected at</th></tr>'
-            f"{body}</table>")
+            f"{body}</table>{more}")
