@@ -12,6 +12,7 @@ Benchmarks (speed, memory): ``bench_agent``, ``bench_models`` (M models, issue #
 ``bench_revisions`` (against a git revision), ``bench_files``, ``bench_kafka``, ``bench_parquet``, ``bench_cluster``,
 ``bench_metrics``, ``bench_tester_pool``, ``bench_window_base``, ``bench_estimates``, ``bench_verdict``,
 ``bench_tcal``, ``bench_tcal_kernel``, ``bench_tcal_screen``, ``bench_smooth``, ``bench_lp``, ``bench_emitter``;
+``docs_performance`` rewrites the table of ``docs/performance.md`` from a few of them;
 ``compare_agent_state`` checks that two trees build the same state and dead letters.
 
 Statistical studies (level, power, coverage, paper re-runs): ``tcal_level``, ``tcal_power``, ``tcal_screen_power``,

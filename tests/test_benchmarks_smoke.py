@@ -94,8 +94,9 @@ def test_every_module_has_a_case() -> None:
                                        "bench_fold", "bench_ingest", "bench_kafka", "bench_parquet",
                                        "bench_revisions", "bench_tcal_kernel", "bench_tcal_screen",
                                        "bench_window_base", "compare_agent_state", "recal_tcal_tables",
-                                       "bench_models", "fuzz"}  # bench_models: tests/test_bench_models.py;
-    # fuzz: the suite itself runs in CI (tests/fuzz)
+                                       "bench_models",  # bench_models: tests/test_bench_models.py
+                                       "docs_performance",  # tests/test_docs_performance.py
+                                       "fuzz"}  # the fuzz suite itself runs in CI (tests/fuzz)
     assert names == covered, sorted(names ^ covered)
 
 
