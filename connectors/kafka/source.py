@@ -7,9 +7,11 @@ exactly-once scheme and the fault model.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -19,9 +21,9 @@ from connectors.kafka.clients import (
     ClientFactory,
     ConsumerClient,
     ConsumerSettings,
+    Fetched,
     KafkaClientError,
     KafkaConfigError,
-    Polled,
 )
 from connectors.kafka.confluent import ConfluentConsumer
 from connectors.kafka.kafkapython import KafkaPythonConsumer
@@ -30,6 +32,26 @@ from connectors.kafka.positions import TP, key_tp, validate_position
 from connectors.kafka.settings import check_source_options, split_source_config
 
 log = logging.getLogger("connectors.kafka")
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Automatic garbage collection off while a poll is turned into a batch.
+
+    A client makes a tracked object per record (a ``Message``, a ``ConsumerRecord``) that dies with the poll;
+    tens of thousands of them trigger collections, which promote the ones still alive to the old generation,
+    whose full collections traverse every object of the agent's state.  Paused, they die by reference counting
+    only; a collection that falls due runs after, as usual (the decoder does the same, ``calmon.state.ingest``).
+    Left alone if the application disabled collection itself.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @dataclass
@@ -199,15 +221,16 @@ class KafkaSource:
         if consumer is None:
             return None
         try:
-            polled = self._poll(consumer, max_records, timeout, start)
+            with collection_paused():
+                polled = self._poll(consumer, max_records, timeout, start)
+                batch = self._batch(polled) if polled else None
         except KafkaClientError as exc:
             self._fail(exc)
             return None
         self._backoff.succeed()
         if not polled:
             self._check_truncation(consumer)
-            return None
-        return self._batch(consumer, polled)
+        return batch
 
     def close(self) -> None:
         """Close the consumer (leaves the group without committing; the agent commits after checkpoints)."""
@@ -343,7 +366,7 @@ class KafkaSource:
                  self.name, self.ADAPTER.library, self.topics, self.group_id)
         return consumer
 
-    def _poll(self, consumer: ConsumerClient, max_records: int, timeout: float, start: float) -> Polled:
+    def _poll(self, consumer: ConsumerClient, max_records: int, timeout: float, start: float) -> Fetched:
         while True:
             self.position_pending(max(0.0, timeout - (time.monotonic() - start)))
             remaining = max(0.0, timeout - (time.monotonic() - start))
@@ -435,8 +458,8 @@ class KafkaSource:
             log.warning("kafka source %s: %s position %d is beyond the end of the log (%s): the broker lost "
                         "data; resetting to offset %d", self.name, tp.key, old, consumer.highwater(tp), target)
 
-    def _batch(self, consumer: ConsumerClient, polled: Polled) -> Batch | None:
-        taken = self._book.take(polled, self.with_origins, consumer.metas if self.metadata else None)
+    def _batch(self, polled: Fetched) -> Batch | None:
+        taken = self._book.take(polled, self.with_origins)
         self._count_gaps(taken)
         if not taken.records:
             return None
