@@ -29,7 +29,7 @@ from connectors.kafka.confluent import ConfluentConsumer
 from connectors.kafka.kafkapython import KafkaPythonConsumer
 from connectors.kafka.partitions import PartitionBook, Taken
 from connectors.kafka.positions import TP, key_tp, validate_position
-from connectors.kafka.settings import check_source_options, split_source_config
+from connectors.kafka.settings import check_source_options, confluent_installed, pick_library, split_source_config
 
 log = logging.getLogger("connectors.kafka")
 
@@ -163,7 +163,9 @@ class KafkaSource:
         """Build from a config mapping (the ``options`` of a ``type: kafka`` source in the agent's YAML).
 
         Keys: ``bootstrap_servers`` (required); ``topics`` (list) or ``topic``, or
-        ``prediction_topic`` and ``outcome_topic``; ``library`` (``kafka-python`` or ``confluent``);
+        ``prediction_topic`` and ``outcome_topic``; ``library`` (``kafka-python`` or ``confluent``; unset:
+        confluent-kafka when it is installed and the client options are not kafka-python's, see
+        :func:`~connectors.kafka.settings.pick_library`);
         ``group_id``, ``name``, ``position_policy``, ``auto_offset_reset``, ``backoff_initial``,
         ``backoff_max``, ``origins``, ``metadata``; ``client`` (dict of client options); any other key is a client
         option too (kafka-python's are checked by name, e.g. ``security_protocol``, ``ssl_cafile``).
@@ -172,11 +174,16 @@ class KafkaSource:
         --------
         >>> s = KafkaSource.from_config({"bootstrap_servers": "h:9092", "prediction_topic": "p",
         ...     "outcome_topic": "o", "security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"})
-        >>> s.topics, s.client["security_protocol"]
-        (['p', 'o'], 'SASL_SSL')
+        >>> s.topics, s.client["security_protocol"], s.ADAPTER.library
+        (['p', 'o'], 'SASL_SSL', 'kafka-python')
         """
         split = split_source_config(cfg)
-        target = ConfluentKafkaSource if split.library == "confluent" and cls is KafkaSource else cls
+        target = cls
+        if cls is KafkaSource and pick_library(split) == "confluent":
+            target = ConfluentKafkaSource
+        if target.ADAPTER.library == "confluent" and not confluent_installed():
+            raise ValueError("library: confluent-kafka is not installed (pip install confluent-kafka, "
+                             "or set library: kafka-python)")
         client = split.client
         client.update(target.ADAPTER.check_extra(split.rest))
         return target(split.bootstrap_servers, split.topics, client=client, **split.own)
