@@ -490,9 +490,11 @@ class KafkaSource:
 class ConfluentKafkaSource(KafkaSource):
     """:class:`KafkaSource` on confluent-kafka (librdkafka): same positions, seeking, commits and health.
 
-    Optional (``pip install confluent-kafka``); about three times the consume rate of kafka-python
-    without the ``crc32c`` package (see ``benchmarks/bench_kafka.py``).  ``client`` takes librdkafka
-    properties (dotted names, e.g. ``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``).
+    Optional (``pip install confluent-kafka``, the ``kafka-fast`` extra) and the default of
+    :meth:`KafkaSource.from_config` when installed: a poll is one ``consume()`` whose values are read with one C
+    call per message, several times the agent's rate on kafka-python (``python -m benchmarks.bench_kafka``).
+    ``client`` takes librdkafka properties (dotted names, e.g. ``security.protocol``, ``sasl.mechanism``,
+    ``ssl.ca.location``).
 
     Examples
     --------
