@@ -219,6 +219,38 @@ def test_confluent_kafka_is_the_default_when_installed(monkeypatch):
         KafkaSource.from_config({"bootstrap_servers": "h:1", "topic": "t", "library": "confluent"})
 
 
+def test_confluent_adapter_cuts_a_consume_into_runs_without_a_record_object():
+    ck = pytest.importorskip("confluent_kafka")
+    from connectors.kafka.confluent import ConfluentConsumer
+
+    def msg(topic: str, part: int, off: int, value: bytes | None = b"v") -> Any:
+        return ck.Message(topic=topic, partition=part, offset=off, value=value)
+
+    got = [msg("a", 0, 5), msg("a", 0, 6), msg("b", 0, 0, None), msg("b", 0, 1), msg("a", 1, 9),
+           ck.Message(topic="a", partition=1, offset=10, error=ck.KafkaError(ck.KafkaError._PARTITION_EOF)),
+           msg("a", 1, 12), msg("a", 0, 7)]
+
+    class Consumer:
+        def consume(self, num_messages: int, timeout: float) -> list[Any]:
+            return got
+
+    errors: list[str] = []
+
+    class Events:
+        def on_error(self, message: str, counted: bool) -> None:
+            errors.append(message)
+
+    c = ConfluentConsumer(ConsumerSettings("h:1", ["a", "b"], None, "s"))
+    c._consumer, c._handler = Consumer(), Events()  # type: ignore[assignment]
+    f = c.poll(100, 0.1)
+    assert f.values == [b"v", b"v", b"", b"v", b"v", b"v", b"v"] and f.metas is None
+    assert [(r.tp.key, r.start, r.stop, r.first, r.last) for r in f.runs] == [
+        ("a/0", 0, 2, 5, 6), ("b/0", 2, 4, 0, 1), ("a/1", 4, 6, 9, 12), ("a/0", 6, 7, 7, 7)]
+    assert f.runs[2].offsets == [9, 12] and f.runs[0].offsets is None  # offsets kept only where they jump
+    assert errors == []  # end of partition is not an error
+    assert str(RunOrigins(f.runs)) == str(["a/0@5", "a/0@6", "b/0@0", "b/0@1", "a/1@9", "a/1@12", "a/0@7"])
+
+
 # ---------------------------------------------------------------------------------------------- with a broker
 @pytest.fixture(scope="module")
 def broker():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import operator
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -207,7 +208,9 @@ class ConfluentConsumer:
         if not msgs:
             return Fetched(metas=[] if self.settings.metadata else None)
         errors = list(map(Message.error, msgs))
-        if errors.count(None) != len(msgs):  # rare: error events (not records) between the records
+        # rare: error events (not records) between the records; ``is not``, as a KafkaError cannot be compared
+        # with None by ``==`` (list.count(None) raises)
+        if any(map(operator.is_not, errors, itertools.repeat(None))):
             for err in errors:
                 if err is not None and err.code() != KafkaError._PARTITION_EOF and self._handler is not None:
                     self._handler.on_error(str(err), counted=True)
