@@ -24,15 +24,19 @@ kafka-python validates record CRC-32C checksums in pure Python unless the packag
 installed (about a third of its consume time without it); the first line printed says which.
 
 Each consumer reads everything from offset 0 once; rates exclude connection set-up and group join
-(the clock starts after a first one-record read).  Example::
+(the clock starts after a first one-record read).  By default the agent table runs (issue #33): the agent fed
+from a file (``file-agent``, the same records as JSON lines), from memory, and from Kafka with each client,
+in interleaved rounds, printed with min / median / max rates, each path's rate over the memory-fed agent's
+per round (min and median) and the load average after each round::
 
-    python -m benchmarks.bench_kafka --n 1000000 --partitions 4
+    python -m benchmarks.bench_kafka --n 1000000 --partitions 3 --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -188,15 +192,19 @@ def kafka_version() -> str:
     return kafka.__version__
 
 
+#: The agent table: ``file-agent`` and ``memory-agent`` are the ceilings the Kafka runs are compared with.
+AGENT_RUNS = "file-agent,memory-agent,agent,confluent-agent"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--n", type=int, default=1_000_000, help="messages (default 1e6)")
-    ap.add_argument("--partitions", type=int, default=4)
-    ap.add_argument("--repeat", type=int, default=3, help="interleaved repetitions (median reported)")
+    ap.add_argument("--partitions", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=3, help="interleaved rounds (min and median reported)")
     ap.add_argument(
-        "--runs",
-        default="raw,source,source-no-origins,source-group,source-meta,"
-        "confluent-raw,confluent-source,confluent-source-group,confluent-source-meta",
+        "--runs", default=AGENT_RUNS,
+        help=f"comma-separated (default: the agent table, {AGENT_RUNS}); also raw, source, source-no-origins, "
+        "source-group, source-meta, confluent-raw, confluent-source, confluent-source-group, confluent-source-meta",
     )
     ap.add_argument("--plain", action="store_true", help="records without key and headers")
     args = ap.parse_args(argv)
@@ -216,51 +224,95 @@ def main(argv: list[str] | None = None) -> int:
         else:
             versions = (confluent_kafka.__version__, confluent_kafka.libversion()[0])
             print("confluent-kafka {} (librdkafka {})".format(*versions))
-    with KafkaBroker() as b:
+    print(f"{os.cpu_count()} CPUs; load average at start {_load()}")
+    with KafkaBroker() as b, tempfile.TemporaryDirectory() as tmp:
         b.create_topic("bench", partitions=args.partitions)
         dt = produce(b.bootstrap, "bench", args.n, args.partitions, keyed=not args.plain)
-        print(f"produced {args.n} messages in {dt:.1f} s ({args.n / dt:,.0f} msg/s, kafka-python producer)")
+        print(f"produced {args.n} messages on {args.partitions} partitions in {dt:.1f} s "
+              f"({args.n / dt:,.0f} msg/s, kafka-python producer)")
+        path = os.path.join(tmp, "events.jsonl")
+        if "file-agent" in runs:
+            with open(path, "wb") as f:
+                f.writelines(_record(i) + b"\n" for i in range(args.n))
         rows: dict[str, list[tuple[int, float]]] = {run: [] for run in runs}
+        loads: list[str] = []
         for rep in range(args.repeat):
             for run in runs:  # interleaved, so that load from other processes hits every path alike
-                if run == "raw":
-                    dt, got = bench_raw(b.bootstrap, "bench", args.n, args.partitions)
-                elif run == "confluent-raw":
-                    dt, got = bench_confluent(b.bootstrap, "bench", args.n, args.partitions)
-                elif run in ("confluent-source", "confluent-source-group", "confluent-source-meta"):
-                    group = f"bench-cg{rep}" if run.endswith("group") else None
-                    meta = run.endswith("meta")
-                    src: KafkaSource = ConfluentKafkaSource(b.bootstrap, "bench", group, client=CF, metadata=meta)
-                    dt, got = bench_source(src, args.n)
-                elif run == "agent":
-                    dt, got = bench_agent(KafkaSource(b.bootstrap, "bench", None), args.n)
-                elif run == "confluent-agent":
-                    dt, got = bench_agent(ConfluentKafkaSource(b.bootstrap, "bench", None, client=CF), args.n)
-                elif run == "memory-agent":
-                    dt, got = bench_agent(_Memory(args.n), args.n)
-                elif run == "source":
-                    dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None), args.n)
-                elif run == "source-meta":
-                    dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None, metadata=True), args.n)
-                elif run == "source-no-origins":
-                    dt, got = bench_source(KafkaSource(b.bootstrap, "bench", None, origins=False), args.n)
-                elif run == "source-group":
-                    src = KafkaSource(b.bootstrap, "bench", f"bench-g{rep}", client=FAST)
-                    dt, got = bench_source(src, args.n)
-                else:
-                    raise SystemExit(f"unknown run {run!r}")
+                got, dt = one_run(run, b.bootstrap, args, rep, path)
                 rows[run].append((got, dt))
-                print(f"  rep {rep} {run}: {got} records in {dt:.2f} s", flush=True)
-        print(f"\n{'client/path':<32}{'records':>10}{'median s':>10}{'median rec/s':>14}{'best rec/s':>12}")
-        for run, res in rows.items():
-            got = res[0][0]
-            rates = sorted(g / d for g, d in res)
-            med = statistics.median(rates)
-            label = run if run.startswith(("confluent", "memory")) else "kafka-python " + run
-            print(f"{label:<32}{got:>10}{got / med:>10.2f}{med:>14,.0f}{rates[-1]:>12,.0f}")
-        meta_ratios(rows)
+                print(f"  round {rep} {run}: {got} records in {dt:.2f} s ({got / dt:,.0f}/s)", flush=True)
+            loads.append(_load())
+            print(f"  load average after round {rep}: {loads[-1]}", flush=True)
+        print_table(rows, args.n, args.partitions, loads)
         agent_ratios(rows)
+        meta_ratios(rows)
     return 0
+
+
+def one_run(run: str, bootstrap: str, args: argparse.Namespace, rep: int, path: str) -> tuple[int, float]:
+    """``(records, seconds)`` of one run of the benchmark."""
+    n = args.n
+    if run == "raw":
+        dt, got = bench_raw(bootstrap, "bench", n, args.partitions)
+    elif run == "confluent-raw":
+        dt, got = bench_confluent(bootstrap, "bench", n, args.partitions)
+    elif run in ("confluent-source", "confluent-source-group", "confluent-source-meta"):
+        group = f"bench-cg{rep}" if run.endswith("group") else None
+        src: KafkaSource = ConfluentKafkaSource(bootstrap, "bench", group, client=CF, metadata=run.endswith("meta"))
+        dt, got = bench_source(src, n)
+    elif run == "agent":
+        dt, got = bench_agent(KafkaSource(bootstrap, "bench", None), n)
+    elif run == "confluent-agent":
+        dt, got = bench_agent(ConfluentKafkaSource(bootstrap, "bench", None, client=CF), n)
+    elif run == "memory-agent":
+        dt, got = bench_agent(_Memory(n), n)
+    elif run == "file-agent":
+        from connectors.files import FileSource
+
+        dt, got = bench_agent(FileSource(path, format="jsonl", name="file"), n)
+    elif run == "source":
+        dt, got = bench_source(KafkaSource(bootstrap, "bench", None), n)
+    elif run == "source-meta":
+        dt, got = bench_source(KafkaSource(bootstrap, "bench", None, metadata=True), n)
+    elif run == "source-no-origins":
+        dt, got = bench_source(KafkaSource(bootstrap, "bench", None, origins=False), n)
+    elif run == "source-group":
+        dt, got = bench_source(KafkaSource(bootstrap, "bench", f"bench-g{rep}", client=FAST), n)
+    else:
+        raise SystemExit(f"unknown run {run!r}")
+    return got, dt
+
+
+LABELS = {
+    "file-agent": "agent from a file (jsonl)",
+    "memory-agent": "agent from memory",
+    "agent": "agent on Kafka, kafka-python",
+    "confluent-agent": "agent on Kafka, confluent-kafka",
+}
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def print_table(rows: dict[str, list[tuple[int, float]]], n: int, partitions: int, loads: list[str]) -> None:
+    """Rates per path (min / median / max over rounds) and each path's rate / the memory-fed agent's, per round."""
+    base = rows.get("memory-agent")
+    print(f"\n{n} records, {partitions} partitions, {len(loads)} interleaved rounds; load average (1/5/15 min) "
+          f"after each round: {'; '.join(loads)}")
+    head = f"| {'path':<36} | {'min rec/s':>10} | {'median rec/s':>12} | {'max rec/s':>10} |"
+    print(head + " / memory-agent: min | median |")
+    print("|" + "---|" * (head.count("|") + 1))
+    for run, res in rows.items():
+        rates = sorted(g / d for g, d in res)
+        label = LABELS.get(run, run if run.startswith(("confluent", "memory")) else "kafka-python " + run)
+        line = f"| {label:<36} | {rates[0]:>10,.0f} | {statistics.median(rates):>12,.0f} | {rates[-1]:>10,.0f} |"
+        if base and len(base) == len(res):
+            ratios = sorted((g / d) / (gb / db) for (g, d), (gb, db) in zip(res, base, strict=True))
+            line += f" {ratios[0]:.3f} | {statistics.median(ratios):.3f} |"
+        else:
+            line += " | |"
+        print(line)
 
 
 def meta_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
@@ -278,7 +330,7 @@ def meta_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
 def agent_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
     """Agent rate fed by each client / the same agent fed from memory, per interleaved round."""
     base = rows.get("memory-agent")
-    for run in ("agent", "confluent-agent"):
+    for run in ("agent", "confluent-agent", "file-agent"):
         res = rows.get(run)
         if not res or not base:
             continue

@@ -4,7 +4,9 @@ Modules
 -------
 - :mod:`~connectors.kafka.positions`: ``"topic/partition"`` keys and checkpointed position dicts;
 - :mod:`~connectors.kafka.settings`: splitting and validating source, sink and client options;
-- :mod:`~connectors.kafka.clients`: the consumer-client contract and calmon's Kafka exceptions;
+- :mod:`~connectors.kafka.clients`: the consumer-client contract (a poll is a ``Fetched``: values and runs)
+  and calmon's Kafka exceptions;
+- :mod:`~connectors.kafka.origins`: runs of records of one partition and a batch's origins kept per run;
 - :mod:`~connectors.kafka.kafkapython`, :mod:`~connectors.kafka.confluent`: one adapter per library;
 - :mod:`~connectors.kafka.source`: :class:`KafkaSource` (and :class:`ConfluentKafkaSource`);
 - :mod:`~connectors.kafka.backoff`: the reconnect backoff;

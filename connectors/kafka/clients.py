@@ -9,11 +9,12 @@ agent must not start) and :class:`KafkaClientError` (broker or network trouble: 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol, cast
+from typing import Any, Protocol, cast
 
 from connectors.base import RecordMeta
+from connectors.kafka.origins import Run
 from connectors.kafka.positions import TP
 
 
@@ -32,26 +33,55 @@ class KafkaClientError(RuntimeError):
         self.fatal = fatal
 
 
-class RecordLike(Protocol):
-    """What the source reads from a fetched record (kafka-python's ``ConsumerRecord`` fits)."""
+@dataclass
+class Fetched:
+    """The records of one poll, as the client delivered them: values in one list, partitions and offsets per run.
 
-    @property
-    def offset(self) -> int: ...
+    Nothing is kept per record but its value (and its :class:`RecordMeta` when the source reads metadata): a
+    run of consecutive records of one partition is described once (:class:`~connectors.kafka.origins.Run`),
+    so positions, gaps and origins cost a few operations per partition and poll, not per record.
 
-    @property
-    def value(self) -> bytes | None: ...
+    Attributes
+    ----------
+    values
+        Every record's value in delivery order (``b""`` for a null value).
+    runs
+        ``values[run.start:run.stop]`` are records of ``run.tp`` with ascending offsets; runs cover ``values``
+        in order (a partition may have several runs in one poll).
+    metas
+        One per record when :attr:`ConsumerSettings.metadata` is set, else None.
 
+    Examples
+    --------
+    >>> f = Fetched.of_partition(TP("t", 0), [b"a", None], [4, 5])
+    >>> f.values, f.runs[0].first, f.runs[0].last, len(f)
+    ([b'a', b''], 4, 5, 2)
+    """
 
-#: The metadata of a record without timestamp, key or headers (shared: :class:`RecordMeta` is frozen).
-NO_META = RecordMeta()
+    values: list[bytes] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+    metas: list[RecordMeta] | None = None
 
+    def __len__(self) -> int:
+        return len(self.values)
 
-class Record(NamedTuple):
-    """A fetched record's offset, raw value (``None`` for a null value) and, when asked for, its metadata."""
+    def add(self, tp: TP, values: Sequence[bytes | None], first: int, last: int,
+            offsets: Callable[[], Sequence[int]]) -> None:
+        """Append one partition's records (offsets ``first`` .. ``last``); ``offsets()`` lists them all and is
+        called only when they are not contiguous."""
+        start = len(self.values)
+        self.values += cast("Sequence[bytes]", values) if None not in values else [
+            b"" if v is None else v for v in values]
+        n = len(self.values) - start
+        self.runs.append(Run(tp, start, start + n, first, None if last - first + 1 == n else list(offsets())))
 
-    offset: int
-    value: bytes | None
-    meta: RecordMeta = NO_META
+    @classmethod
+    def of_partition(cls, tp: TP, values: Sequence[bytes | None], offsets: Sequence[int]) -> Fetched:
+        """One partition's records (tests, simple adapters)."""
+        out = cls()
+        if values:
+            out.add(tp, values, offsets[0], offsets[-1], lambda: offsets)
+        return out
 
 
 _SHARED_HEADERS: dict[tuple[tuple[str, bytes | None], ...], tuple[tuple[str, bytes | None], ...]] = {}
@@ -77,10 +107,6 @@ def header_tuple(headers: Sequence[tuple[str, bytes | None]]) -> tuple[tuple[str
     if len(_SHARED_HEADERS) > _SHARED_MAX:
         _SHARED_HEADERS.clear()  # headers that never repeat (trace ids): no sharing, bounded memory
     return cast("tuple[tuple[str, bytes], ...]", shared)  # no None value left
-
-
-#: Records of one poll, per partition in offset order.
-Polled = Mapping[TP, Sequence[RecordLike]]
 
 
 class ConsumerEvents(Protocol):
@@ -132,11 +158,9 @@ class ConsumerClient(Protocol):
         Raises :class:`KafkaConfigError` or :class:`KafkaClientError` (the consumer is then closed).
         """
 
-    def poll(self, max_records: int, timeout: float) -> Polled:
-        """Records fetched within ``timeout`` seconds, grouped per partition."""
-
-    def metas(self, records: Sequence[RecordLike]) -> list[RecordMeta]:
-        """Timestamp, key and headers of ``records`` (from :meth:`poll`; needs ``settings.metadata``)."""
+    def poll(self, max_records: int, timeout: float) -> Fetched:
+        """At most ``max_records`` records fetched within ``timeout`` seconds (with their metadata when
+        ``settings.metadata`` is set)."""
 
     def committed(self, tps: list[TP], timeout: float) -> dict[TP, int]:
         """The group's committed offsets of ``tps`` (partitions without one are omitted)."""

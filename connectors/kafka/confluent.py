@@ -8,19 +8,22 @@ with an "erroneous state" error).  ``client`` options are librdkafka properties 
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
-from collections.abc import Mapping, Sequence
+import operator
+from collections.abc import Callable, Mapping
 from typing import Any, cast
+
+import numpy as np
 
 from connectors.base import RecordMeta
 from connectors.kafka.clients import (
     ConsumerEvents,
     ConsumerSettings,
+    Fetched,
     KafkaClientError,
     KafkaConfigError,
-    Polled,
-    Record,
-    RecordLike,
     header_tuple,
 )
 from connectors.kafka.positions import TP
@@ -43,6 +46,28 @@ def _ctp(tp: TP, offset: int | None = None) -> Any:
     from confluent_kafka import OFFSET_INVALID, TopicPartition
 
     return TopicPartition(tp.topic, tp.partition, OFFSET_INVALID if offset is None else offset)
+
+
+def _runs(msgs: list[Any], topics: bool) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each run of consecutive messages of one partition (``topics``: of several topics).
+
+    librdkafka delivers a fetch response's records of a partition together, so a poll has a few runs.
+    """
+    from confluent_kafka import Message
+
+    n = len(msgs)
+    key = np.fromiter(map(Message.partition, msgs), np.int64, n)
+    if topics:
+        codes: dict[str, int] = {}
+        topic = cast("Callable[[Any], str]", Message.topic)
+        key += np.fromiter(map(codes.setdefault, map(topic, msgs), itertools.count()), np.int64, n) << 32
+    cuts = (np.flatnonzero(key[1:] != key[:-1]) + 1).tolist()
+    return list(zip([0, *cuts], [*cuts, n]))
+
+
+def _offsets(msgs: list[Any]) -> list[int]:
+    """Every message's offset (a run whose offsets are not contiguous)."""
+    return [int(m.offset()) for m in msgs]
 
 
 def message_meta(msg: Any) -> RecordMeta:
@@ -171,30 +196,36 @@ class ConfluentConsumer:
         except _errors() as exc:
             log.debug("kafka source %s: unassign failed: %s", self.settings.name, exc)
 
-    def poll(self, max_records: int, timeout: float) -> Polled:
-        from confluent_kafka import KafkaError
+    def poll(self, max_records: int, timeout: float) -> Fetched:
+        """One ``consume(num_messages=max_records)``: values read with one C call per record, partitions cut into
+        runs with numpy, offsets read at each run's ends (all of them only where a run is not contiguous)."""
+        from confluent_kafka import KafkaError, Message
 
         try:
             msgs = self._consumer.consume(num_messages=int(max_records), timeout=timeout)
         except _errors() as exc:
             raise KafkaClientError(repr(exc)) from exc
-        out: dict[TP, list[Record]] = {}
-        meta = self.settings.metadata
-        for m in msgs:
-            err = m.error()
-            if err is None:
-                rec = Record(m.offset(), m.value(), message_meta(m)) if meta else Record(m.offset(), m.value())
-                out.setdefault(TP(m.topic(), m.partition()), []).append(rec)
-            elif err.code() != KafkaError._PARTITION_EOF and self._handler is not None:
-                self._handler.on_error(str(err), counted=True)
-        if out:
-            self._connected = True
+        if not msgs:
+            return Fetched(metas=[] if self.settings.metadata else None)
+        errors = list(map(Message.error, msgs))
+        # rare: error events (not records) between the records; ``is not``, as a KafkaError cannot be compared
+        # with None by ``==`` (list.count(None) raises)
+        if any(map(operator.is_not, errors, itertools.repeat(None))):
+            for err in errors:
+                if err is not None and err.code() != KafkaError._PARTITION_EOF and self._handler is not None:
+                    self._handler.on_error(str(err), counted=True)
+            msgs = [m for m, err in zip(msgs, errors) if err is None]
+        out = Fetched(metas=[message_meta(m) for m in msgs] if self.settings.metadata else None)
+        if not msgs:
+            return out
+        values = list(map(Message.value, msgs))
+        for start, stop in _runs(msgs, len(self.settings.topics) > 1):
+            head, tail = msgs[start], msgs[stop - 1]
+            part = msgs[start:stop]
+            out.add(TP(head.topic(), head.partition()), values[start:stop] if len(values) != stop - start else values,
+                    head.offset(), tail.offset(), functools.partial(_offsets, part))
+        self._connected = True
         return out
-
-    @staticmethod
-    def metas(records: Sequence[RecordLike]) -> list[RecordMeta]:
-        """The metadata :meth:`poll` read with each record (``settings.metadata``)."""
-        return [r.meta for r in cast("Sequence[Record]", records)]  # this adapter's poll returns Records
 
     def committed(self, tps: list[TP], timeout: float) -> dict[TP, int]:
         try:

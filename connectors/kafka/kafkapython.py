@@ -9,19 +9,20 @@ high watermarks come from fetch responses (``ListOffsets`` is not used: some bro
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
+import operator
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from connectors.base import RecordMeta
 from connectors.kafka.clients import (
     ConsumerEvents,
     ConsumerSettings,
+    Fetched,
     KafkaClientError,
     KafkaConfigError,
-    Polled,
-    RecordLike,
     header_tuple,
 )
 from connectors.kafka.positions import TP
@@ -54,8 +55,14 @@ def mapped(op: str) -> Iterator[None]:
         raise KafkaClientError(repr(exc), fatal=isinstance(exc, IllegalStateError)) from exc
 
 
-class ConsumerRecordLike(RecordLike, Protocol):
-    """The fields of kafka-python's ``ConsumerRecord`` that :meth:`KafkaPythonConsumer.metas` reads."""
+class ConsumerRecordLike(Protocol):
+    """The fields of kafka-python's ``ConsumerRecord`` that the adapter reads."""
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def value(self) -> bytes | None: ...
 
     @property
     def timestamp(self) -> int: ...
@@ -68,6 +75,10 @@ class ConsumerRecordLike(RecordLike, Protocol):
 
     @property
     def headers(self) -> list[tuple[str, bytes | None]]: ...
+
+
+_VALUE = operator.attrgetter("value")
+_OFFSET = operator.attrgetter("offset")
 
 
 def _ktp(tp: TP) -> Any:
@@ -175,14 +186,26 @@ class KafkaPythonConsumer:
         self._consumer.assign([_ktp(tp) for tp in tps])
         handler.on_assigned(tps)
 
-    def poll(self, max_records: int, timeout: float) -> Polled:
+    def poll(self, max_records: int, timeout: float) -> Fetched:
+        """One ``KafkaConsumer.poll``: its ``ConsumerRecord`` s reduced to their values, one run per partition.
+
+        kafka-python builds a ``ConsumerRecord`` per record itself (there is no lower-level batch API); the
+        adapter keeps nothing per record but the value.
+        """
         with mapped("poll"):
-            # keys are kafka-python TopicPartitions: tuples equal to (and hashed like) TP
-            polled: Polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=int(max_records))
-        return polled
+            polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=int(max_records))
+        out = Fetched(metas=[] if self.settings.metadata else None)
+        for ktp, rs in polled.items():
+            if not rs:
+                continue
+            out.add(TP(ktp.topic, ktp.partition), list(map(_VALUE, rs)), rs[0].offset, rs[-1].offset,
+                    functools.partial(list, map(_OFFSET, rs)))
+            if out.metas is not None:
+                out.metas += self.metas(rs)
+        return out
 
     @staticmethod
-    def metas(records: Sequence[RecordLike]) -> list[RecordMeta]:
+    def metas(records: Sequence[ConsumerRecordLike]) -> list[RecordMeta]:
         """Timestamp, key and headers of kafka-python ``ConsumerRecord`` s.
 
         The timestamp is the create or log-append time (``timestamp_type`` 0 or 1); none for
@@ -199,7 +222,7 @@ class KafkaPythonConsumer:
         RecordMeta(timestamp_ms=None, key=None, headers=())
         """
         out = []
-        for r in cast("Sequence[ConsumerRecordLike]", records):  # this adapter's poll returns ConsumerRecords
+        for r in records:
             ts, tt, h = r.timestamp, r.timestamp_type, r.headers
             ts_ms = ts if (tt == 0 or tt == 1) and ts >= 0 else None
             out.append(RecordMeta(ts_ms, r.key, header_tuple(h) if h else ()))

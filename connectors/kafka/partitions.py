@@ -8,13 +8,14 @@ Its lock is shared with the client's rebalance callbacks, which may run on anoth
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from connectors.base import RecordMeta
-from connectors.kafka.clients import Polled, RecordLike
-from connectors.kafka.positions import TP, position_key
+from connectors.kafka.clients import Fetched
+from connectors.kafka.origins import Run, RunOrigins
+from connectors.kafka.positions import TP
 
 
 @dataclass
@@ -31,7 +32,7 @@ class Taken:
     """Records :meth:`PartitionBook.take` accepted from one poll."""
 
     records: list[bytes] = field(default_factory=list)
-    origins: list[str] | None = None
+    origins: RunOrigins | None = None
     meta: list[RecordMeta] | None = None
     position: dict[str, int] = field(default_factory=dict)
     gaps: list[Gap] = field(default_factory=list)
@@ -42,7 +43,7 @@ class PartitionBook:
 
     Examples
     --------
-    >>> from connectors.kafka.clients import Record
+    >>> from connectors.kafka.clients import Fetched
     >>> book = PartitionBook()
     >>> book.restore({"t/0": 5})
     []
@@ -52,12 +53,11 @@ class PartitionBook:
     (5, 5)
     >>> book.positioned([TP("t", 0)])
     [TP(topic='t', partition=0)]
-    >>> t = book.take({TP("t", 0): [Record(5, b"a"), Record(6, None)]}, origins=True)
+    >>> t = book.take(Fetched.of_partition(TP("t", 0), [b"a", None], [5, 6]), origins=True)
     >>> t.records, t.origins, t.position
     ([b'a', b''], ['t/0@5', 't/0@6'], {'t/0': 7})
-    >>> from connectors.base import RecordMeta
-    >>> book.take({TP("t", 0): [Record(7, b"b", RecordMeta(1, b"k"))]}, False, lambda rs: [r.meta for r in rs]).meta
-    [RecordMeta(timestamp_ms=1, key=b'k', headers=())]
+    >>> book.take(Fetched.of_partition(TP("u", 0), [b"b"], [0]), origins=True).records  # not assigned: dropped
+    []
     """
 
     def __init__(self) -> None:
@@ -128,31 +128,39 @@ class PartitionBook:
             self.pending.difference_update(tps)
             return [tp for tp in tps if tp in self.assigned]
 
-    def take(
-        self, polled: Polled, origins: bool, metas: Callable[[Sequence[RecordLike]], list[RecordMeta]] | None = None
-    ) -> Taken:
-        """Accept the records of assigned, positioned partitions and advance their positions.
+    def take(self, fetched: Fetched, origins: bool) -> Taken:
+        """Accept the records of assigned, positioned partitions and advance their positions, run by run.
 
-        ``metas`` (the client's :meth:`~connectors.kafka.clients.ConsumerClient.metas`) fills
-        :attr:`Taken.meta`, one per record.
+        Records of a partition revoked or repositioned since they were fetched are dropped (they are read again
+        from the right offset).  ``origins`` attaches :class:`~connectors.kafka.origins.RunOrigins`.
         """
-        out = Taken(origins=[] if origins else None, meta=None if metas is None else [])
+        kept: list[Run] = []
+        out = Taken()
         with self.lock:
-            for tp in sorted(polled):
-                rs = polled[tp]
-                if not rs or tp in self.pending or tp not in self.assigned:
-                    continue  # fetched before a revoke/seek: read again from the right offset
-                key = position_key(tp.topic, tp.partition)
-                expected = self.pos.get(key)
-                if expected is not None and rs[0].offset != expected:
-                    out.gaps.append(Gap(key, expected, rs[0].offset))
-                out.records.extend([r.value if r.value is not None else b"" for r in rs])
-                if out.origins is not None:
-                    out.origins.extend([f"{key}@{r.offset}" for r in rs])
-                if out.meta is not None and metas is not None:
-                    out.meta.extend(metas(rs))
-                self.pos[key] = rs[-1].offset + 1
-            out.position = dict(self.pos)
+            pos = self.pos
+            for run in fetched.runs:
+                tp = run.tp
+                if tp in self.pending or tp not in self.assigned:
+                    continue
+                key = tp.key
+                expected = pos.get(key)
+                if expected is not None and run.first != expected:
+                    out.gaps.append(Gap(key, expected, run.first))
+                pos[key] = run.last + 1
+                kept.append(run)
+            out.position = dict(pos)
+        if len(kept) == len(fetched.runs):  # the common case: the whole poll, nothing copied
+            out.records, out.meta = fetched.values, fetched.metas
+        else:
+            moved: list[Run] = []
+            for run in kept:
+                moved.append(run.moved(len(out.records)))
+                out.records += fetched.values[run.start:run.stop]
+            if fetched.metas is not None:
+                out.meta = [m for run in kept for m in fetched.metas[run.start:run.stop]]
+            kept = moved
+        if origins:
+            out.origins = RunOrigins(kept)
         return out
 
     def lag(self, highwater: Callable[[TP], int | None]) -> dict[str, int]:

@@ -7,6 +7,7 @@ confluent-kafka client) must use dotted names.  Options calmon sets itself canno
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -111,6 +112,43 @@ class SourceConfig:
     own: dict[str, Any] = field(default_factory=dict)
     client: dict[str, Any] = field(default_factory=dict)
     rest: dict[str, Any] = field(default_factory=dict)
+
+
+def confluent_installed() -> bool:
+    """Whether confluent-kafka can be imported (without importing it)."""
+    return importlib.util.find_spec("confluent_kafka") is not None
+
+
+def pick_library(split: SourceConfig, confluent: bool | None = None) -> str:
+    """The client library of a source whose config names none: confluent-kafka when it is installed
+    (``confluent``: whether it is; default: look), unless the client options are kafka-python's.
+
+    Client options tell the library apart: librdkafka's are dotted (``security.protocol``), kafka-python's use
+    underscores (``security_protocol``); options of both kinds are an error naming them.
+
+    Examples
+    --------
+    >>> c = split_source_config({"bootstrap_servers": "h:1", "topic": "t", "group_id": "g"})
+    >>> pick_library(c, confluent=True), pick_library(c, confluent=False)
+    ('confluent', 'kafka-python')
+    >>> pick_library(split_source_config({"bootstrap_servers": "h:1", "topic": "t", "fetch.wait.max.ms": 50}), False)
+    'confluent'
+    >>> pick_library(split_source_config({"bootstrap_servers": "h:1", "topic": "t", "ssl_cafile": "ca"}), True)
+    'kafka-python'
+    """
+    if split.library is not None:
+        return split.library
+    keys = [str(k) for k in (*split.client, *split.rest)]
+    ours = sorted(k for k in keys if "_" in k)
+    theirs = sorted(k for k in keys if "_" not in k and "." in k)
+    if ours and theirs:
+        raise ValueError(f"library: options {theirs} are librdkafka's (confluent) and {ours} kafka-python's; "
+                         "use one kind and set library")
+    if ours:
+        return "kafka-python"
+    if theirs:
+        return "confluent"  # confluent-kafka missing: the adapter says so when it starts
+    return "confluent" if (confluent_installed() if confluent is None else confluent) else "kafka-python"
 
 
 def split_source_config(cfg: Mapping[str, Any]) -> SourceConfig:

@@ -7,9 +7,11 @@ exactly-once scheme and the fault model.
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
@@ -19,17 +21,37 @@ from connectors.kafka.clients import (
     ClientFactory,
     ConsumerClient,
     ConsumerSettings,
+    Fetched,
     KafkaClientError,
     KafkaConfigError,
-    Polled,
 )
 from connectors.kafka.confluent import ConfluentConsumer
 from connectors.kafka.kafkapython import KafkaPythonConsumer
 from connectors.kafka.partitions import PartitionBook, Taken
 from connectors.kafka.positions import TP, key_tp, validate_position
-from connectors.kafka.settings import check_source_options, split_source_config
+from connectors.kafka.settings import check_source_options, confluent_installed, pick_library, split_source_config
 
 log = logging.getLogger("connectors.kafka")
+
+
+@contextmanager
+def collection_paused() -> Iterator[None]:
+    """Automatic garbage collection off while a poll is turned into a batch.
+
+    A client makes a tracked object per record (a ``Message``, a ``ConsumerRecord``) that dies with the poll;
+    tens of thousands of them trigger collections, which promote the ones still alive to the old generation,
+    whose full collections traverse every object of the agent's state.  Paused, they die by reference counting
+    only; a collection that falls due runs after, as usual (the decoder does the same, ``calmon.state.ingest``).
+    Left alone if the application disabled collection itself.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 @dataclass
@@ -141,7 +163,9 @@ class KafkaSource:
         """Build from a config mapping (the ``options`` of a ``type: kafka`` source in the agent's YAML).
 
         Keys: ``bootstrap_servers`` (required); ``topics`` (list) or ``topic``, or
-        ``prediction_topic`` and ``outcome_topic``; ``library`` (``kafka-python`` or ``confluent``);
+        ``prediction_topic`` and ``outcome_topic``; ``library`` (``kafka-python`` or ``confluent``; unset:
+        confluent-kafka when it is installed and the client options are not kafka-python's, see
+        :func:`~connectors.kafka.settings.pick_library`);
         ``group_id``, ``name``, ``position_policy``, ``auto_offset_reset``, ``backoff_initial``,
         ``backoff_max``, ``origins``, ``metadata``; ``client`` (dict of client options); any other key is a client
         option too (kafka-python's are checked by name, e.g. ``security_protocol``, ``ssl_cafile``).
@@ -150,11 +174,16 @@ class KafkaSource:
         --------
         >>> s = KafkaSource.from_config({"bootstrap_servers": "h:9092", "prediction_topic": "p",
         ...     "outcome_topic": "o", "security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN"})
-        >>> s.topics, s.client["security_protocol"]
-        (['p', 'o'], 'SASL_SSL')
+        >>> s.topics, s.client["security_protocol"], s.ADAPTER.library
+        (['p', 'o'], 'SASL_SSL', 'kafka-python')
         """
         split = split_source_config(cfg)
-        target = ConfluentKafkaSource if split.library == "confluent" and cls is KafkaSource else cls
+        target = cls
+        if cls is KafkaSource and pick_library(split) == "confluent":
+            target = ConfluentKafkaSource
+        if target.ADAPTER.library == "confluent" and not confluent_installed():
+            raise ValueError("library: confluent-kafka is not installed (pip install confluent-kafka, "
+                             "or set library: kafka-python)")
         client = split.client
         client.update(target.ADAPTER.check_extra(split.rest))
         return target(split.bootstrap_servers, split.topics, client=client, **split.own)
@@ -199,15 +228,16 @@ class KafkaSource:
         if consumer is None:
             return None
         try:
-            polled = self._poll(consumer, max_records, timeout, start)
+            with collection_paused():
+                polled = self._poll(consumer, max_records, timeout, start)
+                batch = self._batch(polled) if polled else None
         except KafkaClientError as exc:
             self._fail(exc)
             return None
         self._backoff.succeed()
         if not polled:
             self._check_truncation(consumer)
-            return None
-        return self._batch(consumer, polled)
+        return batch
 
     def close(self) -> None:
         """Close the consumer (leaves the group without committing; the agent commits after checkpoints)."""
@@ -343,7 +373,7 @@ class KafkaSource:
                  self.name, self.ADAPTER.library, self.topics, self.group_id)
         return consumer
 
-    def _poll(self, consumer: ConsumerClient, max_records: int, timeout: float, start: float) -> Polled:
+    def _poll(self, consumer: ConsumerClient, max_records: int, timeout: float, start: float) -> Fetched:
         while True:
             self.position_pending(max(0.0, timeout - (time.monotonic() - start)))
             remaining = max(0.0, timeout - (time.monotonic() - start))
@@ -435,8 +465,8 @@ class KafkaSource:
             log.warning("kafka source %s: %s position %d is beyond the end of the log (%s): the broker lost "
                         "data; resetting to offset %d", self.name, tp.key, old, consumer.highwater(tp), target)
 
-    def _batch(self, consumer: ConsumerClient, polled: Polled) -> Batch | None:
-        taken = self._book.take(polled, self.with_origins, consumer.metas if self.metadata else None)
+    def _batch(self, polled: Fetched) -> Batch | None:
+        taken = self._book.take(polled, self.with_origins)
         self._count_gaps(taken)
         if not taken.records:
             return None
@@ -460,9 +490,11 @@ class KafkaSource:
 class ConfluentKafkaSource(KafkaSource):
     """:class:`KafkaSource` on confluent-kafka (librdkafka): same positions, seeking, commits and health.
 
-    Optional (``pip install confluent-kafka``); about three times the consume rate of kafka-python
-    without the ``crc32c`` package (see ``benchmarks/bench_kafka.py``).  ``client`` takes librdkafka
-    properties (dotted names, e.g. ``security.protocol``, ``sasl.mechanism``, ``ssl.ca.location``).
+    Optional (``pip install confluent-kafka``, the ``kafka-fast`` extra) and the default of
+    :meth:`KafkaSource.from_config` when installed: a poll is one ``consume()`` whose values are read with one C
+    call per message, several times the agent's rate on kafka-python (``python -m benchmarks.bench_kafka``).
+    ``client`` takes librdkafka properties (dotted names, e.g. ``security.protocol``, ``sasl.mechanism``,
+    ``ssl.ca.location``).
 
     Examples
     --------
