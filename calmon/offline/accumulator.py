@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class Chunk:
 def make_decoder(mapping: Mapping | None = None) -> Decoder:
     """The offline decoder: generous caps, no wall-clock limits, the schema mapping if any."""
     return Decoder(max_models=10_000, max_segments=10_000, max_classes=MAX_CLASSES, max_id_bytes=65_536,
-                   mapping=mapping)
+                   mapping=mapping, probe="raise")
 
 
 def jsonl_chunks(source: str, pieces: Iterable[bytes], lines: int = _CHUNK_LINES) -> Iterator[Chunk]:
@@ -74,6 +74,21 @@ def jsonl_chunks(source: str, pieces: Iterable[bytes], lines: int = _CHUNK_LINES
         nums.append(line)
     if recs:
         yield Chunk(source, recs, nums)
+
+
+class _Origins(Sequence[str]):
+    """``"line 7 of a.jsonl"`` of a chunk's records, formatted only when one is read (a rejection, the probe)."""
+
+    def __init__(self, chunk: Chunk, what: str) -> None:
+        self.chunk, self.what = chunk, what
+
+    def __len__(self) -> int:
+        return len(self.chunk.records)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return f"{self.what} {self.chunk.numbers[i]} of {self.chunk.source}"
 
 
 @dataclass
@@ -106,7 +121,7 @@ class EventAccumulator:
 
     def add(self, chunk: Chunk, what: str | None = None) -> None:
         """Decode one chunk (``what``: how its records are numbered, default the accumulator's)."""
-        out = self.decoder.decode(chunk.records)
+        out = self.decoder.decode(chunk.records, _Origins(chunk, what or self.what))
         for r in out.rejected:
             self.reasons[r.reason] = self.reasons.get(r.reason, 0) + 1
         if out.rejected and self.first_bad is None:

@@ -496,14 +496,22 @@ def _read_csv(name: str, data: bytes) -> Dataset:
     return Dataset(name, 2, z.copy(), y.copy(), ids=ids, top_label_only=layout.top_label)
 
 
+_BOOLEAN_CELLS = {"true": 1.0, "false": 0.0}
+
+
 def _csv_numbers(name: str, body: list[tuple[int, list[str]]], cols: list[int], layout: CsvLayout) -> np.ndarray:
     """The cells of ``cols`` as floats; the first cell that is not a number stops the read."""
     values = np.empty((len(body), len(cols)))
+    label = layout.column("label")
     for r, (line, cells) in enumerate(body):
         for c, col in enumerate(cols):
             try:
                 values[r, c] = float(cells[col])
             except (ValueError, IndexError):
+                flag = _BOOLEAN_CELLS.get(cells[col].strip().lower()) if col == label and col < len(cells) else None
+                if flag is not None:  # a boolean label is 1 or 0, as the agent reads CSV
+                    values[r, c] = flag
+                    continue
                 cell = cells[col] if col < len(cells) else "<missing>"
                 raise InputError(f"{name}: line {line}: field {layout.names[col]!r}: {cell[:40]!r} "
                                  f"is not a number") from None
