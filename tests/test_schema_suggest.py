@@ -108,3 +108,17 @@ def test_nothing_like_a_score_is_one_line(tmp_path, capsys):
     assert cli_main(["schema", "suggest", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("calmon schema: error: no field holds numbers in [0, 1]") and "\n" not in err
+
+
+def test_any_records_give_a_proposal_or_one_value_error():
+    rng = random.Random(11)
+    leaves = [None, True, 0, 1, 0.5, 1e300, -3, "x", "2026-01-01T00:00:00Z", [0.2, 0.8], [1, "a"], {"d": {"e": [1]}},
+              [[1]], 1700000000123, "yes", ""]
+    for _ in range(1000):
+        keys = [rng.choice(["a", "b", "p", "y", "id", "ts", "model", "a.b", "", "0"]) for _ in range(rng.randint(0, 6))]
+        records = [{k: rng.choice(leaves) for k in keys} for _ in range(rng.randint(0, 8))] + [rng.choice(leaves)]
+        try:
+            s = suggest_mapping([("x", records)])
+        except ValueError:
+            continue
+        load_mapping(yaml.safe_load(s.to_yaml()))  # whatever it proposes is a valid schema file

@@ -401,6 +401,6 @@ def _types(doc: Any, where: str) -> tuple[tuple[str, Scalar], ...]:
 
 def describe(path: tuple[str, ...]) -> str:
     """A path as a user wrote it (dotted when possible)."""
-    return ".".join(path) if all("." not in p and "/" not in p for p in path) else "/" + "/".join(
+    return ".".join(path) if all(p and "." not in p and "/" not in p for p in path) else "/" + "/".join(
         p.replace("~", "~0").replace("/", "~1") for p in path)
 

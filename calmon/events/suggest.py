@@ -69,6 +69,7 @@ class Proposal:
 
     spec: Any
     evidence: str
+    path: tuple[str, ...] = ()  #: the record keys of a path ``spec``
 
 
 @dataclass
@@ -136,7 +137,8 @@ class Suggestion:
             lines += [f"  {k}: {_scalar(v)}" for k, v in self.types.items()]
         lines += [f"# note: {n}" for n in self.notes]
         text = "\n".join(lines) + "\n"
-        assert load_mapping(yaml.safe_load(text)) == self.mapping()  # what it prints is what it means
+        if load_mapping(yaml.safe_load(text)) != self.mapping():  # what it prints must be what it means
+            raise ValueError("the proposed schema does not read back as itself (a field name YAML cannot hold?)")
         return text
 
 
@@ -176,6 +178,11 @@ class _Column:
 
     def all(self) -> list[Any]:
         return [v for vs in self.values.values() for v in vs]
+
+    @property
+    def scalar(self) -> bool:
+        """Every value is a JSON scalar (what an id, model, time, score, label or type is)."""
+        return all(isinstance(v, (str, int, float)) for vs in self.values.values() for v in vs)
 
     @property
     def name(self) -> str:
@@ -249,12 +256,12 @@ def suggest_mapping(samples: Sequence[tuple[str, Sequence[Any]]]) -> Suggestion:
     taken: set[tuple[str, ...]] = set()
 
     def best(cands: list[tuple[float, _Column, str]], what: str) -> _Column | None:
-        cands = [c for c in cands if c[1].path not in taken]
+        cands = [c for c in cands if _free(c[1].path, taken)]
         if not cands:
             return None
         score, col, evidence = max(cands, key=lambda c: (c[0] + (1.0 if c[1].hint(what) else 0.0), -len(c[1].name)))
         taken.add(col.path)
-        s.fields[what] = Proposal(describe(col.path), evidence)
+        s.fields[what] = Proposal(describe(col.path), evidence, col.path)
         return col
 
     cols = [c for c in columns.values() if c.values]
@@ -274,6 +281,7 @@ def suggest_mapping(samples: Sequence[tuple[str, Sequence[Any]]]) -> Suggestion:
     if "score" not in s.fields and "probs" not in s.fields:
         raise ValueError("no field holds numbers in [0, 1] or probability lists: nothing looks like a score "
                          f"(fields seen: {', '.join(c.name for c in cols[:12])})")
+    cols = [c for c in cols if c.scalar]  # lists and deep objects are probs or nothing
     _suggest_time(s, cols, counts, taken)
     _suggest_label(s, cols, taken, best)
     _suggest_id(s, cols, counts, taken, best)
@@ -299,13 +307,13 @@ def _suggest_time(s: Suggestion, cols: list[_Column], counts: list[int], taken: 
             offset = all(re.search(r"(Z|z|[+-]\d\d:?\d\d)$", v) for v in vals)
             cands.append((frac, c, "auto", f"ISO-8601 times, e.g. {vals[0]!r}" + (
                 "" if offset else " -- without a UTC offset, which calmon rejects: add one at the source")))
-    cands = [c for c in cands if c[1].path not in taken]
+    cands = [c for c in cands if _free(c[1].path, taken)]
     if not cands:
         s.notes.append("no field looks like a time: events take their arrival time (map ts to replay history)")
         return
     _, col, unit, evidence = max(cands, key=lambda c: (c[0] + (1.0 if c[1].hint("ts") else 0.0), -len(c[1].name)))
     taken.add(col.path)
-    s.fields["ts"] = Proposal(describe(col.path), evidence)
+    s.fields["ts"] = Proposal(describe(col.path), evidence, col.path)
     if unit != "s":
         s.ts_unit = unit
 
@@ -395,9 +403,9 @@ def _suggest_type(s: Suggestion, cols: list[_Column], samples: Sequence[tuple[st
     label = s.fields.get("label")
     if score is None or label is None:
         return
-    spath, lpath = tuple(str(score.spec).split(".")), tuple(str(label.spec).split("."))
+    spath, lpath = score.path, label.path
     for c in cols:
-        if c.path in taken or not all(isinstance(v, str) for v in c.all()) or not 2 <= len(set(c.all())) <= 3:
+        if not _free(c.path, taken) or not all(isinstance(v, str) for v in c.all()) or not 2 <= len(set(c.all())) <= 3:
             continue
         has: dict[str, list[int]] = {}  # value -> [records, with score, with label]
         for _, records in samples:
@@ -421,9 +429,14 @@ def _suggest_type(s: Suggestion, cols: list[_Column], samples: Sequence[tuple[st
             if "prediction" in kinds and "outcome" in kinds:
                 taken.add(c.path)
                 s.fields["type"] = Proposal(describe(c.path), "splits the records: "
-                                            + ", ".join(f"{v!r} = {k}" for k, v in kinds.items()))
+                                            + ", ".join(f"{v!r} = {k}" for k, v in kinds.items()), c.path)
                 s.types = dict(kinds)
                 return
+
+
+def _free(path: tuple[str, ...], taken: set[tuple[str, ...]]) -> bool:
+    """Whether ``path`` neither is nor overlaps a path already proposed (a mapping refuses overlapping paths)."""
+    return not any(path[:len(t)] == t or t[:len(path)] == path for t in taken)
 
 
 def _get(rec: dict[str, Any], path: tuple[str, ...]) -> Any:
