@@ -122,3 +122,18 @@ def test_any_records_give_a_proposal_or_one_value_error():
         except ValueError:
             continue
         load_mapping(yaml.safe_load(s.to_yaml()))  # whatever it proposes is a valid schema file
+
+
+def test_the_sample_size_is_bounded_and_the_action_required(tmp_path, capsys):
+    preds, _ = _churn_files(tmp_path, 50)
+    assert cli_main(["schema", "suggest", str(preds), "--sample", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "calmon schema: error: --sample: must be in [1, 1000000], got 0"
+    with pytest.raises(SystemExit) as exc:
+        cli_main(["schema"])
+    assert exc.value.code == 2
+
+
+def test_the_default_sample_size_is_the_samplers():
+    from calmon.commands.schema import SAMPLE_RECORDS
+    from calmon.offline import sample
+    assert SAMPLE_RECORDS == sample.SAMPLE_RECORDS

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from calmon.events.suggest import suggest_mapping
-from calmon.offline.inputs import INPUTS_HELP
-from calmon.offline.sample import SAMPLE_RECORDS, sample_inputs
+SAMPLE_RECORDS = 2000  # calmon.offline.sample.SAMPLE_RECORDS: the parser imports nothing heavy (lazy imports)
+INPUTS_HELP = ("files (.jsonl, .csv, .parquet, .arrow; compressed too), directories, glob patterns, or - for standard "
+               "input; predictions and outcomes may be in different files")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     if not 1 <= args.sample <= 1_000_000:
         raise ValueError(f"--sample: must be in [1, 1000000], got {args.sample}")
+    from calmon.events.suggest import suggest_mapping
+    from calmon.offline.sample import sample_inputs
     suggestion = suggest_mapping(sample_inputs(args.input, args.sample))
     text = suggestion.to_yaml()
     if args.output is None:

@@ -173,7 +173,7 @@ class EventAccumulator:
         try:
             samples = [(name, [_json(r) for r in recs]) for name, recs in self._samples.items()]
             options = suggest_mapping(samples).map_options()
-        except ValueError:
+        except (ValueError, TypeError):  # a hint never replaces the error it completes
             return (f"; records of your own shape? map them with --schema FILE or --map FIELD=PATH (`calmon schema "
                     f"suggest {inputs}` proposes a schema file)")
         maps = " ".join(f"--map '{o}'" if set(o) & set(" {}[]") else f"--map {o}" for o in options)
