@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from calmon import __version__
 
 #: Subcommand modules; each exposes ``register(subparsers)`` setting ``func(args) -> int``.
-COMMANDS: tuple[str, ...] = ("run", "demo", "check", "report", "simulate", "fit", "apply")
+COMMANDS: tuple[str, ...] = ("run", "demo", "check", "report", "simulate", "fit", "apply", "schema")
 
 
 class UsageError(ValueError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -71,8 +72,8 @@ def test_cli_bad_schema_exits_2_with_one_line(tmp_path, capsys):
     assert err.startswith("calmon check: error: --map 'scroe=p': unknown key") and "\n" not in err
     assert cli_main(["check", str(data), "--map", "score=prob"]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == ("calmon check: error: schema.fields.score: path 'prob' matched none of the first 1000 records "
-                   "(1000 of them rejected)")
+    assert err == ("calmon check: error: schema.fields.score: path 'prob' is absent from all 1000 records read, "
+                   "1000 of them rejected (their keys: model, p, y)")
 
 
 def test_agent_config_rejects_a_bad_source_schema():
@@ -107,19 +108,33 @@ def test_bad_mapped_records_get_one_reason_code_each():
     assert mb.ids.tolist() == ["a", "i"] and mb.ts[0] == 1767225600.0 and mb.label[0] == 1
 
 
-def test_a_path_that_never_matches_is_a_one_line_error_after_probe_records():
+def test_a_path_that_never_matches_warns_once_in_the_agent_and_never_raises(caplog):
     m = load_mapping({"fields": {"score": "p", "label": "y", "segment": "country"}, "probe_records": 5})
-    dec = Decoder(mapping=m)
-    dec.decode([b'{"model": "m", "p": 0.5, "y": 1}'] * 3)  # 3 < 5: not yet decided
-    with pytest.raises(MappingError, match=r"^schema.fields.segment: path 'country' matched none of the first 6"):
+    dec = Decoder(mapping=m)  # the agent's decoder: probe="warn"
+    with caplog.at_level(logging.WARNING, logger="calmon.events"):
+        dec.decode([b'{"model": "m", "p": 0.5, "y": 1}'] * 3)  # 3 < 5: not yet decided
+        assert not caplog.records
+        out = dec.decode([b'{"model": "m", "p": 0.5, "y": 1}'] * 3)
         dec.decode([b'{"model": "m", "p": 0.5, "y": 1}'] * 3)
-    dec = Decoder(mapping=m)
-    dec.decode([b'{"model": "m", "p": 0.5, "y": 1, "country": "fr"}'] * 6)  # matched: no error, ever
-    dec.finish()
-    dec = Decoder(mapping=m)
-    dec.decode([b'{"model": "m", "p": 0.5, "y": 1}'] * 2)
-    with pytest.raises(MappingError, match="matched none of the first 2 records"):  # the input ended early
         dec.finish()
+    assert len(out.models["m"]) == 3  # the batch is applied
+    assert [r.getMessage().split(" (their")[0] for r in caplog.records] == [
+        "schema.fields.segment: path 'country' is absent from all 6 records read"]  # once, with counts
+    assert "[6 records read, 0 rejected]; a warning, not an error" in caplog.records[0].getMessage()
+
+
+def test_offline_a_path_that_never_matches_the_whole_input_is_one_line_naming_the_cause():
+    m = load_mapping({"fields": {"score": "p", "label": "y", "segment": "country"}, "probe_records": 5})
+    dec = Decoder(mapping=m, probe="raise")
+    dec.decode([b'{"model": "m", "p": 0.5, "y": 1}'] * 6)  # beyond probe_records: the input may show it later
+    dec.decode([b'{"model": "m", "p": 0.5, "y": 1, "cuontry": "fr"}'] * 2)
+    with pytest.raises(MappingError, match=r"^schema.fields.segment: path 'country' is absent from all 8 records "
+                                           r"read \(their keys: model, p, y, cuontry; did you mean 'cuontry'\?\)$"):
+        dec.finish()
+    dec = Decoder(mapping=m, probe="raise")
+    dec.decode([b'{"model": "m", "p": 0.5, "y": 1}'] * 6)
+    dec.decode([b'{"model": "m", "p": 0.5, "y": 1, "country": "fr"}'])  # matched late: no error
+    dec.finish()
 
 
 # ---------------------------------------------------------------------------------------- transport metadata

@@ -131,6 +131,11 @@ class Decoder:
     mapping
         A schema mapping (:func:`calmon.events.schema.load_mapping`) for records not in calmon's schema;
         ``None`` reads the canonical schema.
+    probe
+        What a mapped path that matched no record does (:class:`calmon.events.mapped.MappedReader`): ``"warn"``
+        (the agent's default: a warning with counts, logged once; data never stops the agent) or ``"raise"``
+        (offline reads: :meth:`finish` raises :class:`calmon.events.schema.MappingError` naming the cause when the
+        whole input matched nothing).
 
     Examples
     --------
@@ -155,7 +160,8 @@ class Decoder:
                  prob_tolerance: float = 1e-3, discover: bool = True, *, max_classes: int = 1000,
                  max_record_bytes: float = math.inf, max_id_bytes: int = 256, future_skew: float = math.inf,
                  past_horizon: float = math.inf, clock: Callable[[], float] = time.time,
-                 mapping: Mapping | None = None) -> None:
+                 mapping: Mapping | None = None, probe: str = "warn") -> None:
+        self.probe = probe
         self.max_classes = int(max_classes)
         self.models: dict[str, int] = {}
         for name, k in (models or {}).items():
@@ -176,7 +182,7 @@ class Decoder:
         self.clock = clock
         self.segments: dict[str, set[str]] = {}
         self.mapping = mapping
-        self.reader = None if mapping is None else MappedReader(mapping)
+        self.reader = None if mapping is None else MappedReader(mapping, probe)
         #: per model admitted or given its classes in the current batch: [admitted at, classes fixed at, classes]
         #: (record indices; -1: before the batch) -- the bound on the labels of outcomes without a model
         self._changes: dict[str, list[int]] = {}
@@ -196,7 +202,7 @@ class Decoder:
         """
         twin = copy.copy(self)
         twin.mapping = mapping
-        twin.reader = None if mapping is None else MappedReader(mapping)
+        twin.reader = None if mapping is None else MappedReader(mapping, self.probe)
         twin._changes = {}
         return twin
 
@@ -217,9 +223,8 @@ class Decoder:
         """Decode and validate ``records`` (bytes or str, one JSON object each).
 
         ``meta`` (one :class:`~connectors.base.RecordMeta` per record, or ``None``) gives ``ts`` to
-        records without one and the mapping's ``$key`` / ``$headers`` fields. With a mapping, the first
-        ``probe_records`` records must show every mapped path at least once, else
-        :class:`calmon.events.schema.MappingError` is raised (a configuration error, not a record's).
+        records without one and the mapping's ``$key`` / ``$headers`` fields. With a mapping, the records probe it
+        (see ``probe``); that never raises here.
 
         Every check runs once over the whole batch (issue #15: a batch of a thousand models costs
         what a batch of one does, plus one group-by); the checks that depend on a model (its classes,
@@ -262,7 +267,7 @@ class Decoder:
             for r in rejected:
                 r.origin = origins[r.index]
         if reader is not None:
-            reader.after_batch(len(records), len(rejected))
+            reader.after_batch(len(records), len(rejected), origins, records[0] if records else None)
         return DecodedBatch(out, rejected, len(records))
 
     def _validate(self, g: Rows, f: EventFields, now: float, rejected: list[Rejection],
@@ -311,8 +316,9 @@ class Decoder:
         return classes, known_from
 
     def finish(self) -> None:
-        """The input ended (offline reads): raise :class:`calmon.events.schema.MappingError` if a mapped path
-        matched none of the records decoded (fewer than ``probe_records``); nothing without a mapping."""
+        """The input ended: a mapped path that matched none of the records decoded raises
+        :class:`calmon.events.schema.MappingError` naming the cause (``probe="raise"``) or is logged once
+        (``probe="warn"``); nothing without a mapping."""
         if self.reader is not None:
             self.reader.finish()
 

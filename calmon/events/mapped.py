@@ -33,6 +33,8 @@ Examples
 
 from __future__ import annotations
 
+import difflib
+import logging
 import math
 from collections.abc import Callable, Sequence
 from itertools import repeat
@@ -57,7 +59,20 @@ from calmon.events.parse import (
 from calmon.events.schema import FieldSource, Mapping, MappingError, describe
 from calmon.formats.records import RecordMeta
 
-__all__ = ["MappedReader"]
+__all__ = ["MappedReader", "PROBE_MODES"]
+
+log = logging.getLogger("calmon.events")
+#: What the probe does with a mapped path that matched no record: ``warn`` (the agent: log once with counts, go
+#: on; records that need the field are rejected one by one) or ``raise`` (offline: a :class:`MappingError`
+#: naming the cause, only once the whole input matched nothing).
+PROBE_MODES = ("warn", "raise")
+#: what each leaf must hold, for messages
+_EXPECTED = {"id": "a string or an integer", "model": "a string", "segment": "a string", "score": "a number in [0, 1]",
+             "probs": "a list of numbers (or an object with labels.classes)", "probs[]": "a number in [0, 1]",
+             "ts": "a number (epoch time) or an RFC 3339 string", "type": "a string",
+             "label": "an integer class index or a boolean (strings need labels.positive or labels.classes)"}
+_JSON_NAMES = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+               dict: "an object"}
 
 _TS_DIV = {"auto": 1.0, "s": 1.0, "iso": 1.0, "ms": 1e3, "us": 1e6, "ns": 1e9}
 _TS_NAME = {"auto": "seconds", "s": "seconds", "iso": "seconds", "ms": "milliseconds", "us": "microseconds",
@@ -97,8 +112,8 @@ def _leaf_type(name: str, mapping: Mapping, literals: dict[str, tuple[str | int,
     if values is not None:
         literal: Any = Literal
         return literal[values] | None
-    if name == "label":
-        return _LABEL_INT | str | bool | None if (mapping.positive or mapping.classes) else _LABEL_INT | None
+    if name == "label":  # booleans are labels by default (true = 1, false = 0)
+        return _LABEL_INT | str | bool | None if (mapping.positive or mapping.classes) else _LABEL_INT | bool | None
     if name == "type":
         return str | int | None if mapping.types else str | None
     return {"id": str | _ID_INT | None, "model": str | None, "segment": str | None, "score": float | None,
@@ -106,9 +121,9 @@ def _leaf_type(name: str, mapping: Mapping, literals: dict[str, tuple[str | int,
 
 
 def _python_types(name: str, mapping: Mapping) -> tuple[type, ...]:
-    """The Python types a leaf may hold after ``json.loads`` (bool only for raw labels)."""
+    """The Python types a leaf may hold after ``json.loads`` (bool only for labels)."""
     if name == "label":
-        return (int, str, bool) if (mapping.positive or mapping.classes) else (int,)
+        return (int, str, bool) if (mapping.positive or mapping.classes) else (int, bool)
     return {"id": (str, int), "model": (str,), "segment": (str,), "score": (int, float), "probs[]": (int, float),
             "ts": (int, float, str), "type": (str, int) if mapping.types else (str,), "probs": (list, dict)}[name]
 
@@ -203,11 +218,18 @@ def _row_type(mapping: Mapping, literals: dict[str, tuple[str | int, ...]] | Non
 class MappedReader:
     """Raw records -> rows of a generated struct -> :class:`~calmon.events.parse.EventFields`, for one mapping.
 
-    Also checks that every explicitly mapped path matches at least once in the first
-    ``mapping.probe_records`` records (:meth:`after_batch` and :meth:`finish` raise :class:`MappingError`).
+    Also probes the mapping against the data where the data can prove it wrong: an explicitly mapped path that
+    matched none of the records read. With ``probe="warn"`` (the agent) a path absent from the first
+    ``mapping.probe_records`` records is logged once as a warning with counts and the reading goes on (records
+    that need the field are rejected one by one, like any bad record); with ``probe="raise"`` (offline reads)
+    :meth:`finish` raises :class:`MappingError` if a path matched none of the whole input, naming the cause: the
+    first record's actual value where the path was found with the wrong type, or the keys the records do have.
     """
 
-    def __init__(self, mapping: Mapping) -> None:
+    def __init__(self, mapping: Mapping, probe: str = "warn") -> None:
+        if probe not in PROBE_MODES:
+            raise ValueError(f"probe must be one of {PROBE_MODES}, got {probe!r}")
+        self.probe = probe
         self.mapping = mapping
         self.row_type, self._probs_get, self._leaves, self._levels = _row_type(mapping)
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(self.row_type)
@@ -235,6 +257,12 @@ class MappedReader:
         self.rejected = 0
         self.unmatched = {n for n, s in mapping.fields if s.explicit and s.kind in ("path", "paths")}
         self.probing = mapping.probe_records > 0 and bool(self.unmatched)
+        #: per unmatched field, the first record's actual failure (``found a string '0.3' in record 1 (...)``)
+        self.failures: dict[str, str] = {}
+        self._pending: list[tuple[str, int, str]] = []  # (field, index in the batch, failure): located after it
+        self.present: set[str] = set()  # unmatched fields found in records refused for another field
+        self.keys: list[str] = []  # top-level keys of the records (of each batch's first), for messages
+        self.warned: dict[str, str] = {}  # field -> the warning logged (warn mode)
 
     # -- rows ----------------------------------------------------------------------------------
     def parse(self, records: Sequence[bytes], max_bytes: float = math.inf) -> tuple[list[Any], list[Rejection]]:
@@ -260,7 +288,7 @@ class MappedReader:
                     try:
                         rows.append(dec(rec))
                     except (ValueError, TypeError, RecursionError):
-                        rows.append(self._slow(rec))
+                        rows.append(self._slow(rec, i))
                 except InvalidEvent as e:
                     rows.append(None)
                     rejected.append(Rejection(i, e.reason, e.detail))
@@ -288,24 +316,45 @@ class MappedReader:
             table.update(dict.fromkeys(new, table.fallback))
         self._set_decoders()
 
-    def _slow(self, rec: bytes) -> Any:
-        """Re-read a record the struct refused: accept what is valid, else name the reason."""
+    def _slow(self, rec: bytes, index: int = -1) -> Any:
+        """Re-read a record the struct refused: accept what is valid, else name the reason (and, while probing,
+        note the first failure of each unmatched field: the probe's evidence)."""
         obj = _load(rec)
         if not isinstance(obj, dict):
             raise InvalidEvent("not_object", f"record is a JSON {type(obj).__name__}, not an object")
-        pruned: dict[str, Any] = {}
+        found: list[tuple[tuple[str, ...], str, Any]] = []
         for path, leaf in self._leaves:
-            value = _walk(obj, path, leaf)
+            try:
+                value = _walk(obj, path, leaf)
+            except InvalidEvent as e:
+                self._note(leaf, index, e.detail)
+                raise
             if value is not None:
+                found.append((path, leaf, value))
+        if self.probing:  # every field found in this record, before one of them refuses it
+            self.present.update(leaf.rstrip("[]") for _, leaf, _ in found)
+        pruned: dict[str, Any] = {}
+        for path, leaf, value in found:
+            try:
                 self._check_leaf(leaf, path, value)
-                node = pruned
-                for key in path[:-1]:
-                    node = node.setdefault(key, {})
-                node[path[-1]] = value
+            except InvalidEvent:
+                self._note(leaf, index, f"found {_shown(value)}")
+                raise
+            node = pruned
+            for key in path[:-1]:
+                node = node.setdefault(key, {})
+            node[path[-1]] = value
         try:
             return msgspec.convert(pruned, self.row_type)
         except msgspec.ValidationError as e:
             raise InvalidEvent("bad_type", str(e)[:200]) from None
+
+    def _note(self, leaf: str, index: int, what: str) -> None:
+        """Keep the first failure of an unmatched field (located by :meth:`after_batch`)."""
+        name = leaf.rstrip("[]")
+        if self.probing and name in self.unmatched and name not in self.failures \
+                and all(n != name for n, _, _ in self._pending):
+            self._pending.append((name, index, f"{what}; expected {_EXPECTED[leaf]}"))
 
     def _check_leaf(self, leaf: str, path: tuple[str, ...], v: Any) -> None:
         name = leaf.rstrip("[]")
@@ -414,29 +463,104 @@ class MappedReader:
         return out
 
     # -- the probe -----------------------------------------------------------------------------
-    def after_batch(self, n: int, rejected: int = 0) -> None:
-        """Count ``n`` more records (``rejected`` of them); once ``probe_records`` are seen, raise if a mapped
-        path never matched."""
+    def after_batch(self, n: int, rejected: int = 0, origins: Sequence[str] | None = None,
+                    first: bytes | None = None) -> None:
+        """Count ``n`` more records (``rejected`` of them); locate the batch's failures (``origins``: one per
+        record, or ``None``); with ``probe="warn"``, once ``probe_records`` are seen, log each mapped path that
+        never matched (once). Never raises.
+
+        ``first``: the batch's first record, whose top-level keys name what the records do have.
+        """
+        for name, i, what in self._pending:
+            at = f"record {self.seen + i + 1}"
+            if origins is not None and 0 <= i < len(origins):
+                at += f" ({origins[i]})"
+            self.failures.setdefault(name, what.replace("; expected", f" in {at}; expected", 1))
+        self._pending = []
         self.seen += n
         self.rejected += rejected
         self._level_rows, self._level_cache = None, {}  # let the batch's rows go
-        if self.probing and self.seen >= self.mapping.probe_records:
-            self._verdict()
+        if not self.probing:
+            return
+        if first is not None and len(self.keys) < 50:  # each batch's first record: files of several shapes
+            try:
+                obj = _load(first)
+            except InvalidEvent:
+                obj = None
+            if isinstance(obj, dict):
+                self.keys += [k for k in map(str, obj) if k not in self.keys][:50 - len(self.keys)]
+        for name in [n for n in self.warned if n not in self.unmatched]:  # matched since the warning
+            log.info("%s.fields.%s: path %s matched from record %d on", self.mapping.where, name,
+                     self._paths(name), self.seen)
+            del self.warned[name]
+        if not self.unmatched:
+            self.probing = False
+        elif self.probe == "warn" and self.seen >= self.mapping.probe_records:
+            self._warn()
 
     def finish(self) -> None:
-        """The input ended: raise if a mapped path matched none of the records seen (if any were)."""
-        if self.probing and self.seen:
-            self._verdict()
-
-    def _verdict(self) -> None:
+        """The input ended: with ``probe="raise"`` raise :class:`MappingError` naming the cause if a mapped path
+        matched none of the records (if any were read); with ``probe="warn"`` log it (once)."""
+        if not (self.probing and self.seen and self.unmatched):
+            return
+        if self.probe == "warn":
+            self._warn()
+            return
         self.probing = False
-        if self.unmatched:
-            name = next(n for n, _ in self.mapping.fields if n in self.unmatched)
+        ranked = self._ranked()
+        also = [text.partition(":")[0] for rank, text in ranked[1:] if rank < 2]  # not the fields refused by others
+        raise MappingError(ranked[0][1] + (f" (also wrong: {', '.join(also)})" if also else ""))
+
+    def causes(self) -> list[str]:
+        """One line per mapped path that matched no record, the most telling first (see :meth:`_ranked`)."""
+        return [text for _, text in self._ranked()]
+
+    def _ranked(self) -> list[tuple[int, str]]:
+        """``(rank, line)`` per mapped path that matched no record, the most telling first: a path found with the
+        wrong type (0: the first record's actual value), then a path absent from every record (1: with the keys
+        the records have), then a path found only in records refused for another field (2: not its fault)."""
+        ranked: list[tuple[int, int, str]] = []
+        order = [n for n, _ in self.mapping.fields]
+        for name in self.unmatched:
+            head = f"{self.mapping.where}.fields.{name}: path {self._paths(name)}"
+            failure = self.failures.get(name)
+            if failure is not None:
+                ranked.append((0, order.index(name), f"{head} {failure}"))
+            elif name in self.present:
+                ranked.append((2, order.index(name), f"{head} was found only in records refused for another "
+                                                     "field"))
+            else:
+                ranked.append((1, order.index(name), f"{head} {self._absent(name)}"))
+        return [(rank, text) for rank, _, text in sorted(ranked)]
+
+    def _absent(self, name: str) -> str:
+        rejected = f", {self.rejected} of them rejected" if self.rejected else ""
+        text = f"is absent from all {self.seen} records read{rejected}"
+        if self.keys:
+            text += f" (their keys: {', '.join(self.keys[:12])}{', ...' if len(self.keys) > 12 else ''}"
             src = self._sources[name]
-            paths = ", ".join(repr(describe(p)) for p in src.all_paths)
-            why = f" ({self.rejected} of them rejected)" if self.rejected else ""
-            raise MappingError(f"{self.mapping.where}.fields.{name}: path {paths} matched none of the first "
-                               f"{self.seen} records{why}")
+            if src.kind == "path" and len(src.path) == 1:
+                near = difflib.get_close_matches(src.path[0], self.keys, n=1, cutoff=0.6)
+                if near:
+                    text += f"; did you mean {near[0]!r}?"
+            text += ")"
+        return text
+
+    def _paths(self, name: str) -> str:
+        return ", ".join(repr(describe(p)) for p in self._sources[name].all_paths)
+
+    def _warn(self) -> None:
+        """Log each unmatched path once: a warning with counts, never an exit (the data may simply not have shown
+        the field yet: predictions carry no label)."""
+        for line in self.causes():
+            name = line.partition(".fields.")[2].partition(":")[0]
+            if name in self.warned:
+                continue
+            self.warned[name] = line
+            normal = ", normal while only predictions arrive" if name == "label" else ""
+            log.warning("%s [%d records read, %d rejected]; a warning, not an error%s: records that need the field "
+                        "are rejected one by one with their reason, the others are read", line, self.seen,
+                        self.rejected, normal)
 
 
 def _decode_chunk(decoders: Sequence[Callable[[bytes], Any]], chunk: Sequence[bytes], rows: list[Any]) -> int:
@@ -448,6 +572,12 @@ def _decode_chunk(decoders: Sequence[Callable[[bytes], Any]], chunk: Sequence[by
         except (ValueError, TypeError, RecursionError):  # DecodeError and UnicodeDecodeError are ValueErrors
             pass
     return -1
+
+
+def _shown(v: Any) -> str:
+    """A JSON value as a message shows it: its type and a short repr (``a string '0.3'``)."""
+    text = repr(v)
+    return f"{_JSON_NAMES.get(type(v), type(v).__name__)} {text[:40]}{'...' if len(text) > 40 else ''}"
 
 
 def _walk(obj: dict[str, Any], path: tuple[str, ...], leaf: str) -> Any:

@@ -57,7 +57,7 @@ class _Event(msgspec.Struct, gc=False):
     ts: float | str | None = None
     score: float | None = None
     probs: list[float] | None = None
-    label: _LABEL_INT | None = None
+    label: _LABEL_INT | bool | None = None  # a boolean label is 1 (true) or 0 (false), as in scikit-learn
     segment: str | None = None
 
 
@@ -250,7 +250,7 @@ def _parse_one(rec: bytes | str, max_bytes: float) -> _Event:
 
 _FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "type": (str,), "id": (str, int), "model": (str,), "ts": (int, float, str), "score": (int, float),
-    "label": (int,), "segment": (str,),
+    "label": (int, bool), "segment": (str,),
 }
 
 
@@ -294,12 +294,12 @@ def _slow_decode(rec: bytes | str) -> _Event:
         v = obj.get(name)
         if v is None:
             continue
-        if isinstance(v, bool) or not isinstance(v, types):
+        if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
             raise InvalidEvent("bad_type", f"field {name!r} has type {type(v).__name__}")
         if isinstance(v, float) and not math.isfinite(v):
             raise InvalidEvent("non_finite", f"field {name!r} is {v}")
         lo, hi = _INT_RANGE.get(name, (-(1 << 63), (1 << 63) - 1))
-        if isinstance(v, int) and not lo <= v <= hi:
+        if isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi:
             raise InvalidEvent(_HUGE_INT.get(name, "bad_type"), f"field {name!r} is an integer beyond 64 bits")
     probs = obj.get("probs")
     if probs is not None:

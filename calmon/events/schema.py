@@ -24,8 +24,10 @@ A mapping says where each calmon field (see :mod:`calmon.events.decoder`) lives 
   ``negative`` lists the values meaning 0) or ``classes`` (multiclass: raw values in class-index
   order; they also order the keys of a ``probs`` object). A raw label the mapping does not know is
   rejected as ``unmapped_label``.
-* ``types``: the raw value of each event type; ``probe_records``: how many first records must show
-  every explicitly mapped path at least once (default 1000, 0 disables the check).
+* ``types``: the raw value of each event type; ``probe_records``: after how many records the agent warns
+  (once, with counts) about an explicitly mapped path that matched none of them (default 1000; 0 disables the
+  probe). Offline reads judge the whole input instead: a path that matched no record at all is an error naming
+  the cause (:class:`calmon.events.mapped.MappedReader`, docs/schemas.md).
 
 Every mistake is a :class:`MappingError` whose message is one line naming the key, e.g.
 ``schema.fields.scroe: unknown field (known: id, label, model, probs, score, segment, ts, type)``.
@@ -112,7 +114,7 @@ class Mapping:
     types
         ``(calmon type, raw value)`` pairs.
     probe_records
-        First records in which every explicit path must match at least once (0: no check).
+        Records after which the agent warns about an explicit path that matched none of them (0: no probe).
     where
         Key prefix of error messages (``schema``, ``sources[0].schema``).
     """
@@ -401,6 +403,6 @@ def _types(doc: Any, where: str) -> tuple[tuple[str, Scalar], ...]:
 
 def describe(path: tuple[str, ...]) -> str:
     """A path as a user wrote it (dotted when possible)."""
-    return ".".join(path) if all("." not in p and "/" not in p for p in path) else "/" + "/".join(
+    return ".".join(path) if all(p and "." not in p and "/" not in p for p in path) else "/" + "/".join(
         p.replace("~", "~0").replace("/", "~1") for p in path)
 

@@ -2,7 +2,8 @@
 
 Without a mapping, CSV columns must be named as calmon's fields (:mod:`calmon.formats.csvrows`); with one, a row
 keeps the user's column names and :class:`calmon.events.decoder.Decoder` applies the mapping, as it does to a
-JSON Lines record. A cell written as a JSON number becomes a number (``1``, ``0.25``, ``1e-3``), any
+JSON Lines record. A cell written as a JSON number becomes a number (``1``, ``0.25``, ``1e-3``), ``true`` and
+``false`` (any case, as pandas writes ``True``) become booleans (a boolean label is 1 or 0), any
 other cell a string, and an empty cell is left out. A row that is not valid CSV or not UTF-8 is passed
 on as it is (the decoder rejects it as ``not_json``) and never raises.
 
@@ -28,14 +29,22 @@ _NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?\Z")
 _ENCODE = msgspec.json.Encoder().encode
 
 
-def cell_value(v: str) -> str | int | float:
-    """A CSV cell as a JSON value: a number when it is written as a JSON number, else the string.
+_BOOLEANS = {"true": True, "false": False}
 
-    >>> cell_value("1"), cell_value("0.5"), cell_value("1e3"), cell_value("01"), cell_value("yes")
-    (1, 0.5, 1000.0, '01', 'yes')
+
+def cell_value(v: str) -> str | int | float | bool:
+    """A CSV cell as a JSON value: a number when it is written as a JSON number, a boolean for ``true``/``false``
+    (any case), else the string.
+
+    >>> cell_value("1"), cell_value("0.5"), cell_value("1e3"), cell_value("01"), cell_value("yes"), cell_value("True")
+    (1, 0.5, 1000.0, '01', 'yes', True)
     """
     if _NUMBER.match(v):
         return int(v) if v.lstrip("-").isdigit() else float(v)
+    if len(v) in (4, 5):
+        b = _BOOLEANS.get(v.lower())
+        if b is not None:
+            return b
     return v
 
 

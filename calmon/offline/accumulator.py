@@ -17,11 +17,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 import numpy as np
 
 from calmon.events.decoder import LABELED, PREDICTION, Decoder, ModelBatch, Rejection
+from calmon.events.suggest import suggest_mapping
 from calmon.offline.dataset import Dataset, InputError
 from calmon.state.join import JoinedBatch, Joiner
 
@@ -31,6 +33,8 @@ __all__ = ["Chunk", "EventAccumulator", "jsonl_chunks", "make_decoder", "MAX_CLA
 
 MAX_CLASSES = 100_000  # the largest limits.max_classes the configuration accepts
 _CHUNK_LINES = 65_536
+_HINT_SAMPLE = 500  # records per input kept to propose a mapping in the first error
+_decode_json = msgspec.json.Decoder().decode
 
 
 @dataclass
@@ -45,7 +49,7 @@ class Chunk:
 def make_decoder(mapping: Mapping | None = None) -> Decoder:
     """The offline decoder: generous caps, no wall-clock limits, the schema mapping if any."""
     return Decoder(max_models=10_000, max_segments=10_000, max_classes=MAX_CLASSES, max_id_bytes=65_536,
-                   mapping=mapping)
+                   mapping=mapping, probe="raise")
 
 
 def jsonl_chunks(source: str, pieces: Iterable[bytes], lines: int = _CHUNK_LINES) -> Iterator[Chunk]:
@@ -76,6 +80,21 @@ def jsonl_chunks(source: str, pieces: Iterable[bytes], lines: int = _CHUNK_LINES
         yield Chunk(source, recs, nums)
 
 
+class _Origins(Sequence[str]):
+    """``"line 7 of a.jsonl"`` of a chunk's records, formatted only when one is read (a rejection, the probe)."""
+
+    def __init__(self, chunk: Chunk, what: str) -> None:
+        self.chunk, self.what = chunk, what
+
+    def __len__(self) -> int:
+        return len(self.chunk.records)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        return f"{self.what} {self.chunk.numbers[i]} of {self.chunk.source}"
+
+
 @dataclass
 class _Bad:
     source: str
@@ -103,10 +122,14 @@ class EventAccumulator:
     reasons: dict[str, int] = field(default_factory=dict)
     first_bad: _Bad | None = None
     _parts: dict[str, list[ModelBatch]] = field(default_factory=dict)
+    #: without a mapping, each input's first records: a mapping is proposed from them if most records are refused
+    _samples: dict[str, list[bytes]] = field(default_factory=dict)
 
     def add(self, chunk: Chunk, what: str | None = None) -> None:
         """Decode one chunk (``what``: how its records are numbered, default the accumulator's)."""
-        out = self.decoder.decode(chunk.records)
+        if self.decoder.mapping is None and chunk.source not in self._samples and len(self._samples) < 20:
+            self._samples[chunk.source] = chunk.records[:_HINT_SAMPLE]
+        out = self.decoder.decode(chunk.records, _Origins(chunk, what or self.what))
         for r in out.rejected:
             self.reasons[r.reason] = self.reasons.get(r.reason, 0) + 1
         if out.rejected and self.first_bad is None:
@@ -130,12 +153,40 @@ class EventAccumulator:
         if self.first_bad is not None and not skip_invalid:
             b = self.first_bad
             more = f" (and {self.invalid - 1} more invalid {self.what}s)" if self.invalid > 1 else ""
-            raise InputError(f"{b.source}: {b.what} {b.number}: {b.rejection.reason}: {b.rejection.detail}{more}")
+            raise InputError(f"{b.source}: {b.what} {b.number}: {b.rejection.reason}: {b.rejection.detail}{more}"
+                             f"{self._hint()}")
         models = {}
         for m in list(self._parts):  # one model at a time, its chunks released as it is concatenated
             models[m] = _concat(self._parts.pop(m), self.decoder.models.get(m, 2) if m else 2)
         chosen = _choose_model(name, models, model)
         return _labeled_dataset(name, models, chosen, dict(self.reasons) if self.first_bad is not None else {})
+
+
+    def _hint(self) -> str:
+        """Where most records are refused and no mapping was given, the records are probably of another shape:
+        the ``--map`` options proposed from the records seen (:mod:`calmon.events.suggest`), and where to go on."""
+        b = self.first_bad
+        if self.decoder.mapping is not None or self.invalid * 2 <= self.total or b is None \
+                or b.rejection.reason not in ("missing_field", "bad_type", "unknown_type", "bad_timestamp"):
+            return ""
+        inputs = " ".join(self._samples)
+        try:
+            samples = [(name, [_json(r) for r in recs]) for name, recs in self._samples.items()]
+            options = suggest_mapping(samples).map_options()
+        except (ValueError, TypeError):  # a hint never replaces the error it completes
+            return (f"; records of your own shape? map them with --schema FILE or --map FIELD=PATH (`calmon schema "
+                    f"suggest {inputs}` proposes a schema file)")
+        maps = " ".join(f"--map '{o}'" if set(o) & set(" {}[]") else f"--map {o}" for o in options)
+        return (f"; records of your own shape? these look like: {maps} (`calmon schema suggest {inputs} -o "
+                "schema.yaml` writes it as a schema file with its evidence, for --schema)")
+
+
+def _json(record: bytes) -> Any:
+    """A sampled record as an object (anything else is no evidence of a shape)."""
+    try:
+        return _decode_json(record)
+    except (msgspec.DecodeError, RecursionError):
+        return None
 
 
 def _concat(parts: list[ModelBatch], classes: int) -> ModelBatch:

@@ -56,6 +56,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import msgspec
 import numpy as np
 
+from calmon.events.suggest import suggest_mapping
 from calmon.formats.compressed import CorruptStream, DecompressedReader, DecompressionBomb, codec_of
 from calmon.formats.csvobjects import cell_value
 from calmon.formats.csvrows import CsvLayout, read_rows
@@ -282,7 +283,8 @@ class _Inputs:
 
                 self.events(chunks(), "row", plan.top_label)
             except TableError as exc:
-                raise InputError(f"{label}: {exc}") from None
+                hint = _table_hint(table, label) if self.mapping is None and table is not None else ""
+                raise InputError(f"{label}: {exc}{hint}") from None
             finally:
                 if table is not None:
                     table.close()
@@ -298,6 +300,19 @@ class _Inputs:
             parts.append(ds)
         parts.extend(self.rows)
         return parts[0] if len(parts) == 1 else _concat_datasets(name, parts)
+
+
+def _table_hint(table: TableFile, label: str) -> str:
+    """The ``--map`` options proposed from a table's first rows whose columns are not named as calmon's."""
+    try:
+        plan = mapped_plan(table.names, None)
+        rows = [msgspec.json.decode(r) for b in itertools.islice(table.batches(plan.read, rows=500), 1)
+                for r in batch_records(b, plan)]
+        options = suggest_mapping([(label, rows)]).map_options()
+    except (TableError, ValueError):
+        return f"; `calmon schema suggest {label}` proposes a schema mapping for your columns"
+    maps = " ".join(f"--map '{o}'" if set(o) & set(" {}[]") else f"--map {o}" for o in options)
+    return f"; your columns look like: {maps} (`calmon schema suggest` writes a schema file, for --schema)"
 
 
 def _concat_datasets(name: str, parts: list[Dataset]) -> Dataset:
@@ -477,7 +492,8 @@ def _read_csv(name: str, data: bytes) -> Dataset:
     score, label, id_col = layout.column("score"), layout.column("label"), layout.column("id")
     if label is None or (score is None and not layout.probs):
         raise InputError(f"{name}: line 1: header needs score,label or confidence,correct or p0..pK-1,label; "
-                         f"got {','.join(header)[:80]}")
+                         f"got {','.join(header)[:80]}; columns of your own names? `calmon schema suggest {name}` "
+                         "proposes a schema mapping for them (--schema)")
     if layout.error is not None:
         raise InputError(f"{name}: line 1: {layout.error}")
     needed = [score] if score is not None else list(layout.probs)
@@ -496,14 +512,22 @@ def _read_csv(name: str, data: bytes) -> Dataset:
     return Dataset(name, 2, z.copy(), y.copy(), ids=ids, top_label_only=layout.top_label)
 
 
+_BOOLEAN_CELLS = {"true": 1.0, "false": 0.0}
+
+
 def _csv_numbers(name: str, body: list[tuple[int, list[str]]], cols: list[int], layout: CsvLayout) -> np.ndarray:
     """The cells of ``cols`` as floats; the first cell that is not a number stops the read."""
     values = np.empty((len(body), len(cols)))
+    label = layout.column("label")
     for r, (line, cells) in enumerate(body):
         for c, col in enumerate(cols):
             try:
                 values[r, c] = float(cells[col])
             except (ValueError, IndexError):
+                flag = _BOOLEAN_CELLS.get(cells[col].strip().lower()) if col == label and col < len(cells) else None
+                if flag is not None:  # a boolean label is 1 or 0, as the agent reads CSV
+                    values[r, c] = flag
+                    continue
                 cell = cells[col] if col < len(cells) else "<missing>"
                 raise InputError(f"{name}: line {line}: field {layout.names[col]!r}: {cell[:40]!r} "
                                  f"is not a number") from None
