@@ -1,0 +1,300 @@
+"""Label delay: a bounded sketch of prediction-to-outcome delays, and the join advice drawn from it.
+
+The delay of a pair is its outcome's event time minus its prediction's (issue #32: labels 0.1-20 h
+late against a one-hour ``join.ttl`` lost 98 % of them without a word).  It is measured at the join
+(:class:`calmon.state.join.Joiner`) and, for outcomes that arrive after their prediction expired, from a
+sample of the expired predictions' times, so the delays the TTL cut off are seen too.
+
+:class:`DelaySketch` keeps counts in fixed log-spaced bins (about 9 % wide, 1 s to 400 days, plus the
+Prometheus bucket bounds :data:`PROMETHEUS_BUCKETS` exactly): its memory never grows with the records, a
+quantile is the upper edge of the bin it falls in (never below the true value), and the Prometheus
+histogram ``calmon_label_delay_seconds`` is read from the same counts.
+
+:func:`join_advice` turns the counters and the sketch into the warning the agent logs and
+``/api/status`` shows: how many predictions expired unjoined and how many outcomes came after their
+prediction expired, and the ``join.ttl`` that would have kept them (the p99 of the observed delays,
+rounded up).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypedDict
+
+import numpy as np
+
+__all__ = ["PROMETHEUS_BUCKETS", "EDGES", "DelaySketch", "DelayQuantiles", "JoinWarning", "LabelDelays", "join_advice",
+           "suggest_ttl"]
+
+#: The ``le`` bounds of ``calmon_label_delay_seconds`` (seconds): seconds to a month, 13 buckets (and +Inf).
+PROMETHEUS_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 86400.0,
+                      2 * 86400.0, 7 * 86400.0, 30 * 86400.0)
+#: Upper bin edges: a log grid of eight bins per doubling from 1 s to 2**25 s (388 days), with the Prometheus
+#: bounds added so that their cumulative counts are exact.  A value ``x`` falls in the first bin with
+#: ``x <= edge``; values beyond the last edge in an overflow bin.
+EDGES = np.unique(np.concatenate([2.0 ** (np.arange(0, 25 * 8 + 1) / 8), PROMETHEUS_BUCKETS]))
+#: Changing :data:`EDGES` changes this: a checkpointed sketch of other edges is dropped, not misread.
+EDGES_VERSION = 1
+
+
+class DelayQuantiles(TypedDict):
+    """Observed label delays of one model (seconds, upper bin edges: never below the true quantile)."""
+
+    count: int
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
+
+
+class JoinWarning(TypedDict):
+    """One entry of ``/api/status``'s top-level ``warnings`` (rendered by the status page)."""
+
+    code: str
+    message: str
+    count: int
+    setting: str
+    suggested: str
+
+
+@dataclass
+class DelaySketch:
+    """Counts of delays in the bins of :data:`EDGES` (plus overflow), their sum, and their number.
+
+    Examples
+    --------
+    >>> s = DelaySketch()
+    >>> s.observe(np.array([30.0, 60.0, 7200.0]))
+    >>> s.count, s.total, s.quantile(0.5), s.quantile(1.0) >= 7200.0
+    (3, 7290.0, 60.0, True)
+    >>> s.cumulative()[PROMETHEUS_BUCKETS.index(60.0)]  # delays <= 60 s: exact at a Prometheus bound
+    2
+    >>> DelaySketch.from_dict(s.to_dict()) == s
+    True
+    """
+
+    counts: np.ndarray = field(default_factory=lambda: np.zeros(EDGES.size + 1, dtype=np.int64))
+    total: float = 0.0
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, DelaySketch) and self.total == other.total
+                and bool(np.array_equal(self.counts, other.counts)))
+
+    @property
+    def count(self) -> int:
+        return int(self.counts.sum())
+
+    def observe(self, delays: np.ndarray, weight: int = 1) -> None:
+        """Count ``delays`` (seconds; negative ones as 0: an outcome stamped before its prediction), each
+        ``weight`` times (a sampled observation stands for ``weight`` of them)."""
+        d = np.maximum(np.asarray(delays, dtype=np.float64), 0.0)
+        d = d[np.isfinite(d)]
+        if not d.size:
+            return
+        np.add.at(self.counts, np.searchsorted(EDGES, d, side="left"), weight)
+        self.total += float(d.sum()) * weight
+
+    def quantile(self, q: float) -> float | None:
+        """The upper edge of the bin holding the ``q``-quantile (``None`` when empty; ``inf`` in the overflow)."""
+        n = self.count
+        if not n:
+            return None
+        i = int(np.searchsorted(np.cumsum(self.counts), max(1, math.ceil(q * n)), side="left"))
+        return float(EDGES[i]) if i < EDGES.size else math.inf
+
+    def cumulative(self) -> list[int]:
+        """Cumulative counts at each bound of :data:`PROMETHEUS_BUCKETS` (``le`` semantics)."""
+        cum = np.cumsum(self.counts)
+        return [int(cum[int(np.searchsorted(EDGES, b))]) for b in PROMETHEUS_BUCKETS]
+
+    def summary(self) -> DelayQuantiles:
+        """Count and quantiles (``/api/status``'s join section)."""
+        return {"count": self.count, "p50": self.quantile(0.5), "p90": self.quantile(0.9),
+                "p99": self.quantile(0.99), "max": self.quantile(1.0)}
+
+    def copy(self) -> DelaySketch:
+        return DelaySketch(self.counts.copy(), self.total)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Sparse checkpoint form: the non-empty bins."""
+        nz = np.flatnonzero(self.counts)
+        return {"edges": EDGES_VERSION, "bins": nz.tolist(), "counts": self.counts[nz].tolist(), "sum": self.total}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> DelaySketch:
+        out = cls()
+        if int(d.get("edges", 0)) != EDGES_VERSION:  # written with other bins: start again (observability only)
+            return out
+        bins = np.asarray(d["bins"], dtype=np.int64)
+        if bins.size and (bins.min() < 0 or bins.max() >= out.counts.size):
+            raise ValueError("delays: bin index out of range")
+        out.counts[bins] = np.asarray(d["counts"], dtype=np.int64)
+        out.total = float(d["sum"])
+        return out
+
+
+_UNITS = (("d", 86400.0), ("h", 3600.0), ("m", 60.0), ("s", 1.0))
+
+
+def suggest_ttl(seconds: float) -> str:
+    """A duration of ``join.ttl``'s syntax at least ``seconds``, rounded up to a whole unit.
+
+    Examples
+    --------
+    >>> suggest_ttl(73080.0), suggest_ttl(3 * 86400 + 1), suggest_ttl(90), suggest_ttl(0.2)
+    ('21h', '4d', '90s', '1s')
+    """
+    for unit, size in _UNITS:
+        if seconds >= 2 * size or unit == "s":  # at least two of the unit: "21h", not "1d"
+            return f"{max(1, math.ceil(seconds / size - 1e-9))}{unit}"
+    raise AssertionError("unreachable")
+
+
+def _human(seconds: float) -> str:
+    for unit, size in _UNITS:
+        if seconds >= size or unit == "s":
+            return f"{seconds / size:.3g}{unit}"
+    raise AssertionError("unreachable")
+
+
+def join_advice(ttl: float, expired: Mapping[str, int], late_outcomes: Mapping[str, int],
+                delays: Iterable[DelaySketch]) -> JoinWarning | None:
+    """The ``join_expired`` warning, or ``None`` when the TTL kept every outcome that came.
+
+    Predictions expiring alone are no evidence (many never get an outcome); outcomes arriving after
+    their prediction expired are, and their delays, with those of the pairs joined, give the value:
+    the p99 of every observed delay, rounded up (:func:`suggest_ttl`).
+
+    Examples
+    --------
+    >>> s = DelaySketch(); s.observe(np.linspace(360, 72000, 1000))
+    >>> w = join_advice(3600.0, {"m": 42}, {"m": 17}, [s])
+    >>> w["setting"], w["suggested"], w["count"]
+    ('join.ttl', '20h', 59)
+    >>> w["message"]  # doctest: +NORMALIZE_WHITESPACE
+    '42 predictions expired unjoined and 17 outcomes arrived after their prediction expired: set join.ttl >= 20h
+     (p99 of observed label delays 19.9h)'
+    >>> join_advice(3600.0, {"m": 42}, {}, [s]) is None
+    True
+    """
+    late = sum(late_outcomes.values())
+    if not late:
+        return None
+    merged = DelaySketch()
+    for s in delays:
+        merged.counts += s.counts
+    value, what = merged.quantile(0.99), "p99 of observed label delays"
+    if value is None or value <= ttl:  # over 99 % joined: keep the few late ones too
+        value, what = merged.quantile(1.0), "longest observed label delay"
+    if value is None or value <= ttl:  # delays not measured (outcomes without times): at least double
+        value, what = 2 * ttl, "twice the current join.ttl; no delay measured"
+    value = min(value, float(EDGES[-1]))  # beyond the sketch's range: its last edge
+    n_exp = sum(expired.values())
+    suggested = suggest_ttl(value)
+    msg = (f"{n_exp} predictions expired unjoined and {late} outcomes arrived after their prediction expired: "
+           f"set join.ttl >= {suggested} ({what} {_human(value)})")
+    return {"code": "join_expired", "message": msg, "count": n_exp + late, "setting": "join.ttl",
+            "suggested": suggested}
+
+
+#: Expired predictions remembered (a hash sample of them) to time the outcomes that come after them.
+SAMPLE_CAP = 16384
+#: Sampled expired predictions are forgotten this many TTLs of event time after their own time.
+SAMPLE_AGE = 64
+
+
+def _sampled(key: str, level: int) -> bool:
+    """Whether id ``key`` is in the sample at ``level`` (one id in ``2**level``, by CRC-32: the same in every
+    process, so a restored state samples the same ids)."""
+    return level == 0 or zlib.crc32(key.encode("utf-8", "surrogatepass")) & ((1 << level) - 1) == 0
+
+
+@dataclass
+class LabelDelays:
+    """The join's delay measurements: a :class:`DelaySketch` per model, a bounded sample of expired
+    predictions, and the outcomes that came after their prediction expired (estimated from the sample).
+
+    The sample keeps the ids of one expired prediction in ``2**level`` (``level`` rises when more than
+    :data:`SAMPLE_CAP` are held after forgetting those older than :data:`SAMPLE_AGE` TTLs), so its memory is
+    bounded whatever the rate, and an outcome that finds its prediction in it counts ``2**level`` times.
+
+    Examples
+    --------
+    >>> d = LabelDelays()
+    >>> d.expire("a", "m", 100.0)
+    >>> d.outcome_after_expiry("a", 4000.0), d.late, d.sketches["m"].count
+    (True, {'m': 1}, 1)
+    >>> d.outcome_after_expiry("b", 4000.0)  # never seen: an orphan, not a late outcome
+    False
+    """
+
+    sketches: dict[str, DelaySketch] = field(default_factory=dict)
+    #: Outcomes that arrived after their prediction expired, per model (estimated: sampled x ``2**level``).
+    late: dict[str, int] = field(default_factory=dict)
+    #: Sampled expired predictions: id -> (model, prediction time).
+    expired: dict[str, tuple[str, float]] = field(default_factory=dict)
+    level: int = 0
+
+    def observe(self, model: str, delays: np.ndarray, weight: int = 1) -> None:
+        sk = self.sketches.get(model)
+        if sk is None:
+            sk = self.sketches[model] = DelaySketch()
+        sk.observe(delays, weight)
+
+    def expire(self, key: str, model: str, ts: float) -> None:
+        """Remember (if sampled) a prediction expired unjoined."""
+        if _sampled(key, self.level):
+            self.expired[key] = (model, ts)
+
+    def late_outcome(self, key: str, model: str, delay: float) -> None:
+        """An outcome for prediction ``key`` came ``delay`` seconds after it, when it had already expired."""
+        if _sampled(key, self.level):
+            w = 1 << self.level
+            self.late[model] = self.late.get(model, 0) + w
+            self.observe(model, np.array([delay]), w)
+
+    def outcome_after_expiry(self, key: str, t: float) -> bool:
+        """Whether an outcome (time ``t``, NaN: unknown) without a waiting prediction is for a sampled expired
+        one; if so it is counted and its delay observed."""
+        hit = self.expired.pop(key, None)
+        if hit is None:
+            return False
+        w = 1 << self.level
+        self.late[hit[0]] = self.late.get(hit[0], 0) + w
+        if t == t:
+            self.observe(hit[0], np.array([t - hit[1]]), w)
+        return True
+
+    def prune(self, watermark: float, ttl: float) -> None:
+        """Forget sampled predictions older than :data:`SAMPLE_AGE` TTLs; sample more sparsely beyond the cap."""
+        if len(self.expired) <= SAMPLE_CAP:
+            return
+        cutoff = watermark - SAMPLE_AGE * ttl
+        self.expired = {k: v for k, v in self.expired.items() if v[1] >= cutoff}
+        while len(self.expired) > SAMPLE_CAP:
+            self.level += 1
+            self.expired = {k: v for k, v in self.expired.items() if _sampled(k, self.level)}
+
+    def copy(self) -> LabelDelays:
+        return LabelDelays({m: s.copy() for m, s in self.sketches.items()}, dict(self.late), dict(self.expired),
+                           self.level)
+
+    def to_dict(self) -> dict[str, Any]:
+        ids = list(self.expired)
+        return {"sketches": {m: s.to_dict() for m, s in self.sketches.items()}, "late": dict(self.late),
+                "level": self.level, "expired": {"ids": ids, "models": [v[0] for v in self.expired.values()],
+                                                 "ts": [v[1] for v in self.expired.values()]}}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> LabelDelays:
+        """Rebuild from :meth:`to_dict` (``None``: a checkpoint written before delays were measured)."""
+        if d is None:
+            return cls()
+        e = d["expired"]
+        return cls({str(m): DelaySketch.from_dict(s) for m, s in d["sketches"].items()},
+                   {str(m): int(n) for m, n in d["late"].items()},
+                   {str(k): (str(m), float(t)) for k, m, t in zip(e["ids"], e["models"], e["ts"], strict=True)},
+                   int(d["level"]))
