@@ -26,8 +26,8 @@ from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["PROMETHEUS_BUCKETS", "EDGES", "DelaySketch", "DelayQuantiles", "JoinWarning", "LabelDelays", "join_advice",
-           "suggest_ttl"]
+__all__ = ["PROMETHEUS_BUCKETS", "EDGES", "DelaySketch", "DelayQuantiles", "JoinAdvisor", "JoinWarning",
+           "LabelDelays", "join_advice", "suggest_ttl"]
 
 #: The ``le`` bounds of ``calmon_label_delay_seconds`` (seconds): seconds to a month, 13 buckets (and +Inf).
 PROMETHEUS_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 86400.0,
@@ -164,6 +164,7 @@ def join_advice(ttl: float, expired: Mapping[str, int], late_outcomes: Mapping[s
                 delays: Iterable[DelaySketch]) -> JoinWarning | None:
     """The ``join_expired`` warning, or ``None`` when the TTL kept every outcome that came.
 
+    ``count`` is the number of outcomes that came after their prediction expired: the labels the TTL lost.
     Predictions expiring alone are no evidence (many never get an outcome); outcomes arriving after
     their prediction expired are, and their delays, with those of the pairs joined, give the value:
     the p99 of every observed delay, rounded up (:func:`suggest_ttl`).
@@ -173,7 +174,7 @@ def join_advice(ttl: float, expired: Mapping[str, int], late_outcomes: Mapping[s
     >>> s = DelaySketch(); s.observe(np.linspace(360, 72000, 1000))
     >>> w = join_advice(3600.0, {"m": 42}, {"m": 17}, [s])
     >>> w["setting"], w["suggested"], w["count"]
-    ('join.ttl', '20h', 59)
+    ('join.ttl', '20h', 17)
     >>> w["message"]  # doctest: +NORMALIZE_WHITESPACE
     '42 predictions expired unjoined and 17 outcomes arrived after their prediction expired: set join.ttl >= 20h
      (p99 of observed label delays 19.9h)'
@@ -196,7 +197,7 @@ def join_advice(ttl: float, expired: Mapping[str, int], late_outcomes: Mapping[s
     suggested = suggest_ttl(value)
     msg = (f"{n_exp} predictions expired unjoined and {late} outcomes arrived after their prediction expired: "
            f"set join.ttl >= {suggested} ({what} {_human(value)})")
-    return {"code": "join_expired", "message": msg, "count": n_exp + late, "setting": "join.ttl",
+    return {"code": "join_expired", "message": msg, "count": late, "setting": "join.ttl",
             "suggested": suggested}
 
 
@@ -298,3 +299,48 @@ class LabelDelays:
                    {str(m): int(n) for m, n in d["late"].items()},
                    {str(k): (str(m), float(t)) for k, m, t in zip(e["ids"], e["models"], e["ts"], strict=True)},
                    int(d["level"]))
+
+
+class JoinAdvisor:
+    """Logs :func:`join_advice` as one warning, rate limited (wall clock).
+
+    The first evidence (an outcome after its prediction expired) is logged ``first_after`` seconds
+    later, or at the end of a read-once input (``final``), so a replay logs one line with all its
+    numbers; then at most every ``every`` seconds, and only when more outcomes came late since.
+
+    Examples
+    --------
+    >>> msgs = []
+    >>> adv = JoinAdvisor(msgs.append, first_after=60, every=600)
+    >>> d = LabelDelays(); d.expire("a", "m", 0.0); _ = d.outcome_after_expiry("a", 7200.0)
+    >>> adv.tick(3600.0, {"m": 1}, d, now=0.0), adv.tick(3600.0, {"m": 1}, d, now=61.0), len(msgs)
+    (False, True, 1)
+    >>> adv.tick(3600.0, {"m": 1}, d, now=10_000.0, final=True)  # nothing new since: no second line
+    False
+    """
+
+    def __init__(self, emit: Any, first_after: float = 60.0, every: float = 600.0) -> None:
+        self.emit = emit
+        self.first_after = first_after
+        self.every = every
+        self._seen_at: float | None = None  #: wall time the unlogged evidence was first seen
+        self._logged_at = -math.inf
+        self._logged_late = 0
+
+    def tick(self, ttl: float, expired: Mapping[str, int], delays: LabelDelays, now: float,
+             final: bool = False) -> bool:
+        """Log the advice if it is due; True if a line was logged.  Cheap when nothing is due."""
+        late = sum(delays.late.values())
+        if late <= self._logged_late:
+            return False
+        if self._seen_at is None:
+            self._seen_at = now
+        due = final or (now - self._seen_at >= self.first_after and now - self._logged_at >= self.every)
+        if not due:
+            return False
+        advice = join_advice(ttl, expired, delays.late, delays.sketches.values())
+        if advice is None:
+            return False
+        self.emit(advice["message"])
+        self._logged_at, self._logged_late, self._seen_at = now, late, None
+        return True

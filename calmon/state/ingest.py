@@ -95,6 +95,7 @@ class Ingestor:
                 info.lag_bytes = lag_bytes
             if lag_records is not None:
                 info.lag_records = lag_records
+            st.advise_join(now)
 
     def _fill_time(self, decoded: DecodedBatch, source: str, now: float) -> dict[str, np.ndarray]:
         """Give predictions and labeled events without a time their source's event time; return the watermark
