@@ -76,7 +76,7 @@ def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: 
             for name, info in state.sources.items()}
         jc = state.joiner.counters
         expired, late = dict(jc.expired), dict(state.joiner.delays.late)
-        sketches = {m: s.copy() for m, s in state.joiner.delays.sketches.items()}  # O(models), a few arrays
+        sketches = state.joiner.delays.sketches()  # one matrix copy: O(models)
         join: JoinCounts = {"joined": dict(jc.joined), "expired": expired, "duplicates": dict(jc.duplicates),
                             "orphans": jc.orphans, "late_outcomes": late, "delays": {}}
         pending = state.joiner.pending_count()

@@ -35,7 +35,33 @@ PROMETHEUS_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 360
 #: Upper bin edges: a log grid of eight bins per doubling from 1 s to 2**25 s (388 days), with the Prometheus
 #: bounds added so that their cumulative counts are exact.  A value ``x`` falls in the first bin with
 #: ``x <= edge``; values beyond the last edge in an overflow bin.
-EDGES = np.unique(np.concatenate([2.0 ** (np.arange(0, 25 * 8 + 1) / 8), PROMETHEUS_BUCKETS]))
+_GRID = 2.0 ** (np.arange(0, 25 * 8 + 1) / 8)
+EDGES = np.unique(np.concatenate([_GRID, PROMETHEUS_BUCKETS]))
+# Binning by the logarithm instead of a binary search (np.searchsorted on unsorted delays cost more than the rest
+# of a batch's delay work together): cell k of the grid is (_GRID[k-1], _GRID[k]], with -inf/inf at both ends;
+# its bin in EDGES is _CELL_BIN[k], one less for values up to the Prometheus bound inside the cell, if any.
+_LOWER = np.concatenate([[-np.inf], _GRID, [np.inf]])
+_CELL_BIN = np.concatenate([np.searchsorted(EDGES, _GRID), [EDGES.size]])
+_INSIDE = np.full(_GRID.size + 1, -np.inf)
+for _b in PROMETHEUS_BUCKETS:
+    if _b not in _GRID:
+        _INSIDE[np.searchsorted(_GRID, _b)] = _b
+
+
+def _bins(d: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(EDGES, d, side="left")`` for finite ``d >= 0``, by the logarithm (exact at every edge).
+
+    Examples
+    --------
+    >>> x = np.concatenate([EDGES, np.nextafter(EDGES, 0), np.nextafter(EDGES, np.inf), [0.0, 0.3, 1e12]])
+    >>> bool(np.array_equal(_bins(x), np.searchsorted(EDGES, x, side="left")))
+    True
+    """
+    with np.errstate(divide="ignore"):
+        k = np.clip(np.ceil(8 * np.log2(d)), 0, _GRID.size).astype(np.int64)
+    k -= d <= _LOWER[k]  # the logarithm's rounding, corrected by one comparison each way
+    k += d > _LOWER[k + 1]
+    return _CELL_BIN[k] - (d <= _INSIDE[k])
 #: Changing :data:`EDGES` changes this: a checkpointed sketch of other edges is dropped, not misread.
 EDGES_VERSION = 1
 
@@ -94,7 +120,7 @@ class DelaySketch:
         d = d[np.isfinite(d)]
         if not d.size:
             return
-        np.add.at(self.counts, np.searchsorted(EDGES, d, side="left"), weight)
+        np.add.at(self.counts, _bins(d), weight)
         self.total += float(d.sum()) * weight
 
     def quantile(self, q: float) -> float | None:
@@ -213,11 +239,12 @@ def _sampled(key: str, level: int) -> bool:
     return level == 0 or zlib.crc32(key.encode("utf-8", "surrogatepass")) & ((1 << level) - 1) == 0
 
 
-@dataclass
 class LabelDelays:
     """The join's delay measurements: a :class:`DelaySketch` per model, a bounded sample of expired
     predictions, and the outcomes that came after their prediction expired (estimated from the sample).
 
+    The sketches are the rows of one matrix (model x bin), so a batch's delays of every model are binned and
+    added in a few array operations (issue #15: nothing per model but a dict lookup at a thousand models).
     The sample keeps the ids of one expired prediction in ``2**level`` (``level`` rises when more than
     :data:`SAMPLE_CAP` are held after forgetting those older than :data:`SAMPLE_AGE` TTLs), so its memory is
     bounded whatever the rate, and an outcome that finds its prediction in it counts ``2**level`` times.
@@ -226,24 +253,79 @@ class LabelDelays:
     --------
     >>> d = LabelDelays()
     >>> d.expire("a", "m", 100.0)
-    >>> d.outcome_after_expiry("a", 4000.0), d.late, d.sketches["m"].count
+    >>> d.outcome_after_expiry("a", 4000.0), d.late, d.sketch("m").count
     (True, {'m': 1}, 1)
     >>> d.outcome_after_expiry("b", 4000.0)  # never seen: an orphan, not a late outcome
     False
+    >>> d.observe_batch({"m": np.array([10.0, np.nan]), "n": np.array([np.nan])})  # NaN: no time, not counted
+    >>> d.sketch("m").count, sorted(d.sketches())
+    (2, ['m'])
     """
 
-    sketches: dict[str, DelaySketch] = field(default_factory=dict)
-    #: Outcomes that arrived after their prediction expired, per model (estimated: sampled x ``2**level``).
-    late: dict[str, int] = field(default_factory=dict)
-    #: Sampled expired predictions: id -> (model, prediction time).
-    expired: dict[str, tuple[str, float]] = field(default_factory=dict)
-    level: int = 0
+    __slots__ = ("rows", "counts", "totals", "late", "expired", "level")
+
+    def __init__(self) -> None:
+        self.rows: dict[str, int] = {}  #: model -> its row of ``counts``
+        self.counts = np.zeros((0, EDGES.size + 1), dtype=np.int64)
+        self.totals = np.zeros(0, dtype=np.float64)
+        #: Outcomes that arrived after their prediction expired, per model (estimated: sampled x ``2**level``).
+        self.late: dict[str, int] = {}
+        #: Sampled expired predictions: id -> (model, prediction time).
+        self.expired: dict[str, tuple[str, float]] = {}
+        self.level = 0
+
+    def _row(self, model: str) -> int:
+        row = self.rows.get(model)
+        if row is None:
+            row = self.rows[model] = len(self.rows)
+            if row >= self.counts.shape[0]:  # grow by doubling: amortised O(1) per model
+                grow = max(8, self.counts.shape[0])
+                self.counts = np.vstack([self.counts, np.zeros((grow, EDGES.size + 1), dtype=np.int64)])
+                self.totals = np.concatenate([self.totals, np.zeros(grow)])
+        return row
+
+    def sketch(self, model: str) -> DelaySketch:
+        """A copy of one model's sketch (empty if it has none)."""
+        row = self.rows.get(model)
+        if row is None:
+            return DelaySketch()
+        return DelaySketch(self.counts[row].copy(), float(self.totals[row]))
+
+    def sketches(self) -> dict[str, DelaySketch]:
+        """Copies of every model's sketch (one matrix copy; call under the state lock, use after)."""
+        counts, totals = self.counts[:len(self.rows)].copy(), self.totals[:len(self.rows)].tolist()
+        return {m: DelaySketch(counts[r], totals[r]) for m, r in self.rows.items()}
 
     def observe(self, model: str, delays: np.ndarray, weight: int = 1) -> None:
-        sk = self.sketches.get(model)
-        if sk is None:
-            sk = self.sketches[model] = DelaySketch()
+        row = self._row(model)
+        sk = DelaySketch(self.counts[row], float(self.totals[row]))  # a view of the row: observed in place
         sk.observe(delays, weight)
+        self.totals[row] = sk.total
+
+    def observe_batch(self, delays: Mapping[str, np.ndarray]) -> None:
+        """Count the delays of one batch's pairs, model -> its delays (NaN: unknown, skipped), in one binning for
+        the batch."""
+        names = [n for n, d in delays.items() if d.size]
+        if not names:
+            return
+        arrays = [delays[n] for n in names]
+        d = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+        part = np.repeat(np.arange(len(names)), [a.size for a in arrays])
+        ok = np.isfinite(d)
+        if not ok.all():
+            d, part = d[ok], part[ok]
+        d = np.maximum(d, 0.0)
+        nb, k = EDGES.size + 1, len(names)
+        grid = np.bincount(part * nb + _bins(d), minlength=k * nb).reshape(k, nb)
+        sums = np.bincount(part, weights=d, minlength=k)
+        timed = np.flatnonzero(np.bincount(part, minlength=k))  # models with a delay known (a sketch only then)
+        if timed.size < k:
+            grid, sums, names = grid[timed], sums[timed], [names[i] for i in timed.tolist()]
+        if not names:
+            return
+        rows = np.array([self._row(n) for n in names], dtype=np.int64)  # distinct: += is exact
+        self.counts[rows] += grid
+        self.totals[rows] += sums
 
     def expire(self, key: str, model: str, ts: float) -> None:
         """Remember (if sampled) a prediction expired unjoined."""
@@ -280,25 +362,32 @@ class LabelDelays:
             self.expired = {k: v for k, v in self.expired.items() if _sampled(k, self.level)}
 
     def copy(self) -> LabelDelays:
-        return LabelDelays({m: s.copy() for m, s in self.sketches.items()}, dict(self.late), dict(self.expired),
-                           self.level)
+        out = LabelDelays()
+        out.rows, out.counts, out.totals = dict(self.rows), self.counts.copy(), self.totals.copy()
+        out.late, out.expired, out.level = dict(self.late), dict(self.expired), self.level
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         ids = list(self.expired)
-        return {"sketches": {m: s.to_dict() for m, s in self.sketches.items()}, "late": dict(self.late),
+        return {"sketches": {m: s.to_dict() for m, s in self.sketches().items()}, "late": dict(self.late),
                 "level": self.level, "expired": {"ids": ids, "models": [v[0] for v in self.expired.values()],
                                                  "ts": [v[1] for v in self.expired.values()]}}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> LabelDelays:
         """Rebuild from :meth:`to_dict` (``None``: a checkpoint written before delays were measured)."""
+        out = cls()
         if d is None:
-            return cls()
+            return out
+        for m, sd in d["sketches"].items():
+            sk = DelaySketch.from_dict(sd)
+            row = out._row(str(m))
+            out.counts[row], out.totals[row] = sk.counts, sk.total
+        out.late = {str(m): int(n) for m, n in d["late"].items()}
         e = d["expired"]
-        return cls({str(m): DelaySketch.from_dict(s) for m, s in d["sketches"].items()},
-                   {str(m): int(n) for m, n in d["late"].items()},
-                   {str(k): (str(m), float(t)) for k, m, t in zip(e["ids"], e["models"], e["ts"], strict=True)},
-                   int(d["level"]))
+        out.expired = {str(k): (str(m), float(t)) for k, m, t in zip(e["ids"], e["models"], e["ts"], strict=True)}
+        out.level = int(d["level"])
+        return out
 
 
 class JoinAdvisor:
@@ -338,7 +427,7 @@ class JoinAdvisor:
         due = final or (now - self._seen_at >= self.first_after and now - self._logged_at >= self.every)
         if not due:
             return False
-        advice = join_advice(ttl, expired, delays.late, delays.sketches.values())
+        advice = join_advice(ttl, expired, delays.late, delays.sketches().values())
         if advice is None:
             return False
         self.emit(advice["message"])

@@ -377,9 +377,8 @@ class Joiner:
             if arr.size:
                 self.watermark = max(self.watermark, float(arr.max()))
         batches = self._joined(out)
-        for name, jb in batches.items():
-            assert jb.delay is not None  # built above
-            self.delays.observe(name, jb.delay)
+        if batches:
+            self.delays.observe_batch({name: jb.delay for name, jb in batches.items() if jb.delay is not None})
         return batches
 
     def _on_prediction(self, name: str, key: str, t: float, seg: str, payload: Any, wm: float,
