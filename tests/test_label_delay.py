@@ -159,3 +159,20 @@ def test_suggested_values_parse_as_durations():
     for seconds in (1, 59, 90, 3599, 3601, 73080, 86400 * 3 + 1, 86400 * 400):
         s = suggest_ttl(float(seconds))
         assert re.fullmatch(r"\d+[smhd]", s) and parse_duration(s) >= seconds
+
+
+def test_the_table_reads_every_model_as_its_own_sketch_does():
+    """The status and /metrics read all models at once (one matrix); it gives each model's own numbers."""
+    rng = np.random.default_rng(5)
+    d = LabelDelays()
+    per = {f"m{i}": rng.lognormal(6, 2, int(rng.integers(1, 60))) for i in range(40)}
+    d.observe_batch(per)
+    table = d.table()
+    summaries, hists = table.summaries(), table.histograms()
+    for m, x in per.items():
+        own = DelaySketch()
+        own.observe(x)
+        assert summaries[m] == own.summary()
+        assert [n for _, n in hists[m]["buckets"]] == own.cumulative() and hists[m]["count"] == x.size
+        assert hists[m]["sum"] == pytest.approx(x.sum())
+    assert table.merged().count == sum(x.size for x in per.values())

@@ -26,7 +26,7 @@ from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, Sc
 from calmon.exporter.views import DelayHistogram, DelaySummary, JoinCounts, LiveView, RoundView, StatusWarning
 from calmon.formats.jsonio import clean
 from calmon.state.agentstate import AgentState
-from calmon.state.delays import PROMETHEUS_BUCKETS, join_advice
+from calmon.state.delays import join_advice
 
 __all__ = ["Published", "live_state", "metrics_state", "model_bytes", "round_state", "status_document",
            "status_views"]
@@ -76,18 +76,16 @@ def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: 
             for name, info in state.sources.items()}
         jc = state.joiner.counters
         expired, late = dict(jc.expired), dict(state.joiner.delays.late)
-        sketches = state.joiner.delays.sketches()  # one matrix copy: O(models)
+        table = state.joiner.delays.table()  # one matrix copy; read after the lock is released
         join: JoinCounts = {"joined": dict(jc.joined), "expired": expired, "duplicates": dict(jc.duplicates),
                             "orphans": jc.orphans, "late_outcomes": late, "delays": {}}
         pending = state.joiner.pending_count()
         watermark = state.watermark
         changes = state.changes.view()
         ttl = state.joiner.ttl
-    join["delays"] = {m: DelaySummary(**s.summary()) for m, s in sorted(sketches.items())}
-    delays: dict[str, DelayHistogram] = {
-        m: {"buckets": list(zip(PROMETHEUS_BUCKETS, s.cumulative())), "sum": s.total, "count": s.count}
-        for m, s in sorted(sketches.items())}
-    advice = join_advice(ttl, expired, late, sketches.values())
+    join["delays"] = {m: DelaySummary(**q) for m, q in sorted(table.summaries().items())}
+    delays = {m: DelayHistogram(**h) for m, h in sorted(table.histograms().items())}
+    advice = join_advice(ttl, expired, late, [table.merged()]) if late else None
     warnings: list[StatusWarning] = [StatusWarning(**advice)] if advice is not None else []
     return LiveView(ready=ready, version=__version__, watermark=watermark, events=c.events, rejected=c.rejected,
                     late=c.late, join=join, pending=pending, sources=sources, checkpoint=checkpoint.copy(),

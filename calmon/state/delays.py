@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
 import numpy as np
 
-__all__ = ["PROMETHEUS_BUCKETS", "EDGES", "DelaySketch", "DelayQuantiles", "JoinAdvisor", "JoinWarning",
-           "LabelDelays", "join_advice", "suggest_ttl"]
+__all__ = ["PROMETHEUS_BUCKETS", "EDGES", "DelaySketch", "DelayQuantiles", "DelayTable", "JoinAdvisor",
+           "JoinWarning", "LabelDelays", "join_advice", "suggest_ttl"]
 
 #: The ``le`` bounds of ``calmon_label_delay_seconds`` (seconds): seconds to a month, 13 buckets (and +Inf).
 PROMETHEUS_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 86400.0,
@@ -211,8 +211,8 @@ def join_advice(ttl: float, expired: Mapping[str, int], late_outcomes: Mapping[s
     if not late:
         return None
     merged = DelaySketch()
-    for s in delays:
-        merged.counts += s.counts
+    for sk in delays:
+        merged.counts += sk.counts
     value, what = merged.quantile(0.99), "p99 of observed label delays"
     if value is None or value <= ttl:  # over 99 % joined: keep the few late ones too
         value, what = merged.quantile(1.0), "longest observed label delay"
@@ -237,6 +237,71 @@ def _sampled(key: str, level: int) -> bool:
     """Whether id ``key`` is in the sample at ``level`` (one id in ``2**level``, by CRC-32: the same in every
     process, so a restored state samples the same ids)."""
     return level == 0 or zlib.crc32(key.encode("utf-8", "surrogatepass")) & ((1 << level) - 1) == 0
+
+
+@dataclass(frozen=True)
+class DelayTable:
+    """Every model's delay counts as one matrix (a copy), read with a few array operations whatever the number
+    of models: a ``/metrics`` scrape or a status document at a thousand models does no per-model numpy work.
+
+    Examples
+    --------
+    >>> d = LabelDelays(); d.observe_batch({"a": np.array([5.0, 50.0, 5000.0]), "b": np.array([7200.0])})
+    >>> t = d.table()
+    >>> t.summaries()["a"]["count"], t.summaries()["b"]["p50"] >= 7200.0, t.merged().count
+    (3, True, 4)
+    >>> t.histograms()["a"]["buckets"][:3]  # le 1 s, 10 s, 1 min
+    [(1.0, 0), (10.0, 1), (60.0, 2)]
+    """
+
+    names: list[str]
+    counts: np.ndarray  #: model x bin
+    totals: np.ndarray  #: sum of the delays per model
+
+    def quantiles(self, qs: Sequence[float]) -> np.ndarray:
+        """Model x ``qs``: the upper edge of the bin holding each quantile (NaN for a model without delays,
+        inf in the overflow bin)."""
+        cum = np.cumsum(self.counts, axis=1)
+        n = cum[:, -1] if cum.size else np.zeros(0, dtype=np.int64)
+        edges = np.concatenate([EDGES, [np.inf]])
+        out = np.full((len(self.names), len(qs)), np.nan)
+        for j, q in enumerate(qs):
+            target = np.maximum(1, np.ceil(q * n))
+            idx = np.minimum((cum < target[:, None]).sum(axis=1), EDGES.size)
+            out[:, j] = np.where(n > 0, edges[idx], np.nan)
+        return out
+
+    def summaries(self) -> dict[str, DelayQuantiles]:
+        """Count and quantiles per model (``/api/status``'s join section)."""
+        qs = self.quantiles((0.5, 0.9, 0.99, 1.0)).tolist()
+        counts = self.counts.sum(axis=1).tolist()
+
+        def num(x: float) -> float | None:
+            return None if x != x else x
+
+        return {m: {"count": int(c), "p50": num(q[0]), "p90": num(q[1]), "p99": num(q[2]), "max": num(q[3])}
+                for m, c, q in zip(self.names, counts, qs)}
+
+    def histograms(self) -> dict[str, DelayHistogramDoc]:
+        """Per model: cumulative counts at each bound of :data:`PROMETHEUS_BUCKETS`, the sum and the count."""
+        cum = np.cumsum(self.counts, axis=1)
+        at = cum[:, np.searchsorted(EDGES, PROMETHEUS_BUCKETS)].tolist() if cum.size else []
+        n = cum[:, -1].tolist() if cum.size else []
+        return {m: {"buckets": list(zip(PROMETHEUS_BUCKETS, row)), "sum": total, "count": int(c)}
+                for m, row, total, c in zip(self.names, at, self.totals.tolist(), n)}
+
+    def merged(self) -> DelaySketch:
+        """Every model's delays in one sketch."""
+        return DelaySketch(self.counts.sum(axis=0) if self.counts.size else np.zeros(EDGES.size + 1, np.int64),
+                           float(self.totals.sum()))
+
+
+class DelayHistogramDoc(TypedDict):
+    """``calmon_label_delay_seconds`` of one model: cumulative counts per ``le`` bound, sum and count."""
+
+    buckets: list[tuple[float, int]]
+    sum: float
+    count: int
 
 
 class LabelDelays:
@@ -295,6 +360,11 @@ class LabelDelays:
         """Copies of every model's sketch (one matrix copy; call under the state lock, use after)."""
         counts, totals = self.counts[:len(self.rows)].copy(), self.totals[:len(self.rows)].tolist()
         return {m: DelaySketch(counts[r], totals[r]) for m, r in self.rows.items()}
+
+    def table(self) -> DelayTable:
+        """A copy of every model's counts (one matrix copy: call under the state lock, read after)."""
+        n = len(self.rows)
+        return DelayTable(list(self.rows), self.counts[:n].copy(), self.totals[:n].copy())
 
     def observe(self, model: str, delays: np.ndarray, weight: int = 1) -> None:
         row = self._row(model)
@@ -427,7 +497,7 @@ class JoinAdvisor:
         due = final or (now - self._seen_at >= self.first_after and now - self._logged_at >= self.every)
         if not due:
             return False
-        advice = join_advice(ttl, expired, delays.late, delays.sketches().values())
+        advice = join_advice(ttl, expired, delays.late, [delays.table().merged()])
         if advice is None:
             return False
         self.emit(advice["message"])
