@@ -311,6 +311,7 @@ class Agent:
             dec.finish()  # a mapped path that matched none of a short input: one line (calmon run exits 2)
         with self.state.lock:
             self.state.joiner.sweep()
+            self.state.advise_join(self.clock(), final=True)  # a replay's one join.ttl warning, with all its numbers
         self.done = True
         if self.scheduler is not None:
             before = self.scheduler.rounds

@@ -23,9 +23,10 @@ from typing import Any
 from calmon import __version__
 from calmon.config import format_duration
 from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo, SourceView
-from calmon.exporter.views import JoinCounts, LiveView, RoundView
+from calmon.exporter.views import DelayHistogram, DelaySummary, JoinCounts, LiveView, RoundView, StatusWarning
 from calmon.formats.jsonio import clean
 from calmon.state.agentstate import AgentState
+from calmon.state.delays import join_advice
 
 __all__ = ["Published", "live_state", "metrics_state", "model_bytes", "round_state", "status_document",
            "status_views"]
@@ -74,14 +75,21 @@ def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: 
                    "lag_bytes": info.lag_bytes, "lag_records": info.lag_records}
             for name, info in state.sources.items()}
         jc = state.joiner.counters
-        join: JoinCounts = {"joined": dict(jc.joined), "expired": dict(jc.expired), "duplicates": dict(jc.duplicates),
-                            "orphans": jc.orphans}
+        expired, late = dict(jc.expired), dict(state.joiner.delays.late)
+        table = state.joiner.delays.table()  # one matrix copy; read after the lock is released
+        join: JoinCounts = {"joined": dict(jc.joined), "expired": expired, "duplicates": dict(jc.duplicates),
+                            "orphans": jc.orphans, "late_outcomes": late, "delays": {}}
         pending = state.joiner.pending_count()
         watermark = state.watermark
         changes = state.changes.view()
+        ttl = state.joiner.ttl
+    join["delays"] = {m: DelaySummary(**q) for m, q in sorted(table.summaries().items())}
+    delays = {m: DelayHistogram(**h) for m, h in sorted(table.histograms().items())}
+    advice = join_advice(ttl, expired, late, [table.merged()]) if late else None
+    warnings: list[StatusWarning] = [StatusWarning(**advice)] if advice is not None else []
     return LiveView(ready=ready, version=__version__, watermark=watermark, events=c.events, rejected=c.rejected,
                     late=c.late, join=join, pending=pending, sources=sources, checkpoint=checkpoint.copy(),
-                    changes=changes)
+                    changes=changes, delays=delays, warnings=warnings)
 
 
 def status_views(state: AgentState, pub: Published, checkpoint: CheckpointInfo, ready: bool,
@@ -107,6 +115,7 @@ def status_document(live: LiveView, rnd: RoundView, pub: Published, *, windows: 
         "generated_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
         "version": __version__,
         "evaluations": list(rnd.evaluations), "alerts": list(rnd.alerts), "calibrators": dict(pub.calibrators),
+        "warnings": [dict(w) for w in live.warnings],
         "agent": {
             "ready": live.ready, "uptime_seconds": now - started_at, "watermark": live.watermark,
             "windows": windows, "tiers": [f"{c} x {format_duration(w)}" for w, c in tiers],

@@ -27,8 +27,9 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
+from prometheus_client.utils import floatToGoString
 
 from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget, as_number
 from calmon.exporter.views import LiveView, RoundView
@@ -113,6 +114,19 @@ def _join(st: LiveView) -> Iterator[Metric]:
     for model, n in sorted(st.pending.items()):
         pend.add_metric([model], n)
     yield pend
+    late = CounterMetricFamily("calmon_join_late_outcomes", "Outcomes that arrived after their prediction expired "
+                               "(estimated from a sample of the expired predictions)", labels=["model"])
+    for model, n in sorted(join.get("late_outcomes", {}).items()):
+        late.add_metric([model], n)
+    yield late
+    # one histogram per model, 13 bounds: labels stay the model alone (cardinality bounded by limits.max_models)
+    delay = HistogramMetricFamily("calmon_label_delay_seconds", "Event-time delay from a prediction to its "
+                                  "outcome, at the join (and of outcomes after their prediction expired)",
+                                  labels=["model"])
+    for model, h in sorted(st.delays.items()):
+        buckets = [(floatToGoString(le), n) for le, n in h["buckets"]] + [("+Inf", h["count"])]
+        delay.add_metric([model], buckets, h["sum"])
+    yield delay
 
 
 def _sources(st: LiveView) -> Iterator[Metric]:

@@ -23,20 +23,52 @@ from typing import Any, TypedDict
 from calmon import __version__
 from calmon.evaluate.types import CalibratorInfo, CheckpointInfo, Evaluation, SchedulerInfo, SourceView
 
-__all__ = ["JoinCounts", "LiveView", "RoundView"]
+__all__ = ["DelayHistogram", "DelaySummary", "JoinCounts", "LiveView", "RoundView", "StatusWarning"]
+
+
+class DelaySummary(TypedDict):
+    """Observed label delays of one model, seconds (:class:`calmon.state.delays.DelaySketch`: quantiles are
+    upper bin edges, never below the true value)."""
+
+    count: int
+    p50: float | None
+    p90: float | None
+    p99: float | None
+    max: float | None
 
 
 class JoinCounts(TypedDict):
-    """The join's counters (:class:`calmon.state.join.JoinCounters`): per model, and orphan outcomes in all."""
+    """The join's counters (:class:`calmon.state.join.JoinCounters`): per model, and orphan outcomes in all;
+    outcomes that came after their prediction expired (estimated from a sample) and the label delays."""
 
     joined: dict[str, int]
     expired: dict[str, int]
     duplicates: dict[str, int]
     orphans: int
+    late_outcomes: dict[str, int]
+    delays: dict[str, DelaySummary]
+
+
+class DelayHistogram(TypedDict):
+    """``calmon_label_delay_seconds`` of one model: cumulative counts per ``le`` bound, sum and count."""
+
+    buckets: list[tuple[float, int]]
+    sum: float
+    count: int
+
+
+class StatusWarning(TypedDict):
+    """One entry of ``/api/status``'s top-level ``warnings`` (the status page renders them)."""
+
+    code: str
+    message: str
+    count: int
+    setting: str
+    suggested: str
 
 
 def _no_join() -> JoinCounts:
-    return {"joined": {}, "expired": {}, "duplicates": {}, "orphans": 0}
+    return {"joined": {}, "expired": {}, "duplicates": {}, "orphans": 0, "late_outcomes": {}, "delays": {}}
 
 
 def _no_checkpoint() -> CheckpointInfo:
@@ -65,13 +97,17 @@ class LiveView:
     #: Per model: events seen and, per signal, detections and the last change
     #: (:meth:`calmon.state.monitors.ChangeMonitor.view`, JSON).
     changes: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Per model: the label-delay histogram.
+    delays: Mapping[str, DelayHistogram] = field(default_factory=dict)
+    #: What the agent advises changing (a ``join.ttl`` shorter than the label delays).
+    warnings: Sequence[StatusWarning] = ()
 
     def to_doc(self) -> dict[str, Any]:
         """The view as a plain dict, one key per field, mappings copied (``Agent.metrics_state``)."""
         return {"version": self.version, "ready": self.ready, "watermark": self.watermark, "events": dict(self.events),
                 "rejected": dict(self.rejected), "late": dict(self.late), "join": dict(self.join),
                 "pending": dict(self.pending), "sources": dict(self.sources), "checkpoint": dict(self.checkpoint),
-                "changes": dict(self.changes)}
+                "changes": dict(self.changes), "delays": dict(self.delays), "warnings": list(self.warnings)}
 
 
 @dataclass(frozen=True)

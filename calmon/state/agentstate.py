@@ -14,6 +14,7 @@ Evaluation results never live here: the scheduler publishes them as one immutabl
 from __future__ import annotations
 
 import gc
+import logging
 import math
 import threading
 from collections.abc import Callable, Iterator, Mapping
@@ -26,11 +27,14 @@ from calmon.events.decoder import Decoder
 from calmon.state.buckets import BucketStats, ModelWindows
 from calmon.state.checkpoint.schema import SchemaError, validate_checkpoint
 from calmon.state.counters import Counters, SourceInfo
+from calmon.state.delays import JoinAdvisor
 from calmon.state.join import Joiner
 from calmon.state.monitors import ChangeMonitor
 from calmon.state.windows import RingSums, capture
 
 __all__ = ["AgentState", "WindowSnapshot", "StateError", "StateLock"]
+
+_log = logging.getLogger("calmon.agent")
 
 
 class StateLock:
@@ -142,6 +146,8 @@ class AgentState:
         #: per source with a ``schema``: a decoder of its record shape sharing ``decoder``'s state (issue #16)
         self.decoders = build_decoders(cfg, self.decoder)
         self.joiner = Joiner(cfg.join.ttl, cfg.join.max_pending, cfg.limits.max_join_bytes)
+        #: The rate-limited "join.ttl too short" warning (not checkpointed: a restart may say it once more).
+        self.join_advisor = JoinAdvisor(lambda msg: _log.warning("%s", msg))
         self.models: dict[str, ModelWindows] = {}
         self.counters = Counters()
         #: Per-model change detectors on the calibration stream (checkpointed like the windows).
@@ -293,6 +299,12 @@ class AgentState:
             _read("decoder", self.decoder.load_state, doc["decoder"])
             self.joiner = joiner
             self.counters = counters
+
+    def advise_join(self, now: float, final: bool = False) -> None:
+        """Log the join advice if due (:class:`~calmon.state.delays.JoinAdvisor`; ``final``: the input is
+        exhausted).  Call under the lock."""
+        j = self.joiner
+        self.join_advisor.tick(j.ttl, j.counters.expired, j.delays, now, final)
 
     def _load_models(self, docs: Mapping[str, Any],
                      resolve: Callable[[str, Any], Any] | None) -> dict[str, ModelWindows]:

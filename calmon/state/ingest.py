@@ -5,7 +5,11 @@ Event time
 The watermark is the largest event time seen, in record order, over every kind of event
 (:func:`calmon.state.join.event_watermarks`): labeled events advance it like predictions and
 outcomes, and it carries over from batch to batch, so it is a function of the record order
-only.  Events without ``ts`` take the arrival (wall-clock) time.  A labeled event older than
+only.  A record without a time never moves the watermark by itself (issue #31, :func:`fill_times`): an
+outcome without ``ts`` is joined by id and takes its prediction's time; a prediction or labeled event
+without one takes its source's current event time (the newest time that source's records carried, kept
+per source in the join state and checkpointed with it), and the arrival (wall-clock) time only where
+the source has carried no times at all.  A labeled event older than
 ``allowed_lateness`` behind the watermark *at its own record* is dropped and counted
 (``calmon_events_late_total``): "late" means the same at any batch size.  Joined events are
 placed at their prediction's time.
@@ -32,7 +36,7 @@ from typing import Protocol
 
 import numpy as np
 
-from calmon.events.decoder import KINDS, LABELED, PREDICTION, DecodedBatch, ModelBatch
+from calmon.events.decoder import KINDS, LABELED, OUTCOME, PREDICTION, DecodedBatch, ModelBatch
 from calmon.formats.records import Batch, DeadLetterSink
 from calmon.state.agentstate import AgentState
 from calmon.state.buckets import fold
@@ -42,7 +46,7 @@ from calmon.state.monitors import calibration_pairs
 
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["Ingestor"]
+__all__ = ["Ingestor", "fill_times"]
 
 
 class Ingestor:
@@ -78,7 +82,7 @@ class Ingestor:
                                    [r.origin or "" for r in decoded.rejected] if batch.origins else None,
                                    [batch.meta[r.index] for r in decoded.rejected] if batch.meta else None)
         with st.lock:
-            self._apply(decoded, now)
+            self._apply(decoded, batch.source, now)
             c = st.counters
             c.batches += 1
             c.add_rejected(r.reason for r in decoded.rejected)
@@ -91,22 +95,29 @@ class Ingestor:
                 info.lag_bytes = lag_bytes
             if lag_records is not None:
                 info.lag_records = lag_records
+            st.advise_join(now)
 
-    def _fill_time(self, decoded: DecodedBatch, now: float) -> dict[str, np.ndarray]:
-        """Fill missing event times with ``now``; return the watermark at each event (record order)."""
+    def _fill_time(self, decoded: DecodedBatch, source: str, now: float) -> dict[str, np.ndarray]:
+        """Give predictions and labeled events without a time their source's event time; return the watermark
+        at each event (record order).  See :func:`fill_times`."""
+        joiner = self.state.joiner
         times = [mb.ts for mb in decoded.models.values() if mb.ts.size]
-        if times and np.isnan(np.concatenate(times)).any():  # rare: look model by model only then
-            for mb in decoded.models.values():
-                if mb.ts.size and np.isnan(mb.ts).any():
-                    mb.ts = np.where(np.isnan(mb.ts), now, mb.ts)
-        return event_watermarks(decoded.models, self.state.joiner.watermark)
+        if times:
+            every = np.concatenate(times)
+            if np.isnan(every).any():  # rare: look model by model only then
+                fill_times(decoded.models, joiner.source_times.get(source, -np.inf), now)
+            if not np.isnan(every).all():  # only the times records carried move the source's event time
+                newest = float(np.nanmax(every))
+                if newest > joiner.source_times.get(source, -np.inf):
+                    joiner.source_times[source] = newest
+        return event_watermarks(decoded.models, joiner.watermark)
 
-    def _apply(self, decoded: DecodedBatch, now: float) -> None:
+    def _apply(self, decoded: DecodedBatch, source: str, now: float) -> None:
         st = self.state
-        wms = self._fill_time(decoded, now)
+        wms = self._fill_time(decoded, source, now)
         if not wms:
             return
-        joined = st.joiner.process(decoded.models, wms)  # advances the watermark in record order
+        joined = st.joiner.process(decoded.models, wms, now)  # advances the watermark in record order
         watermark = st.joiner.watermark
         count_events(st.counters, decoded.models)
         events = Columns.decoded({name: mb for name, mb in decoded.models.items() if name and name in wms}, wms)
@@ -263,6 +274,42 @@ def _cat(cols: Sequence[np.ndarray | None]) -> np.ndarray:
     present = [c for c in cols if c is not None]
     assert len(present) == len(cols), "a column missing for some models"
     return present[0] if len(present) == 1 else np.concatenate(present)
+
+
+def fill_times(models: Mapping[str, ModelBatch], start: float, now: float) -> None:
+    """Give the predictions and labeled events of one source's batch that carry no time (NaN) the source's
+    event time at their record; outcomes keep NaN (the join gives a pair its prediction's time).
+
+    The source's event time at a record is the newest time its records carried before it (``start``: the
+    newest of earlier batches, ``-inf`` for none).  Where the source has carried no time at all, the arrival
+    time ``now``: a source that never carries times runs on the wall clock (issue #31: filling every missing
+    time with ``now`` moved the watermark of a replay to the present and expired every pending prediction).
+
+    Examples
+    --------
+    >>> from calmon.events.decoder import Decoder
+    >>> b = Decoder().decode([b'{"id": "a", "model": "m", "score": 0.5}',
+    ...                       b'{"id": "b", "model": "m", "ts": 7, "score": 0.5}',
+    ...                       b'{"id": "c", "model": "m", "score": 0.5}', b'{"id": "b", "model": "m", "label": 1}'])
+    >>> fill_times(b.models, -np.inf, now=1e9); b.models["m"].ts.tolist()
+    [1000000000.0, 7.0, 7.0, nan]
+    """
+    parts = [mb for mb in models.values() if mb.ts.size]
+    ts = np.concatenate([mb.ts for mb in parts])
+    idx = np.concatenate([mb.index for mb in parts])
+    order = np.argsort(idx, kind="stable")
+    # the newest carried time strictly before each record, in record order (NaN does not move np.fmax)
+    before = np.fmax.accumulate(np.concatenate([[start], ts[order]]))[:-1]
+    current = np.empty_like(before)
+    current[order] = before
+    fill = np.where(current > -np.inf, current, now)
+    pos = 0
+    for mb in parts:
+        n = mb.ts.size
+        missing = np.isnan(mb.ts) & (mb.kind != OUTCOME)
+        if missing.any():
+            mb.ts = np.where(missing, fill[pos:pos + n], mb.ts)
+        pos += n
 
 
 def count_events(counters: Counters, models: dict[str, ModelBatch]) -> None:

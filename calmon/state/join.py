@@ -42,6 +42,7 @@ import numpy as np
 
 from calmon.events.decoder import LABELED, PREDICTION, ModelBatch
 from calmon.formats.jsonio import pack_array, unpack_array
+from calmon.state.delays import LabelDelays
 
 #: 2: pending payloads as a :func:`calmon.formats.jsonio.pack_array` document; 1 (no ``version`` key,
 #: still read): a bare base64 string of zlib-compressed float64.
@@ -54,6 +55,8 @@ MAX_BYTES = 512 * 1024 * 1024
 
 Pending = tuple[str, float, str, Any]  #: (model, ts, segment, payload: float score or probability row)
 Early = tuple[str, float, int]  #: (model or "", ts, label)
+#: A joined pair: (prediction ts, segment, label, payload, id, record index of its completing event, delay)
+_Pair = tuple[float, str, int, Any, str, int, float]
 
 
 @dataclass
@@ -71,6 +74,8 @@ class JoinedBatch:
     #: Record index (in the decoded batch) of each pair's completing event: merges joins with labeled events in
     #: record order (the change detectors need one order whatever the batch boundaries).
     index: np.ndarray | None = None
+    #: Outcome time minus prediction time of each pair (NaN: the outcome carried no time).
+    delay: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.ts.size)
@@ -208,6 +213,13 @@ class Joiner:
         self._pending_by_model: dict[str, int] = {}
         self.classes: dict[str, int] = {}
         self.counters = JoinCounters()
+        #: Per source, the newest event time its records carried (not filled in): the time a record of that
+        #: source without one takes (:class:`calmon.state.ingest.Ingestor`).
+        self.source_times: dict[str, float] = {}
+        #: Ids of early outcomes that carried no time (theirs is the watermark at their arrival): no delay.
+        self.untimed: set[str] = set()
+        #: Label delays, and the outcomes that came after their prediction expired.
+        self.delays = LabelDelays()
 
     @property
     def sweep_every(self) -> float:
@@ -238,6 +250,8 @@ class Joiner:
 
     def _drop_early(self, key: str) -> Early:
         self.nbytes -= _early_cost(key)
+        if self.untimed:
+            self.untimed.discard(key)
         return self.early.pop(key)
 
     def _evict_pending(self) -> None:
@@ -270,9 +284,14 @@ class Joiner:
 
     def sweep(self, watermark: float | None = None) -> None:
         """Forget entries that can no longer match (``ts + ttl < watermark``); counts them."""
-        cutoff = (self.watermark if watermark is None else watermark) - self.ttl
+        wm = self.watermark if watermark is None else watermark
+        cutoff = wm - self.ttl
+        delays = self.delays
         for k in [k for k, e in self.pending.items() if e[1] < cutoff]:
-            _inc(self.counters.expired, self._drop_pending(k)[0])
+            name, ts, _, _ = self._drop_pending(k)
+            _inc(self.counters.expired, name)
+            delays.expire(k, name, ts)
+        delays.prune(wm, self.ttl)
         dead = [k for k, e in self.early.items() if e[1] < cutoff]
         for k in dead:
             self._drop_early(k)
@@ -290,17 +309,22 @@ class Joiner:
         self.next_sweep = (math.floor(wm / every) + 1) * every
 
     # -- processing -------------------------------------------------------------------------
-    def process(self, models: dict[str, ModelBatch],
-                watermarks: dict[str, np.ndarray] | None = None) -> dict[str, JoinedBatch]:
+    def process(self, models: dict[str, ModelBatch], watermarks: dict[str, np.ndarray] | None = None,
+                now: float | None = None) -> dict[str, JoinedBatch]:
         """Join the prediction and outcome events of one decoded batch.
 
         Parameters
         ----------
         models
             ``DecodedBatch.models``; events are taken in their record order (``ModelBatch.index``).
-            Event times must already be filled (no NaN; the runtime uses the arrival time).
+            The times of predictions must be filled (the ingestor does: :mod:`calmon.state.ingest`); an
+            outcome without a time (NaN) is joined by id and takes its prediction's time, moves no
+            watermark and, waiting for its prediction, expires ``ttl`` after the watermark at its arrival.
         watermarks
             :func:`event_watermarks` of ``models`` from :attr:`watermark`, if the caller has it.
+        now
+            The time an outcome without one waits from when no event carried a time yet (``None``: it
+            waits from the watermark, then the first sweep forgets it).
 
         Returns
         -------
@@ -311,7 +335,7 @@ class Joiner:
             if name:
                 self.classes[name] = mb.classes
         wms = event_watermarks(models, self.watermark) if watermarks is None else watermarks
-        out: dict[str, list[tuple[float, str, int, Any, str, int]]] = {}
+        out: dict[str, list[_Pair]] = {}
         pending, early, by_model, order = self.pending, self.early, self._pending_by_model, self._pending_order.items
         ttl, next_sweep = self.ttl, self.next_sweep
         for name, kind, t, key, seg, label, payload, wm, cost, rec in zip(*_record_columns(models, wms)):
@@ -321,7 +345,7 @@ class Joiner:
             if kind != PREDICTION:
                 prev = pending.get(key)
                 if prev is None or prev[1] + ttl < wm or (name and name != prev[0]):  # not a plain match
-                    self._on_outcome(name, key, t, label, wm, out, rec)
+                    self._on_outcome(name, key, t, label, wm, out, rec, now)
                     continue
                 # the common case inlined (same as _on_outcome's match): this loop is the agent's hot path
                 del pending[key]
@@ -332,7 +356,7 @@ class Joiner:
                 got = out.get(pname)
                 if got is None:
                     got = out[pname] = []
-                got.append((prev[1], pseg, label, ppay, key, rec))
+                got.append((prev[1], pseg, label, ppay, key, rec, t - prev[1]))
                 continue
             if key in pending or key in early:  # a duplicate id or an early outcome: the slow path
                 self._on_prediction(name, key, t, seg, payload, wm, out, rec)
@@ -352,10 +376,13 @@ class Joiner:
         for arr in wms.values():
             if arr.size:
                 self.watermark = max(self.watermark, float(arr.max()))
-        return self._joined(out)
+        batches = self._joined(out)
+        if batches:
+            self.delays.observe_batch({name: jb.delay for name, jb in batches.items() if jb.delay is not None})
+        return batches
 
     def _on_prediction(self, name: str, key: str, t: float, seg: str, payload: Any, wm: float,
-                       out: dict[str, list[tuple[float, str, int, Any, str, int]]], rec: int) -> None:
+                       out: dict[str, list[_Pair]], rec: int) -> None:
         prev = self.pending.get(key)
         if prev is not None:
             if prev[1] + self.ttl >= wm:
@@ -364,30 +391,37 @@ class Joiner:
             _inc(self.counters.expired, self._drop_pending(key)[0])
         got = self.early.get(key)
         if got is not None and got[0] in ("", name):
+            delay = math.nan if key in self.untimed else got[1] - t
             self._drop_early(key)
             if got[1] + self.ttl >= wm:
-                out.setdefault(name, []).append((t, seg, got[2], payload, key, rec))  # counted by process
+                out.setdefault(name, []).append((t, seg, got[2], payload, key, rec, delay))  # counted by process
                 return
             self.counters.orphans += 1
         self._add_pending(key, (name, t, seg, payload))
         self._bound()
 
     def _on_outcome(self, name: str, key: str, t: float, label: int, wm: float,
-                    out: dict[str, list[tuple[float, str, int, Any, str, int]]], rec: int) -> None:
+                    out: dict[str, list[_Pair]], rec: int, now: float | None = None) -> None:
         prev = self.pending.get(key)
         if prev is not None and name in ("", prev[0]):
             self._drop_pending(key)
             if prev[1] + self.ttl >= wm:
-                out.setdefault(prev[0], []).append((prev[1], prev[2], label, prev[3], key, rec))  # counted by process
-                return
+                out.setdefault(prev[0], []).append((prev[1], prev[2], label, prev[3], key, rec, t - prev[1]))
+                return  # counted by process
             _inc(self.counters.expired, prev[0])
+            self.delays.late_outcome(key, prev[0], t - prev[1])  # NaN (no time): counted, not timed
+        elif prev is None:
+            self.delays.outcome_after_expiry(key, t)
         if key in self.early:
             self.counters.orphans += 1  # a second outcome for the same id: the first one stays
             return
+        if t != t:  # no time: it waits from the event time of its arrival, and gives no delay
+            t = wm if wm > -math.inf or now is None else now
+            self.untimed.add(key)
         self._add_early(key, (name, t, label))
         self._bound()
 
-    def _joined(self, out: dict[str, list[tuple[float, str, int, Any, str, int]]]) -> dict[str, JoinedBatch]:
+    def _joined(self, out: dict[str, list[_Pair]]) -> dict[str, JoinedBatch]:
         """The pairs of every model as columns: those of the binary models built once for the batch and
         sliced per model (issue #15: no per-model array building at a thousand models), in ``out``'s order."""
         binary = [name for name in out if self.classes.get(name, 2) == 2]
@@ -402,23 +436,26 @@ class Joiner:
             score = np.array(cols[3], dtype=np.float64)
             ids = np.array(cols[4], dtype=object)
             rec = np.array(cols[5], dtype=np.int64)
+            delay = np.array(cols[6], dtype=np.float64)
             for name, a, b in zip(binary, [0, *ends], ends):
                 built[name] = JoinedBatch(name, 2, ts[a:b], seg[a:b], lab[a:b], score=score[a:b], ids=ids[a:b],
-                                          index=rec[a:b])
+                                          index=rec[a:b], delay=delay[a:b])
         return {name: built[name] if name in built else self._joined_batch(name, items)
                 for name, items in out.items()}
 
-    def _joined_batch(self, name: str, items: list[tuple[float, str, int, Any, str, int]]) -> JoinedBatch:
+    def _joined_batch(self, name: str, items: list[_Pair]) -> JoinedBatch:
         k = self.classes.get(name, 2)
         ts = np.array([i[0] for i in items], dtype=np.float64)
         seg = np.array([i[1] for i in items], dtype=object)
         lab = np.array([i[2] for i in items], dtype=np.int64)
         ids = np.array([i[4] for i in items], dtype=object)
         rec = np.array([i[5] for i in items], dtype=np.int64)
+        delay = np.array([i[6] for i in items], dtype=np.float64)
         if k == 2:
             return JoinedBatch(name, 2, ts, seg, lab, score=np.array([i[3] for i in items], np.float64), ids=ids,
-                               index=rec)
-        return JoinedBatch(name, k, ts, seg, lab, probs=np.vstack([i[3] for i in items]), ids=ids, index=rec)
+                               index=rec, delay=delay)
+        return JoinedBatch(name, k, ts, seg, lab, probs=np.vstack([i[3] for i in items]), ids=ids, index=rec,
+                           delay=delay)
 
     # -- checkpoint ----------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -437,6 +474,7 @@ class Joiner:
                       "ts": [e[1] for e in self.early.values()], "labels": [e[2] for e in self.early.values()]},
             "classes": dict(self.classes),
             "counters": self.counters.to_dict(),
+            "sources": dict(self.source_times), "untimed": sorted(self.untimed), "delays": self.delays.to_dict(),
         }
 
     @classmethod
@@ -471,6 +509,10 @@ class Joiner:
             out._add_early(str(key), (str(model), float(ts), int(label)))
         out.classes = {str(k): int(v) for k, v in d["classes"].items()}
         out.counters = JoinCounters.from_dict(d["counters"])
+        # absent from checkpoints written before #31.1/#32.4: no source times yet, no delays measured
+        out.source_times = {str(k): float(v) for k, v in (d.get("sources") or {}).items()}
+        out.untimed = {str(k) for k in d.get("untimed") or ()} & out.early.keys()
+        out.delays = LabelDelays.from_dict(d.get("delays"))
         return out
 
 

@@ -374,6 +374,7 @@ def copy_joiner(joiner: Joiner) -> Joiner:
     out = copy.copy(joiner)
     out.pending, out.early, out.classes = dict(joiner.pending), dict(joiner.early), dict(joiner.classes)
     out.counters = JoinCounters.from_dict(joiner.counters.to_dict())
+    out.source_times, out.untimed, out.delays = dict(joiner.source_times), set(joiner.untimed), joiner.delays.copy()
     return out
 
 

@@ -149,6 +149,11 @@ class JoinDoc(msgspec.Struct):
     counters: JoinCountersDoc
     version: int = 1
     next_sweep: float | None = None
+    #: Added with #31.1/#32.4 (absent from older checkpoints, which still restore): per-source event times,
+    #: early outcomes without a time, label delays (``Joiner.to_dict``; checked by ``LabelDelays.from_dict``).
+    sources: dict[str, float] = {}
+    untimed: list[str] = []
+    delays: dict[str, Any] | None = None
 
 
 class ParamsDoc(msgspec.Struct):
