@@ -56,8 +56,8 @@ def fit(data: Any = None, *, method: str, score: Column = None, label: Column = 
     >>> ev = cal.evaluation
     >>> ev["after"]["ece"] < ev["before"]["ece"]
     True
-    >>> cal.predict([0.5, 0.9]).round(2).tolist()
-    [0.28, 0.8]
+    >>> bool(np.abs(cal.predict([0.5, 0.9]) - [0.5 ** 2, 0.9 ** 2]).max() < 0.05)   # the truth is z ** 2
+    True
     >>> cal.predict([0.5, 1.5])
     Traceback (most recent call last):
     ...

@@ -83,7 +83,7 @@ def _pyarrow(kind: str) -> Any:
     try:
         return require("pyarrow", extra="parquet", feature=feature)
     except MissingExtra as exc:
-        raise NoTableLibrary(missing_message("pyarrow", "parquet", feature), name="pyarrow") from exc
+        raise NoTableLibrary(missing_message("pyarrow", "parquet", feature)) from exc
 
 
 def table_kind(head: bytes, path: str = "") -> str | None:
