@@ -11,7 +11,6 @@ import subprocess
 import sys
 import textwrap
 import time
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -145,6 +144,7 @@ def test_progress_without_rich_is_a_plain_line_on_a_terminal(monkeypatch: pytest
 
 
 def test_pyproject_base_install_is_light_and_extras_name_the_heavy_parts() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11 (CI's)
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
     def names(reqs: list[str]) -> set[str]:
