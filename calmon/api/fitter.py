@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from calmon.api.frame import Column, to_dataset
+from calmon.api.frame import Column, show, to_dataset
 from calmon.calibration.base import Calibrator
 from calmon.calibration.document import from_document, load
 from calmon.commands import fit as fit_command
@@ -124,7 +124,7 @@ class FittedCalibrator:
         bad = (a < 0) | (a > 1)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"scores must be probabilities in [0, 1]: row {i} is {a[i]!r}")
+            raise ValueError(f"scores must be probabilities in [0, 1]: row {i} is {show(a[i])!r}")
         return np.clip(cal.predict(a), 0.0, 1.0)
 
     def save(self, path: str | os.PathLike[str]) -> None:

@@ -32,7 +32,7 @@ import numpy as np
 
 from calmon.offline.dataset import Dataset
 
-__all__ = ["Column", "to_dataset", "columns_of"]
+__all__ = ["Column", "to_dataset", "columns_of", "show"]
 
 #: A column argument: the name of a column of ``data``, or the values themselves.
 Column = Any
@@ -98,11 +98,11 @@ def to_dataset(data: Any = None, *, score: Column = None, label: Column = "label
         raise ValueError("pass score (binary) or probs (multiclass), not both")
     keep, model = _model_rows(data, cols, model)
     arrays: dict[str, np.ndarray] = {}
-    arrays["label"] = _column(data, cols, label, "label")
     if score is not None:
         arrays["score"] = _column(data, cols, score, "score")
     else:
         arrays["probs"] = _probs(data, cols, probs)
+    arrays["label"] = _column(data, cols, label, "label")
     for key, arg in (("id", id), ("ts", ts)):
         if arg is None and key in present:
             arg = key
@@ -128,6 +128,11 @@ def to_dataset(data: Any = None, *, score: Column = None, label: Column = "label
     top = p.argmax(axis=1)
     return Dataset(name, p.shape[1], p[np.arange(n), top], (top == labels).astype(np.float64), probs=p,
                    labels=labels, ids=ids, ts=times, model=model)
+
+
+def show(v: Any) -> Any:
+    """A numpy scalar as the Python value it holds (``3``, not ``np.int64(3)``) for messages."""
+    return v.item() if isinstance(v, np.generic) else v
 
 
 def _listed(cols: Sequence[str] | None, limit: int = 12) -> str:
@@ -182,7 +187,7 @@ def _probs(data: Any, cols: list[str] | None, probs: Column) -> np.ndarray:
     bad = (p < 0) | (p > 1)
     if bad.any():
         i, k = (int(v[0]) for v in np.nonzero(bad))
-        raise ValueError(f"probs must lie in [0, 1]: row {i}, class {k} is {p[i, k]!r}")
+        raise ValueError(f"probs must lie in [0, 1]: row {i}, class {k} is {show(p[i, k])!r}")
     sums = p.sum(axis=1)
     off = np.abs(sums - 1.0) > SUM_TOLERANCE
     if off.any():
@@ -220,7 +225,7 @@ def _probabilities(z: np.ndarray, what: str) -> None:
     bad = (z < 0) | (z > 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"{what} must be probabilities in [0, 1]: row {i} is {z[i]!r}")
+        raise ValueError(f"{what} must be probabilities in [0, 1]: row {i} is {show(z[i])!r}")
 
 
 def _binary_labels(a: np.ndarray) -> np.ndarray:
@@ -228,7 +233,7 @@ def _binary_labels(a: np.ndarray) -> np.ndarray:
     bad = (y != 0) & (y != 1)
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"label must be 0/1 or booleans for binary scores: row {i} is {a[i]!r}")
+        raise ValueError(f"label must be 0/1 or booleans for binary scores: row {i} is {show(a[i])!r}")
     return y
 
 
@@ -237,7 +242,7 @@ def _class_labels(a: np.ndarray, k: int) -> np.ndarray:
     bad = (y < 0) | (y >= k) | (y != np.round(y))
     if bad.any():
         i = int(np.flatnonzero(bad)[0])
-        raise ValueError(f"label must be a class index in [0, {k}) (one per probs column): row {i} is {a[i]!r}")
+        raise ValueError(f"label must be a class index in [0, {k}) (one per probs column): row {i} is {show(a[i])!r}")
     return y.astype(np.int64)
 
 
