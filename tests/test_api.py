@@ -247,9 +247,18 @@ def test_repr_html_without_matplotlib_is_the_tables_and_names_the_extra(monkeypa
     assert "calmon report needs matplotlib: pip install &#x27;calmon[report]&#x27;" in page
 
 
-def test_pandas_dataframe_when_installed() -> None:
-    pd = pytest.importorskip("pandas")
-    rows = binary_rows(500)
-    df = pd.DataFrame({"score": rows["score"], "label": rows["label"]})
-    assert calmon.check(df, tests="none").to_dict() == calmon.check(rows, tests="none",
-                                                                     source="<DataFrame>").to_dict()
+def test_pandas_and_polars_dataframes_when_installed() -> None:
+    pd = pytest.importorskip("pandas")  # both are in the test extra; neither is a dependency of calmon
+    pl = pytest.importorskip("polars")
+    rows, mc = binary_rows(500), multiclass_rows(500)
+    want = calmon.check(rows, tests="none", source="x").to_dict()
+    want_mc = calmon.check(mc, tests="none", source="x").to_dict()
+    for frame in (pd.DataFrame, pl.DataFrame):
+        assert calmon.check(frame({"score": rows["score"], "label": rows["label"]}), tests="none",
+                            source="x").to_dict() == want
+        lists = frame({"probs": mc["probs"].tolist(), "label": mc["label"]})  # a column of vectors
+        assert calmon.check(lists, tests="none", source="x").to_dict() == want_mc
+    labels = pd.Series(rows["label"], dtype="boolean")
+    labels[3] = pd.NA
+    with pytest.raises(ValueError, match=r"^Input label contains missing values \(first at row 3\)$"):
+        calmon.check(pd.DataFrame({"score": rows["score"], "label": labels}))

@@ -209,7 +209,7 @@ def _numbers(a: np.ndarray, what: str) -> np.ndarray:
         try:
             a = a.astype(np.float64)
         except (TypeError, ValueError):
-            raise ValueError(f"{what} must hold numbers, got dtype {a.dtype} (missing values or text?)") from None
+            raise ValueError(_not_number(a, what)) from None
     out = np.asarray(a, dtype=np.float64)
     bad = ~np.isfinite(out)
     if bad.any():
@@ -217,6 +217,18 @@ def _numbers(a: np.ndarray, what: str) -> np.ndarray:
         kind = "NaN" if np.isnan(out.reshape(len(out), -1)[i]).any() else "infinity"
         raise ValueError(f"Input {what} contains {kind} (first at row {i})")
     return out
+
+
+def _not_number(a: np.ndarray, what: str) -> str:
+    """Why ``a`` is not numeric, naming the first bad row (only on the error path: a Python loop is fine)."""
+    for i, v in enumerate(a.reshape(len(a), -1) if a.ndim > 1 else a):
+        try:
+            float(v) if np.ndim(v) == 0 else np.asarray(v, dtype=np.float64)
+        except (TypeError, ValueError):
+            missing = v is None or str(v) in ("<NA>", "NaT", "nan", "None")
+            return (f"Input {what} contains missing values (first at row {i})" if missing
+                    else f"{what} must hold numbers: row {i} is {show(v)!r}")
+    return f"{what} must hold numbers, got dtype {a.dtype}"
 
 
 def _probabilities(z: np.ndarray, what: str) -> None:
