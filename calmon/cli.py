@@ -1,4 +1,9 @@
-"""The ``calmon`` command line: one subcommand per module in :mod:`calmon.commands`."""
+"""The ``calmon`` command line: one subcommand per module in :mod:`calmon.commands`.
+
+A command's module is imported only when that command runs (``calmon check`` pulls in scipy and the testers,
+``calmon report`` matplotlib): ``calmon --version`` imports none of them, and ``calmon --help`` (or no command)
+imports them all to list them. ``tests/test_imports_light.py`` holds the module sets.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from calmon import __version__
+from calmon.formats.extras import MissingExtra
 
 #: Subcommand modules; each exposes ``register(subparsers)`` setting ``func(args) -> int``.
 COMMANDS: tuple[str, ...] = ("run", "demo", "check", "report", "simulate", "fit", "apply", "schema")
@@ -18,24 +24,48 @@ class UsageError(ValueError):
     """Bad usage or input: printed as one line, exit code 2."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser of ``argv``: with only the command ``argv`` names registered, none for ``--version``, all else.
+
+    ``build_parser()`` (no ``argv``) registers every command.
+    """
     parser = argparse.ArgumentParser(prog="calmon", description="Calibration monitor for production ML.")
     parser.add_argument("--version", action="version", version=f"calmon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in COMMANDS:
+    for name in _needed(argv):
         importlib.import_module(f"calmon.commands.{name}").register(sub)
     return parser
 
 
+def _needed(argv: Sequence[str] | None) -> Sequence[str]:
+    """The commands whose modules parsing ``argv`` needs (the top level has only ``-h`` and ``--version``)."""
+    if argv is None:
+        return COMMANDS
+    first = next((a for a in argv if not a.startswith("-")), None)
+    if first in COMMANDS:
+        return (first,)
+    if first is None and "--version" in argv and not {"-h", "--help"} & set(argv):
+        return ()  # argparse prints the version and exits before it needs a command
+    return COMMANDS  # help, no command or an unknown one: argparse lists them all
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = build_parser(argv).parse_args(argv)
+    except MissingExtra as e:  # a command module that needs an extra at import
+        print(e, file=sys.stderr)
+        return 2
     try:
         return int(args.func(args) or 0)
     except BrokenPipeError:  # e.g. `calmon simulate | head`: not an error
         devnull = open(os.devnull, "w")  # noqa: SIM115 -- stdout must stay valid until exit
         os.dup2(devnull.fileno(), sys.stdout.fileno())
         return 0
+    except MissingExtra as e:  # one line naming the extra to install (calmon.formats.extras)
+        print(e, file=sys.stderr)  # already names the feature: "calmon report needs matplotlib: pip install ..."
+        return 2
     except (UsageError, ValueError, OSError) as e:  # the commands raise these for bad input
         print(f"calmon {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -51,7 +51,7 @@ from typing import Any, cast
 from calmon.formats.compressed import MAX_EXPANSION_RATIO, DecompressionBomb
 from calmon.formats.csvobjects import CsvObjects
 from calmon.formats.csvrows import CsvConverter
-from calmon.formats.parquet import IncompleteTable, NotATable, TableError
+from calmon.formats.parquet import IncompleteTable, NoTableLibrary, NotATable, TableError
 from connectors.base import Batch
 from connectors.filepositions import check_position, position_of, restore_entries
 from connectors.filescan import FORMATS, FileSpecs
@@ -175,7 +175,8 @@ class FileSource:
         self.schema_columns = schema_columns
         self.max_expansion_ratio = None if max_expansion_ratio is None else float(max_expansion_ratio)
         self.errors: list[str] = []  # whole files that could not be read to their end: "path: why"
-        #: whole files rejected, by reason: decompression_bomb, corrupt_stream, not_parquet, unreadable
+        #: whole files rejected, by reason: decompression_bomb, corrupt_stream, not_parquet, unreadable,
+        #: needs_pyarrow (a Parquet/Arrow file without the ``parquet`` extra installed)
         self.rejected_files: dict[str, int] = {}
         self._specs = FileSpecs(specs, format, pattern, must_exist=not self.follow, name=name)
         self._files: dict[tuple[int, int], TrackedFile] = {}
@@ -287,6 +288,9 @@ class FileSource:
             return False
         except NotATable as exc:
             self._whole_failed(f, str(exc), "not_parquet")
+            return False
+        except NoTableLibrary as exc:  # skipped with the line naming the extra; read again if the file changes
+            self._whole_failed(f, str(exc), "needs_pyarrow")
             return False
         except (TableError, OSError) as exc:
             self._whole_failed(f, str(exc))

@@ -9,12 +9,11 @@ import sys
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.progress import Progress
 
 from calmon import __version__
 from calmon.algorithms.ece import reliability, summary
 from calmon.algorithms.twosample import calibration_change_test
+from calmon.commands.progress import Steps
 from calmon.evaluate.verdict import summarize
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import clean
@@ -55,36 +54,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip invalid JSONL events (counted by reason) instead of stopping at the first")
     add_schema_arguments(p)
     p.set_defaults(func=run)
-
-
-class Steps:
-    """Progress of a command's steps on stderr, shown only when a person watches (stderr is a terminal).
-
-    Never in pipes, files or CI logs; the bar disappears when the command ends.
-
-    Examples
-    --------
-    >>> with Steps(2) as steps:   # doctest stderr is not a terminal: nothing is shown
-    ...     steps.start("read"); steps.done()
-    """
-
-    def __init__(self, total: int) -> None:
-        console = Console(stderr=True)
-        self._progress = Progress(console=console, transient=True, disable=not console.is_terminal)
-        self._task = self._progress.add_task("calmon", total=total)
-
-    def __enter__(self) -> Steps:
-        self._progress.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._progress.stop()
-
-    def start(self, description: str) -> None:
-        self._progress.update(self._task, description=description)
-
-    def done(self, steps: int = 1) -> None:
-        self._progress.advance(self._task, steps)
 
 
 def check_numbers(args: argparse.Namespace) -> None:

@@ -45,9 +45,10 @@ import msgspec
 import numpy as np
 
 from calmon.formats.csvrows import CsvLayout
+from calmon.formats.extras import MissingExtra, missing_message, require
 
-__all__ = ["TableError", "IncompleteTable", "NotATable", "TableFile", "RowPlan", "canonical_plan", "mapped_plan",
-           "batch_records", "table_kind", "TABLE_SUFFIXES"]
+__all__ = ["TableError", "IncompleteTable", "NotATable", "NoTableLibrary", "TableFile", "RowPlan", "canonical_plan",
+           "mapped_plan", "batch_records", "table_kind", "TABLE_SUFFIXES"]
 
 PARQUET_MAGIC = b"PAR1"
 ARROW_MAGIC = b"ARROW1"
@@ -66,6 +67,23 @@ class IncompleteTable(TableError):
 
 class NotATable(TableError):
     """A file read as Parquet that is something else (it does not begin with ``PAR1``)."""
+
+
+class NoTableLibrary(TableError, MissingExtra):
+    """pyarrow, which reads Parquet and Arrow files, is not installed (the ``parquet`` extra).
+
+    A :class:`TableError` too, so the file source skips such a file with this reason instead of failing,
+    and ``calmon check`` stops with its one line.
+    """
+
+
+def _pyarrow(kind: str) -> Any:
+    """``pyarrow``, or :class:`NoTableLibrary` naming the extra (pyarrow is 170 MB: not in the base install)."""
+    feature = f"reading .{kind}"
+    try:
+        return require("pyarrow", extra="parquet", feature=feature)
+    except MissingExtra as exc:
+        raise NoTableLibrary(missing_message("pyarrow", "parquet", feature)) from exc
 
 
 def table_kind(head: bytes, path: str = "") -> str | None:
@@ -232,8 +250,7 @@ class TableFile:
     """
 
     def __init__(self, source: str | bytes | BinaryIO, kind: str) -> None:
-        import pyarrow as pa
-
+        pa = _pyarrow(kind)  # every read of a table starts here: the one place a missing pyarrow is reported
         if kind == "parquet":
             head = _head(source)
             if head[:4] != PARQUET_MAGIC[:len(head)]:
