@@ -398,20 +398,27 @@ class ExporterConfig:
         _check(self.max_series_per_model >= 1, f"{path}.max_series_per_model", "must be >= 1")
         _check(self.max_series >= 1, f"{path}.max_series", "must be >= 1")
 
-    def reliability_windows(self, windows: WindowsConfig) -> str:
-        """``reliability`` with ``longest`` resolved against ``windows.names`` (``all`` is the longest of all).
+    def reliability_windows(self, windows: WindowsConfig) -> str | tuple[str, ...]:
+        """``reliability`` for the series budget: ``all``, ``none``, or the window names (``longest`` resolved
+        against ``windows.names``, where the window ``all`` is the longest of all).
 
         Examples
         --------
         >>> ExporterConfig().reliability_windows(WindowsConfig(names=["1h", "7d", "24h"]))
-        '7d'
-        >>> ExporterConfig(reliability="1h").reliability_windows(WindowsConfig())
-        '1h'
+        ('7d',)
+        >>> ExporterConfig().reliability_windows(WindowsConfig())  # the window "all" alone
+        ('all',)
+        >>> ExporterConfig(reliability="all").reliability_windows(WindowsConfig())  # every window
+        'all'
+        >>> ExporterConfig(reliability="1h, 24h").reliability_windows(WindowsConfig())
+        ('1h', '24h')
         """
-        if self.reliability != "longest":
+        if self.reliability in ("all", "none"):
             return self.reliability
+        if self.reliability != "longest":
+            return tuple(w.strip() for w in self.reliability.split(","))
         length = {n: float("inf") if s is None else s for n, s in windows.window_seconds().items()}
-        return max(windows.names, key=length.__getitem__)
+        return (max(windows.names, key=length.__getitem__),)
 
 
 @dataclass

@@ -87,7 +87,8 @@ class SeriesBudget:
     Parameters
     ----------
     reliability
-        Windows whose reliability diagram is exported: ``all``, ``none`` or comma-separated window names.
+        Windows whose reliability diagram is exported: ``all``, ``none``, comma-separated window names, or a
+        tuple of window names (taken literally: ``("all",)`` is the window ``all`` alone).
     max_series_per_model, max_series
         Caps per model and in total.
     max_series_per_window
@@ -97,20 +98,24 @@ class SeriesBudget:
         ``full`` (every bound and every estimation error) or ``none``.
     """
 
-    reliability: str = "all"
+    reliability: str | tuple[str, ...] = "all"
     max_series_per_model: int = 5000
     max_series: int = 200_000
     max_series_per_window: int | None = None
     estimates: str = "full"
+    #: The windows of ``reliability`` (``None``: every window).
+    _diagrams: frozenset[str] | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         if self.estimates not in ESTIMATE_SETS:
             raise ValueError(f"estimates must be one of {', '.join(ESTIMATE_SETS)}, got {self.estimates!r}")
+        r = self.reliability
+        names = (None if r == "all" else frozenset() if r == "none" else frozenset(r) if isinstance(r, tuple)
+                 else frozenset(w.strip() for w in r.split(",")))
+        object.__setattr__(self, "_diagrams", names)
 
     def reliability_for(self, window: str) -> bool:
-        if self.reliability in ("all", "none"):
-            return self.reliability == "all"
-        return window in {w.strip() for w in self.reliability.split(",")}
+        return self._diagrams is None or window in self._diagrams
 
 
 def _esc(v: Any) -> str:
