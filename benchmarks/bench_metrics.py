@@ -6,7 +6,8 @@ estimation errors, score drift) -- rendered, in one run and interleaved, with:
 
 * ``before``: the exporter defaults before #35 (every diagram, every estimate, no per-window cap);
 * ``default``: the agent's default configuration (``build_config`` of a minimal document, as ``calmon run``);
-* ``reliability none``, ``estimates full``: the default with one key changed;
+* ``reliability none``, ``estimates full``: the default with one key changed; ``core + tests only``: both
+  diagrams and estimates off (the floor of the metric contract's per-window families);
 * ``unbounded``: everything, no cap.
 
 Prints a table: MB and series of a scrape, series per (model, segment, window) outside the diagrams, round part
@@ -73,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     budgets = {"before": SeriesBudget(reliability="all", max_series_per_model=5000, max_series=200_000),
                "default": default_budget(), "reliability none": default_budget(reliability="none"),
                "estimates full": default_budget(estimates="full"),
+               "core + tests only": default_budget(reliability="none", estimates="none"),
                "unbounded": SeriesBudget(max_series_per_model=10**9, max_series=10**9)}
     print(f"load {os.getloadavg()[0]:.2f}; {len(SEGMENTS)} segments x {len(WINDOWS)} windows per model")
     print(f"{'models':>6} {'budget':>17} {'MB':>6} {'series':>8} {'/window':>7} {'dropped':>8} "

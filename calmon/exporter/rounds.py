@@ -11,7 +11,7 @@ Series budget
 Per-window series fall in tiers, kept in this order: ``core`` (events and metric gauges, ~9 per
 window), ``tests`` (per tester, in this order: p-value, age, rejected, insufficient, statistic),
 ``estimates`` (label-free: ``headline`` -- the point estimates, the accuracy interval, the accuracy
-estimation error and the score drift, 12 -- or ``full``, up to 32), ``reliability`` (3 x
+estimation error and the score drift, 12 -- or ``full``, up to 30), ``reliability`` (3 x
 ``evaluation.reliability_bins``, 60 by default).
 
 * **Per window** (``exporter.max_series_per_window``, 40 in the agent's configuration): a
