@@ -206,3 +206,32 @@ def test_exporter_configuration_defaults_and_errors():
             build_config({"sources": [{"path": "x"}], "exporter": {key: value}}, env={})
     with pytest.raises(ValueError, match="estimates"):
         SeriesBudget(estimates="some")
+
+
+def test_agent_exports_the_longest_windows_diagram_and_serves_every_diagram_in_status(tmp_path):
+    """``calmon run`` with the default exporter: /metrics has the bins of the longest window only, /api/status has
+    every window's diagram in full, and nothing is over budget."""
+    import json
+
+    import numpy as np
+
+    from calmon.agent.runtime import Agent
+
+    rng = np.random.default_rng(0)
+    lines = [json.dumps({"model": f"m{i % 2}", "ts": 1767225600 + i, "score": (z := float(rng.uniform())),
+                         "label": int(rng.uniform() < z)}) for i in range(2000)]
+    (tmp_path / "ev.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = build_config({"state_dir": str(tmp_path / "state"), "sources": [{"path": str(tmp_path / "ev.jsonl")}],
+                        "exporter": {"enabled": False}, "windows": {"names": ["1h", "24h"]},
+                        "evaluation": {"mc": 20, "min_events": 50, "pool": "inline", "tests": [{"name": "tcal"}]},
+                        "ingest": {"exit_when_done": True}}, env={})
+    agent = Agent(cfg)
+    assert agent.run() == 0
+    evs = agent.status()["evaluations"]
+    assert {e["window"] for e in evs} == {"1h", "24h"}
+    assert all(len(e["reliability"]) == cfg.evaluation.reliability_bins for e in evs)
+    fams = parse(agent.metrics.render().decode())
+    assert {s.labels["window"] for s in fams["calmon_reliability_events"]} == {"24h"}
+    assert len(fams["calmon_reliability_events"]) == 2 * cfg.evaluation.reliability_bins  # 2 models, segment all
+    assert {s.labels["window"] for s in fams["calmon_ece"]} == {"1h", "24h"}
+    assert all(s.value == 0 for s in fams["calmon_metrics_series_over_budget"])
