@@ -22,7 +22,7 @@ DASHBOARD = DEPLOY / "grafana" / "dashboards" / "calmon.json"
 GRAFANA_VARS = {
     "$__rate_interval": "1m", "$__interval": "1m", "$__range": "1h",
     "${model}": "fraud", "$model": "fraud", "${segment}": "all", "$segment": "all",
-    "${window}": "1h", "$window": "1h",
+    "${window}": "1h", "$window": "1h", "${diagram_window}": "all", "$diagram_window": "all",
 }
 
 
@@ -208,10 +208,10 @@ def test_dashboard_structure_and_required_panels():
 
     bars = panels_using("calmon_reliability_mean_outcome", "barchart")
     rel = [p for p in bars if len(p["targets"]) > 1]  # the diagram: observed and mean score side by side
-    assert len(rel) == 1 and rel[0]["repeat"] == "window"
+    assert len(rel) == 1 and rel[0]["repeat"] == "diagram_window"  # the windows whose diagram is exported
     assert any("calmon_reliability_mean_score" in t["expr"] for t in rel[0]["targets"])
     (gap,) = [p for p in bars if len(p["targets"]) == 1]  # observed - mean score per bin: the direction
-    assert gap["repeat"] == "window" and " - calmon_reliability_mean_score" in gap["targets"][0]["expr"]
+    assert gap["repeat"] == "diagram_window" and " - calmon_reliability_mean_score" in gap["targets"][0]["expr"]
     (verdict,) = [p for p in panels_using("calmon_test_rejected", "table") if "Verdict" in p["title"]]
     assert verdict["targets"][0]["expr"].startswith("max by (model, segment, window)")
     parent_rows = [p for p in d["panels"] if p["type"] == "row" and p.get("repeat") == "model"]
@@ -308,3 +308,101 @@ def test_dashboard_json_is_the_generator_output():
     res = run([sys.executable, str(DEPLOY / "grafana" / "generate_dashboard.py")])
     assert res.returncode == 0, res.stderr
     assert res.stdout == DASHBOARD.read_text(), "run: python deploy/grafana/generate_dashboard.py --write"
+
+
+# ------------------------------------------------------------------ the dashboard against the default /metrics
+MATCHER = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!=|!~|=)\s*"((?:[^"\\]|\\.)*)"')
+SELECTOR = re.compile(r"\b(calmon_[a-zA-Z0-9_:]*)\s*(?:\{([^}]*)\})?")
+
+
+def default_export(tmp_path: Path) -> dict[str, list[dict[str, str]]]:
+    """Sample name -> label sets of /metrics as ``calmon run`` with the default configuration exports it: the
+    budget the agent builds, a round with every default tester, estimates, an alert and a calibrator, and
+    every live counter."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from calmon.agent.runtime import Agent
+    from calmon.config import build_config
+    from calmon.exporter.metrics import AgentMetrics
+    from calmon.exporter.rounds import ESTIMATED, WINDOW_GAUGES
+    from calmon.exporter.views import LiveView, RoundView
+
+    cfg = build_config({"sources": [{"path": str(tmp_path / "events.jsonl")}], "state_dir": str(tmp_path / "s")},
+                       env={})
+    budget = Agent(cfg, sources=[]).metrics.budget
+    model = GRAFANA_VARS["$model"]
+    evs = [{"model": model, "segment": "all", "window": w, "n": 500, "predictions": 600,
+            "metrics": {fld: 0.1 for fld, _ in WINDOW_GAUGES.values()},
+            "reliability": [{"bin": b / 20, "events": 3, "mean_score": b / 20, "mean_outcome": b / 20}
+                            for b in range(20)],
+            "tests": {t.name: {"statistic": 0.1, "p_value": 0.4, "decision": "calibrated", "evaluated_at": 1.0}
+                      for t in cfg.evaluation.tests},
+            "estimated": {m: {"value": 0.5, "lo": 0.4, "hi": 0.6} for m in ESTIMATED},
+            "estimation_error": {m: 0.01 for m in ESTIMATED}, "score_drift": {"psi": 0.1, "p_value": 0.5}}
+           for w in cfg.windows.names]
+    view = RoundView(scheduler={"evaluations": 3, "overruns": 0, "last_timestamp": 1.0}, evaluations=evs,
+                     state_bytes={model: 100},
+                     alerts=[{"alert": "CalibrationDrift", "model": model, "segment": "all", "window": w,
+                              "severity": "critical", "state": "firing"} for w in cfg.windows.names],
+                     calibrators=[{"model": model, "method": "platt", "version": 1, "before": {"ece": 0.1},
+                                   "after": {"ece": 0.01}, "reason": None, "published_at": 1.0}])
+    live = LiveView(ready=True, events={(model, "labeled"): 5}, rejected={"bad_json": 1}, late={model: 1},
+                    join={"joined": {model: 1}, "expired": {model: 1}, "duplicates": {model: 1}, "orphans": 1},
+                    pending={model: 2},
+                    sources={"events": {"records": 5, "lag_seconds": 1.0, "lag_bytes": 10, "lag_records": 3}},
+                    checkpoint={"last_timestamp": 1.0, "duration": 0.1, "count": 1},
+                    changes={model: {"signals": {"residual": {"detections": 1, "last": {"change_point": 1.0}}}}})
+    metrics = AgentMetrics(lambda: live, budget, clock=lambda: 2.0)
+    metrics.evaluation_duration.observe(0.5)
+    metrics.prepare(view)
+    out: dict[str, list[dict[str, str]]] = {}
+    for fam in text_string_to_metric_families(metrics.render().decode()):
+        for s in fam.samples:
+            out.setdefault(s.name, []).append(s.labels)
+    return out
+
+
+def _matches(labels: dict[str, str], matchers: str) -> bool:
+    for name, op, value in MATCHER.findall(matchers):
+        have = labels.get(name, "")
+        hit = have == value if op in ("=", "!=") else re.fullmatch(value, have) is not None
+        if hit != (op in ("=", "=~")):
+            return False
+    return True
+
+
+def unresolved(expr: str, exported: dict[str, list[dict[str, str]]]) -> list[str]:
+    """The selectors of ``expr`` (variables substituted) that no exported series matches."""
+    return [f"{name}{{{m or ''}}}" for name, m in SELECTOR.findall(re.sub(r"\[[^\]]*\]", "", expr))
+            if not any(_matches(labels, m or "") for labels in exported.get(name, []))]
+
+
+def test_dashboard_queries_resolve_against_the_default_export(tmp_path):
+    """Every panel, annotation and variable query finds its series in /metrics as the default configuration
+    exports it (exporter.reliability, max_series_per_window, estimates), for every value of every variable --
+    a panel asking for series the default no longer exports (a diagram of a window without one, an interval
+    of a non-headline estimate) fails here."""
+    exported = default_export(tmp_path)
+    d = dashboard()
+    values: dict[str, list[str]] = {k.lstrip("$").strip("{}"): [v] for k, v in GRAFANA_VARS.items()}
+    for v in d["templating"]["list"]:  # as Grafana does: each variable's values from its query
+        if v["type"] == "query":
+            sel, label = re.fullmatch(r"label_values\((.*),\s*([a-zA-Z_]+)\)", v["query"]["query"]).groups()
+            name, m = SELECTOR.fullmatch(substitute(sel)).groups()
+            values[v["name"]] = sorted({s[label] for s in exported.get(name, []) if _matches(s, m or "")
+                                        and label in s})
+            assert values[v["name"]], f"variable {v['name']}: no values in the default export"
+    assert values["window"] == sorted(["1h", "24h", "7d", "all"]) and values["diagram_window"] == ["all"]
+    missing = []
+    for where, expr in dashboard_exprs():
+        for var in sorted(set(re.findall(r"\$\{?([a-z_]+)\}?", expr)) - {"__rate_interval", "__interval",
+                                                                         "__range", "value"}):
+            for value in values[var]:  # one variable at a time over its values, the others at their defaults
+                e = re.sub(r"\$\{?" + var + r"\}?(?![a-z_])", value, expr)
+                missing += [f"{where} ({var}={value}): {s}" for s in unresolved(substitute(e), exported)]
+        missing += [f"{where}: {s}" for s in unresolved(substitute(expr), exported)]
+    assert not missing, "dashboard queries without series in the default /metrics:\n" + "\n".join(missing)
+    # the check can fail: series the default does not export
+    for gone in ('calmon_reliability_events{model="fraud",window="1h"}', "calmon_estimated_brier_lower",
+                 'calmon_estimation_error{metric="brier"}'):
+        assert unresolved(gone, exported), gone

@@ -207,7 +207,8 @@ def dashboard_queries() -> list[tuple[str, str]]:
             yield from walk(p.get("panels", []))
 
     subs = {"$__rate_interval": "15s", "$__interval": "5s", "$__range": "1m", "$model": MODEL,
-            "$segment": "all", "$window": WINDOW}
+            "$segment": "all", "$window": WINDOW,
+            "$diagram_window": "60s"}  # the longest window: the one exporter.reliability exports by default
     out = []
     for p in walk(dash["panels"]):
         for t in p.get("targets", []):

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from calmon.config import build_config
+from calmon.config.schema import ConfigError
 from calmon.exporter import rounds
 from calmon.exporter.metrics import AgentMetrics, SeriesBudget
 from calmon.exporter.views import LiveView, RoundView
@@ -89,3 +91,147 @@ def test_reliability_selection_and_config():
     assert not parse(m.render().decode()).get("calmon_reliability_events")
     cfg = build_config({"sources": [{"path": "x"}], "exporter": {"reliability": "none", "max_series": 1000}}, env={})
     assert cfg.exporter.reliability == "none" and cfg.exporter.max_series == 1000
+
+
+# -- the per-window budget (#35.1) -------------------------------------------------------------------------
+def default_budget(cfg) -> SeriesBudget:
+    """The budget the agent builds from its configuration (calmon/agent/runtime.py)."""
+    ex = cfg.exporter
+    return SeriesBudget(ex.reliability_windows(cfg.windows), ex.max_series_per_model, ex.max_series,
+                        ex.max_series_per_window, ex.estimates)
+
+
+def full_evaluation(model: str, segment: str, window: str, testers: list[str]) -> dict:
+    """A window with everything a round can give: every metric, tester, estimate, error, drift and a diagram."""
+    est = {m: {"value": 0.5, "lo": 0.4, "hi": 0.6} for m in rounds.ESTIMATED}
+    return {**evaluation(model, window), "segment": segment, "predictions": 900,
+            "metrics": {fld: 0.1 for fld, _ in rounds.WINDOW_GAUGES.values()},
+            "tests": {t: {"statistic": 0.1, "p_value": 0.4, "decision": "calibrated", "evaluated_at": 100.0}
+                      for t in testers},
+            "estimated": est, "estimation_error": {m: 0.01 for m in rounds.ESTIMATED},
+            "score_drift": {"psi": 0.01, "p_value": 0.5}}
+
+
+def per_window(fams: dict[str, list]) -> dict[tuple[str, str, str], dict[str, int]]:
+    """(model, segment, window) -> family -> series."""
+    out: dict[tuple[str, str, str], dict[str, int]] = {}
+    for name, samples in fams.items():
+        for s in samples:
+            if {"model", "segment", "window"} <= set(s.labels):
+                fam = out.setdefault((s.labels["model"], s.labels["segment"], s.labels["window"]), {})
+                fam[name] = fam.get(name, 0) + 1
+    return out
+
+
+def test_default_configuration_keeps_at_most_40_series_per_window_and_drops_nothing():
+    cfg = build_config({"sources": [{"path": "x"}]}, env={})
+    testers = [t.name for t in cfg.evaluation.tests]
+    assert len(testers) >= 3  # every default tester, estimates on
+    windows = cfg.windows.names
+    view = RoundView(evaluations=[full_evaluation(m, s, w, testers) for m in ("a", "b") for s in ("all", "web")
+                                  for w in windows],
+                     alerts=[{"alert": "CalibrationDrift", "model": "a", "segment": "all", "window": w,
+                              "severity": "critical", "state": "firing"} for w in windows])
+    m = AgentMetrics(LiveView, default_budget(cfg), clock=lambda: 130.0)
+    m.prepare(view)
+    fams = parse(m.render().decode())
+    counts = per_window(fams)
+    assert len(counts) == 2 * 2 * len(windows)
+    longest = "all"
+    for (_, _, window), fam in counts.items():
+        diagram = sum(n for name, n in fam.items() if name.startswith("calmon_reliability_"))
+        assert sum(fam.values()) - diagram <= 40, (window, fam)
+        # the diagram: only for the longest window (and in full: 3 x 20 bins)
+        assert diagram == (60 if window == longest else 0), (window, diagram)
+        # what a dashboard needs is all there: every tester's five series, the headline estimates
+        assert fam["calmon_test_p_value"] == fam["calmon_test_age_seconds"] == len(testers)
+        assert fam["calmon_estimated_accuracy_lower"] == fam["calmon_estimated_brier"] == 1
+        assert "calmon_estimated_brier_lower" not in fam
+    dropped = {s.labels["reason"]: s.value for s in fams["calmon_metrics_series_over_budget"]}
+    assert dropped == {"window_cap": 0, "model_cap": 0, "total_cap": 0}
+
+
+def test_window_cap_keeps_tiers_in_order_and_counts_what_it_drops():
+    # a window: core 3 (events, ece, brier), tests 2 x 5, estimates 2 (score drift)
+    evs = [{**evaluation(m, w), "score_drift": {"psi": 0.1, "p_value": 0.2}} for m in ("a", "b", "c")
+           for w in ("1h", "24h")]
+    m = AgentMetrics(LiveView, SeriesBudget(max_series_per_window=5, reliability="none"), clock=lambda: 130.0)
+    m.prepare(RoundView(evaluations=evs))
+    m.prepare(RoundView(evaluations=evs))
+    fams = parse(m.render().decode())
+    assert len(fams["calmon_ece"]) == 6 and len(fams["calmon_window_events"]) == 6
+    # the tests do not fit (3 + 10 > 5); the drift (2) would, but a tier never jumps one dropped before it
+    assert not fams.get("calmon_test_p_value") and not fams.get("calmon_test_age_seconds")
+    assert not fams.get("calmon_score_drift_psi")
+    last = {s.labels["reason"]: s.value for s in fams["calmon_metrics_series_over_budget"]}
+    total = {s.labels["reason"]: s.value for s in fams["calmon_metrics_series_dropped"]}
+    assert last["window_cap"] == 6 * 12 and total["window_cap"] == 2 * 6 * 12
+    # room for the tests: the drift is dropped alone
+    m = AgentMetrics(LiveView, SeriesBudget(max_series_per_window=14, reliability="none"), clock=lambda: 130.0)
+    m.prepare(RoundView(evaluations=evs))
+    fams = parse(m.render().decode())
+    assert len(fams["calmon_test_p_value"]) == 12 and len(fams["calmon_test_age_seconds"]) == 12
+    assert not fams.get("calmon_score_drift_psi")
+    assert {s.labels["reason"]: s.value for s in fams["calmon_metrics_series_over_budget"]}["window_cap"] == 6 * 2
+
+
+def test_estimates_headline_full_and_none():
+    ev = full_evaluation("a", "all", "1h", ["tcal"])
+
+    def names(estimates: str) -> set[str]:
+        m = AgentMetrics(LiveView, SeriesBudget(estimates=estimates))
+        m.prepare(RoundView(evaluations=[ev]))
+        return {n for n, samples in parse(m.render().decode()).items() if samples}
+
+    headline, full, none = names("headline"), names("full"), names("none")
+    point = {f"calmon_estimated_{m}" for m in rounds.ESTIMATED}
+    assert point <= headline and point <= full and not point & none
+    assert {"calmon_estimated_accuracy_lower", "calmon_estimated_accuracy_upper"} <= headline
+    assert "calmon_estimated_roc_auc_upper" not in headline and "calmon_estimated_roc_auc_upper" in full
+    m = AgentMetrics(LiveView, SeriesBudget(estimates="headline"))
+    m.prepare(RoundView(evaluations=[ev]))
+    errors = parse(m.render().decode())["calmon_estimation_error"]
+    assert [s.labels["metric"] for s in errors] == ["accuracy"]
+
+
+def test_exporter_configuration_defaults_and_errors():
+    cfg = build_config({"sources": [{"path": "x"}]}, env={})
+    ex = cfg.exporter
+    assert (ex.reliability, ex.max_series_per_window, ex.estimates) == ("longest", 40, "headline")
+    assert ex.reliability_windows(cfg.windows) == ("all",)  # the window "all", not every window
+    cfg = build_config({"sources": [{"path": "x"}], "windows": {"names": ["1h", "7d", "24h"]}}, env={})
+    assert cfg.exporter.reliability_windows(cfg.windows) == ("7d",)
+    for key, value in (("estimates", "some"), ("max_series_per_window", 0)):
+        with pytest.raises(ConfigError, match=f"exporter.{key}"):
+            build_config({"sources": [{"path": "x"}], "exporter": {key: value}}, env={})
+    with pytest.raises(ValueError, match="estimates"):
+        SeriesBudget(estimates="some")
+
+
+def test_agent_exports_the_longest_windows_diagram_and_serves_every_diagram_in_status(tmp_path):
+    """``calmon run`` with the default exporter: /metrics has the bins of the longest window only, /api/status has
+    every window's diagram in full, and nothing is over budget."""
+    import json
+
+    import numpy as np
+
+    from calmon.agent.runtime import Agent
+
+    rng = np.random.default_rng(0)
+    lines = [json.dumps({"model": f"m{i % 2}", "ts": 1767225600 + i, "score": (z := float(rng.uniform())),
+                         "label": int(rng.uniform() < z)}) for i in range(2000)]
+    (tmp_path / "ev.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = build_config({"state_dir": str(tmp_path / "state"), "sources": [{"path": str(tmp_path / "ev.jsonl")}],
+                        "exporter": {"enabled": False}, "windows": {"names": ["1h", "24h"]},
+                        "evaluation": {"mc": 20, "min_events": 50, "pool": "inline", "tests": [{"name": "tcal"}]},
+                        "ingest": {"exit_when_done": True}}, env={})
+    agent = Agent(cfg)
+    assert agent.run() == 0
+    evs = agent.status()["evaluations"]
+    assert {e["window"] for e in evs} == {"1h", "24h"}
+    assert all(len(e["reliability"]) == cfg.evaluation.reliability_bins for e in evs)
+    fams = parse(agent.metrics.render().decode())
+    assert {s.labels["window"] for s in fams["calmon_reliability_events"]} == {"24h"}
+    assert len(fams["calmon_reliability_events"]) == 2 * cfg.evaluation.reliability_bins  # 2 models, segment all
+    assert {s.labels["window"] for s in fams["calmon_ece"]} == {"1h", "24h"}
+    assert all(s.value == 0 for s in fams["calmon_metrics_series_over_budget"])

@@ -137,8 +137,9 @@ class Agent:
         self.published = Published()
         self.checkpoint_info: CheckpointInfo = {"last_timestamp": None, "duration": None, "count": 0}
         ex = cfg.exporter
-        self.metrics = AgentMetrics(self.live_state, SeriesBudget(ex.reliability, ex.max_series_per_model,
-                                                                  ex.max_series), clock=clock)
+        budget = SeriesBudget(ex.reliability_windows(cfg.windows), ex.max_series_per_model, ex.max_series,
+                              ex.max_series_per_window, ex.estimates)
+        self.metrics = AgentMetrics(self.live_state, budget, clock=clock)
         self.ready = False
         self.done = False
         self._stop = threading.Event()

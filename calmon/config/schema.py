@@ -367,11 +367,18 @@ class ExporterConfig:
     idle_timeout: Duration = Duration(60.0)
     #: Open connections at most; a new one beyond evicts the longest-idle one (or is refused if all are busy).
     max_connections: int = 64
-    #: Windows whose reliability diagram (3 x reliability_bins series each) is exported: all, none or "1h,24h".
-    reliability: str = "all"
-    #: Series budget of the per-window detail (see calmon/exporter/rounds.py): per model, and in total.
+    #: Windows whose reliability diagram (3 x reliability_bins series each) is exported: ``longest`` (the longest
+    #: configured window: its bins hold the most events, so its diagram is the steadiest), all, none or "1h,24h".
+    #: Every diagram is in /api/status whatever this says.
+    reliability: str = "longest"
+    #: Series budget of the per-window detail (see calmon/exporter/rounds.py): per (model, segment, window) for the
+    #: headline metrics, tester results and estimates (tiers kept in that order), per model, and in total.
+    max_series_per_window: int = 40
     max_series_per_model: int = 5000
     max_series: int = 200_000
+    #: Label-free estimates exported per window: ``headline`` (point estimates, the accuracy interval and estimation
+    #: error, score drift), ``full`` (every interval and estimation error) or ``none``; /api/status has them all.
+    estimates: str = "headline"
 
     def validate(self, path: str) -> None:
         _check(0 <= self.port <= 65535, f"{path}.port", f"must be an integer in [0, 65535], got {self.port}")
@@ -381,10 +388,37 @@ class ExporterConfig:
                f"must be in [10ms, 1h], got {self.idle_timeout}")
         _check(1 <= self.max_connections <= 10_000, f"{path}.max_connections",
                f"must be in [1, 10000], got {self.max_connections}")
-        _check(self.reliability in ("all", "none") or all(w.strip() for w in self.reliability.split(",")),
-               f"{path}.reliability", f"must be all, none or comma-separated window names, got {self.reliability!r}")
+        _check(self.reliability in ("longest", "all", "none") or all(w.strip() for w in self.reliability.split(",")),
+               f"{path}.reliability",
+               f"must be longest, all, none or comma-separated window names, got {self.reliability!r}")
+        _check(isinstance(self.max_series_per_window, int) and self.max_series_per_window >= 1,
+               f"{path}.max_series_per_window", f"must be an integer >= 1, got {self.max_series_per_window!r}")
+        _check(self.estimates in ("headline", "full", "none"), f"{path}.estimates",
+               f"must be one of headline, full, none, got {self.estimates!r}")
         _check(self.max_series_per_model >= 1, f"{path}.max_series_per_model", "must be >= 1")
         _check(self.max_series >= 1, f"{path}.max_series", "must be >= 1")
+
+    def reliability_windows(self, windows: WindowsConfig) -> str | tuple[str, ...]:
+        """``reliability`` for the series budget: ``all``, ``none``, or the window names (``longest`` resolved
+        against ``windows.names``, where the window ``all`` is the longest of all).
+
+        Examples
+        --------
+        >>> ExporterConfig().reliability_windows(WindowsConfig(names=["1h", "7d", "24h"]))
+        ('7d',)
+        >>> ExporterConfig().reliability_windows(WindowsConfig())  # the window "all" alone
+        ('all',)
+        >>> ExporterConfig(reliability="all").reliability_windows(WindowsConfig())  # every window
+        'all'
+        >>> ExporterConfig(reliability="1h, 24h").reliability_windows(WindowsConfig())
+        ('1h', '24h')
+        """
+        if self.reliability in ("all", "none"):
+            return self.reliability
+        if self.reliability != "longest":
+            return tuple(w.strip() for w in self.reliability.split(","))
+        length = {n: float("inf") if s is None else s for n, s in windows.window_seconds().items()}
+        return (max(windows.names, key=length.__getitem__),)
 
 
 @dataclass

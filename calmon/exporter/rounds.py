@@ -8,18 +8,29 @@ adds only the live counters (:mod:`calmon.exporter.metrics`) and the test ages.
 
 Series budget
 -------------
-Per-window series fall in tiers, kept in this order: ``core`` (events and metric gauges, ~8 per
+Per-window series fall in tiers, kept in this order: ``core`` (events and metric gauges, ~9 per
 window), ``tests`` (per tester, in this order: p-value, age, rejected, insufficient, statistic),
-``estimates`` (label-free: up to 25), ``reliability`` (3 x ``evaluation.reliability_bins``, 60 by
-default).  ``exporter.reliability`` chooses the windows whose reliability diagram is exported
-(``all``, ``none`` or a comma-separated list of window names).  A model keeps the tiers, in
-order, while its series fit ``exporter.max_series_per_model``; then the whole export keeps
-families, in that order, while the total fits ``exporter.max_series`` (a family is kept or
-dropped for every model alike: no alphabetical favourites).  At ~90 bytes a series, the default
-200 000 is ~18 MB: 1000 models x 3 segments x 4 windows keep the core gauges, the p-values and
-the test ages (168 000 series) and drop the rest, counted.  Dropped series are counted in
+``estimates`` (label-free: ``headline`` -- the point estimates, the accuracy interval, the accuracy
+estimation error and the score drift, 12 -- or ``full``, up to 30), ``reliability`` (3 x
+``evaluation.reliability_bins``, 60 by default).
+
+* **Per window** (``exporter.max_series_per_window``, 40 in the agent's configuration): a
+  (model, segment, window) keeps ``core``, ``tests`` and ``estimates``, in order, while they fit;
+  a tier that does not fit is dropped whole for that window, and so is every tier after it.  With
+  the default three testers and headline estimates a window has 9 + 15 + 12 = 36 series.
+* **Reliability diagrams** are outside the per-window cap: ``exporter.reliability`` chooses the
+  windows whose diagram is exported (``all``, ``none`` or a comma-separated list of window names;
+  the agent's ``longest`` is resolved by the configuration to the longest configured window).
+  Every diagram is always served in full by ``/api/status``.
+* **Per model and in total**: a model keeps the tiers, in order, while its series fit
+  ``exporter.max_series_per_model``; then the whole export keeps families, in that order, while
+  the total fits ``exporter.max_series`` (a family is kept or dropped for every model alike: no
+  alphabetical favourites).
+
+Dropped series are counted by reason (``window_cap``, ``model_cap``, ``total_cap``) in
 ``calmon_metrics_series_over_budget{reason}`` (last round) and ``calmon_metrics_series_dropped_total``
-(summed over rounds).
+(summed over rounds).  :class:`SeriesBudget` itself defaults to no per-window cap and full estimates
+(the library's neutral setting); the agent's defaults are those of :class:`calmon.config.schema.ExporterConfig`.
 
 Examples
 --------
@@ -59,6 +70,10 @@ WINDOW_GAUGES: dict[str, tuple[str, str]] = {
 }
 #: Label-free estimates exported per window: ``calmon_estimated_<metric>`` (+ ``_lower``/``_upper``).
 ESTIMATED = ("accuracy", "precision", "recall", "base_rate", "brier", "log_loss", "roc_auc")
+#: The estimate whose interval and estimation error ``estimates: headline`` keeps (CBPE's headline, as NannyML's
+#: estimated-performance plot: the point estimates of the others are kept, their bounds are in ``/api/status``).
+HEADLINE = "accuracy"
+ESTIMATE_SETS = ("headline", "full", "none")
 TIERS = ("core", "tests", "estimates", "reliability")
 AGE = "calmon_test_age_seconds"
 REL_EVENTS, REL_SCORE, REL_OUTCOME = (f"calmon_reliability_{k}" for k in ("events", "mean_score", "mean_outcome"))
@@ -67,17 +82,40 @@ WIN = ("model", "segment", "window")
 
 @dataclass(frozen=True)
 class SeriesBudget:
-    """How much per-window detail ``/metrics`` carries (see the module docstring)."""
+    """How much per-window detail ``/metrics`` carries (see the module docstring).
 
-    #: ``all``, ``none`` or a comma-separated list of window names.
-    reliability: str = "all"
+    Parameters
+    ----------
+    reliability
+        Windows whose reliability diagram is exported: ``all``, ``none``, comma-separated window names, or a
+        tuple of window names (taken literally: ``("all",)`` is the window ``all`` alone).
+    max_series_per_model, max_series
+        Caps per model and in total.
+    max_series_per_window
+        Cap of the ``core``, ``tests`` and ``estimates`` tiers per (model, segment, window); ``None``: no cap.
+    estimates
+        ``headline`` (point estimates, the accuracy interval and estimation error, the score drift),
+        ``full`` (every bound and every estimation error) or ``none``.
+    """
+
+    reliability: str | tuple[str, ...] = "all"
     max_series_per_model: int = 5000
     max_series: int = 200_000
+    max_series_per_window: int | None = None
+    estimates: str = "full"
+    #: The windows of ``reliability`` (``None``: every window).
+    _diagrams: frozenset[str] | None = field(init=False, repr=False, compare=False, default=None)
+
+    def __post_init__(self) -> None:
+        if self.estimates not in ESTIMATE_SETS:
+            raise ValueError(f"estimates must be one of {', '.join(ESTIMATE_SETS)}, got {self.estimates!r}")
+        r = self.reliability
+        names = (None if r == "all" else frozenset() if r == "none" else frozenset(r) if isinstance(r, tuple)
+                 else frozenset(w.strip() for w in r.split(",")))
+        object.__setattr__(self, "_diagrams", names)
 
     def reliability_for(self, window: str) -> bool:
-        if self.reliability in ("all", "none"):
-            return self.reliability == "all"
-        return window in {w.strip() for w in self.reliability.split(",")}
+        return self._diagrams is None or window in self._diagrams
 
 
 def _esc(v: Any) -> str:
@@ -219,35 +257,54 @@ _ESTIMATED_NAMES = {m: {b: f"calmon_estimated_{m}{suffix}" for b, suffix in (("v
 _NO_NAMES: dict[str, str] = {}
 
 
-def _window(sink: _Sink, e: Evaluation, budget: SeriesBudget, ages: list[tuple[str, str, float]]) -> None:
+#: One window's samples of one tier before the per-window cap: (family, labels, value).
+_Pending = list[tuple[str, str, Any]]
+
+
+def _window(sink: _Sink, e: Evaluation, budget: SeriesBudget, ages: list[tuple[str, str, float]],
+            dropped: dict[str, int]) -> None:
     model = e["model"]
     win = (model, e["segment"], e["window"])
     key = _labels(WIN, win)
     ms, wl = key.rsplit(",", 1)  # labels sort as bin < metric < model < segment < test < window
-    tiers = sink.tiers(model)
-    core = tiers["core"]
-    core["calmon_window_events"].append((key, e.get("n", 0)))
+    core: _Pending = [("calmon_window_events", key, e.get("n", 0))]
     metrics = e.get("metrics", {})
     for name, fld in _GAUGES:
         v = metrics.get(fld)
         if v is not None:
-            core[name].append((key, v))
-    tests = tiers["tests"]
+            core.append((name, key, v))
+    if "predictions" in e:
+        core.append(("calmon_window_predictions", key, e["predictions"]))
+    tests: _Pending = []
+    my_ages: list[tuple[str, str, float]] = []
     for test, r in sorted(e.get("tests", {}).items()):
         if not isinstance(r, dict) or "decision" not in r:
             continue
         k = f'{ms},test="{_esc(test)}",{wl}'
         decision = r.get("decision")
-        tests["calmon_test_statistic"].append((k, r.get("statistic")))
-        tests["calmon_test_p_value"].append((k, r.get("p_value")))
-        tests["calmon_test_rejected"].append((k, 1.0 if decision == "miscalibrated" else 0.0))
-        tests["calmon_test_insufficient_data"].append((k, 1.0 if decision == "insufficient data" else 0.0))
+        tests.append(("calmon_test_statistic", k, r.get("statistic")))
+        tests.append(("calmon_test_p_value", k, r.get("p_value")))
+        tests.append(("calmon_test_rejected", k, 1.0 if decision == "miscalibrated" else 0.0))
+        tests.append(("calmon_test_insufficient_data", k, 1.0 if decision == "insufficient data" else 0.0))
         if r.get("evaluated_at") is not None:
-            tests[AGE].append((k, 0.0))  # counted here, rendered per scrape
-            ages.append((model, k, float(r["evaluated_at"])))
-    if "predictions" in e:
-        core["calmon_window_predictions"].append((key, e["predictions"]))
-    _estimates(tiers["estimates"], e, key)
+            tests.append((AGE, k, 0.0))  # counted here, rendered per scrape
+            my_ages.append((model, k, float(r["evaluated_at"])))
+    estimates = _estimates(e, key, budget.estimates)
+    # the per-window cap: tiers in order while they fit; the first that does not ends the window's export
+    tiers = sink.tiers(model)
+    cap = budget.max_series_per_window
+    used = 0
+    for tier, pending in (("core", core), ("tests", tests), ("estimates", estimates)):
+        if cap is not None and used + len(pending) > cap:
+            cap = used  # nothing after a dropped tier either: the tiers stay in order
+            dropped["window_cap"] += len(pending)
+            continue
+        used += len(pending)
+        rows = tiers[tier]
+        for name, labels, v in pending:
+            rows[name].append((labels, v))
+        if tier == "tests":
+            ages.extend(my_ages)
     if budget.reliability_for(e["window"]) and e.get("reliability"):
         sink.defer(model, key, e["reliability"])
 
@@ -275,25 +332,30 @@ def _reliability(sink: _Sink, kept: Mapping[str, set[str]], families: set[str]) 
                     rel[REL_OUTCOME].append((b, point.get("mean_outcome")))
 
 
-def _estimates(rows: dict[str, _Rows], e: Evaluation, key: str) -> None:
+def _estimates(e: Evaluation, key: str, which: str) -> _Pending:
+    """The window's label-free estimates: every bound (``full``), or the headline set (module docstring)."""
+    out: _Pending = []
+    if which == "none":
+        return out
+    full = which == "full"
     for m, bounds in (e.get("estimated") or {}).items():
         names = _ESTIMATED_NAMES.get(m, _NO_NAMES)
         for b, v in bounds.items():
             name = names.get(b)
-            if name is not None:
-                rows[name].append((key, v))
-    errors = rows["calmon_estimation_error"]
+            if name is not None and (full or b == "value" or m == HEADLINE):
+                out.append((name, key, v))
     for m, v in sorted((e.get("estimation_error") or {}).items()):
-        errors.append((f'metric="{_esc(m)}",{key}', v))  # metric < model: first in sorted label order
+        if full or m == HEADLINE:
+            out.append(("calmon_estimation_error", f'metric="{_esc(m)}",{key}', v))  # metric < model in label order
     drift = e.get("score_drift")
     if drift:
-        rows["calmon_score_drift_psi"].append((key, drift.get("psi")))
-        rows["calmon_score_drift_p_value"].append((key, drift.get("p_value")))
+        out.append(("calmon_score_drift_psi", key, drift.get("psi")))
+        out.append(("calmon_score_drift_p_value", key, drift.get("p_value")))
+    return out
 
 
-def _keep(sink: _Sink, budget: SeriesBudget) -> tuple[dict[str, set[str]], set[str], dict[str, int]]:
-    """Tiers kept per model (per-model cap), families kept for all (total cap), series dropped by reason."""
-    dropped = {"model_cap": 0, "total_cap": 0}
+def _keep(sink: _Sink, budget: SeriesBudget, dropped: dict[str, int]) -> tuple[dict[str, set[str]], set[str]]:
+    """Tiers kept per model (per-model cap), families kept for all (total cap); series dropped added by reason."""
     kept: dict[str, set[str]] = {}
     per_family: dict[str, int] = {}
     for model in {**sink.rows, **sink.deferred}:
@@ -318,7 +380,7 @@ def _keep(sink: _Sink, budget: SeriesBudget) -> tuple[dict[str, set[str]], set[s
             total += n
         else:
             dropped["total_cap"] += n
-    return kept, families, dropped
+    return kept, families
 
 
 @dataclass(frozen=True)
@@ -336,9 +398,11 @@ class RoundPart:
         sink = _Sink()
         _families(sink)
         ages: list[tuple[str, str, float]] = []
+        dropped = {"window_cap": 0, "model_cap": 0, "total_cap": 0} if budget.max_series_per_window is not None \
+            else {"model_cap": 0, "total_cap": 0}
         for e in view.evaluations:
-            _window(sink, e, budget, ages)
-        kept, families, dropped = _keep(sink, budget)
+            _window(sink, e, budget, ages, dropped)
+        kept, families = _keep(sink, budget, dropped)
         _reliability(sink, kept, families)
         fixed = _fixed(view)
         out = [f.text() for f in fixed]

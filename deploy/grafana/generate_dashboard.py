@@ -39,7 +39,10 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'model=~"$model",segment=~"$segment",window=~"$window"'
-RSEL = 'model="$model",segment="$segment",window="$window"'
+#: The reliability diagrams: only the windows whose bins /metrics exports (``exporter.reliability``, by default the
+#: longest configured window); the variable ``diagram_window`` lists them, so no panel asks for bins that are not there.
+RSEL = 'model="$model",segment="$segment",window="$diagram_window"'
+RMSEL = 'model=~"$model",segment=~"$segment",window=~"$diagram_window"'
 LEG = "{{model}} {{segment}} {{window}}"
 DUR = "sum by (le) (rate(calmon_evaluation_duration_seconds_bucket[$__rate_interval]))"
 BY = "model, segment, window"
@@ -213,13 +216,14 @@ def over_time(d: db.Dashboard) -> db.Dashboard:
            unit="percentunit", desc="Accuracy (binary: at threshold 0.5) and the mean score (binary) or mean "
                                     "top-label confidence (calmon_mean_confidence)."),
         ts("Brier score", [q(f"calmon_brier_score{{{SEL}}}", LEG)], min_=0),
-        ts("Score bias (mean score - observed frequency)",
-           [q(f"sum by ({BY}) (calmon_reliability_events{{{SEL}}} * (calmon_reliability_mean_score{{{SEL}}} - "
-              f"calmon_reliability_mean_outcome{{{SEL}}})) / sum by ({BY}) (calmon_reliability_events{{{SEL}}})",
+        ts("Score bias (mean score - observed frequency), diagram windows",
+           [q(f"sum by ({BY}) (calmon_reliability_events{{{RMSEL}}} * (calmon_reliability_mean_score{{{RMSEL}}} - "
+              f"calmon_reliability_mean_outcome{{{RMSEL}}})) / sum by ({BY}) (calmon_reliability_events{{{RMSEL}}})",
               LEG)], unit="percentunit",
            desc="Event-weighted mean of (mean score - observed frequency) over the reliability bins: above 0 the "
                 "scores are too high on average, below 0 too low. Over-confidence can have zero bias: read the "
-                "gap per bin below."),
+                "gap per bin below. Only for the windows whose diagram /metrics exports (the variable 'Diagram "
+                "window', set by exporter.reliability); every window's diagram is on the status page."),
         ts("Test statistics", [q(f"calmon_test_statistic{{{SEL}}}", "{{test}} {{model}} {{segment}} {{window}}")]),
         ts("Events in window", [q(f"calmon_window_events{{{SEL}}}", LEG)]),
     ]:
@@ -229,14 +233,16 @@ def over_time(d: db.Dashboard) -> db.Dashboard:
 
 def reliability(d: db.Dashboard) -> db.Dashboard:
     d = d.with_row(row("Reliability diagram: $model", repeat="model"))
-    rel = (_common(barchart.Panel(), "Reliability $model / $window ($segment)",
+    rel = (_common(barchart.Panel(), "Reliability $model / $diagram_window ($segment)",
                    [q(f"calmon_reliability_mean_outcome{{{RSEL}}}", instant=True, fmt="table"),
                     q(f"calmon_reliability_mean_score{{{RSEL}}}", ref="B", instant=True, fmt="table"),
                     q(f"calmon_reliability_events{{{RSEL}}}", ref="C", instant=True, fmt="table")], 8, 9,
                    "Per score bin (lower edge): observed frequency beside mean score. A calibrated model has "
                    "equal bars. Binary: observed above the score = scores too low there; an over-confident "
-                   "model has low-score bins above and high-score bins below.")
-           .repeat("window").repeat_direction("h").max_per_row(4)
+                   "model has low-score bins above and high-score bins below. Windows: those whose diagram "
+                   "/metrics exports (exporter.reliability, by default the longest configured window); every "
+                   "window's diagram is on the agent's status page and in /api/status.")
+           .repeat("diagram_window").repeat_direction("h").max_per_row(4)
            .transformations([MERGE, _organize(
                ("Time", "__name__", "job", "instance", "model", "segment", "window", "Value #C"),
                rename={"Value #A": "observed frequency", "Value #B": "mean score", "Value #C": "events"},
@@ -248,12 +254,12 @@ def reliability(d: db.Dashboard) -> db.Dashboard:
                    .show_legend(True))
            .tooltip(common.VizTooltipOptions().mode(TooltipDisplayMode.MULTI)))
     L.newline()
-    gap = (_common(barchart.Panel(), "Gap per score bin: observed - mean score ($model / $window)",
+    gap = (_common(barchart.Panel(), "Gap per score bin: observed - mean score ($model / $diagram_window)",
                    [q(f"calmon_reliability_mean_outcome{{{RSEL}}} - calmon_reliability_mean_score{{{RSEL}}}",
                       instant=True, fmt="table")], 8, 7,
                    "Above 0: outcomes more frequent than the scores say (binary: scores too low in that bin); "
                    "below 0: too high. Over-confident binary model: positive at low scores, negative at high.")
-           .repeat("window").repeat_direction("h").max_per_row(4)
+           .repeat("diagram_window").repeat_direction("h").max_per_row(4)
            .transformations([MERGE, _organize(("Time", "job", "instance", "model", "segment", "window"),
                                               rename={"Value": "observed - mean score"}),
                              dm.DataTransformerConfig(id_val="sortBy", options={"sort": [{"field": "bin"}]})])
@@ -324,8 +330,8 @@ def calibrators(d: db.Dashboard) -> db.Dashboard:
 
 
 def variable(name: str, query: str, multi: bool = True, include_all: bool = True,
-             current: str | None = None) -> db.QueryVariable:
-    v = (db.QueryVariable(name).label(name).datasource(DS).query({"query": query, "refId": f"{name}-var"})
+             current: str | None = None, label: str | None = None) -> db.QueryVariable:
+    v = (db.QueryVariable(name).label(label or name).datasource(DS).query({"query": query, "refId": f"{name}-var"})
          .refresh(dm.VariableRefresh.ON_TIME_RANGE_CHANGED).multi(multi).include_all(include_all)
          .sort(dm.VariableSort.ALPHABETICAL_ASC))
     if current is not None:
@@ -348,6 +354,9 @@ def build() -> dict[str, Any]:
          .with_variable(variable("segment", 'label_values(calmon_window_events{model=~"$model"}, segment)',
                                  multi=False, include_all=False, current="all"))
          .with_variable(variable("window", 'label_values(calmon_window_events{model=~"$model"}, window)'))
+         .with_variable(variable("diagram_window",
+                                 'label_values(calmon_reliability_events{model=~"$model"}, window)',
+                                 label="Diagram window"))
          .annotation(db.AnnotationQuery().name("Calibration alerts").datasource(DS).enable(True).icon_color("red")
                      .expr('changes(calmon_alert_active{model=~"$model"}[2m]) > 0 and calmon_alert_active == 1'))
          .annotation(db.AnnotationQuery().name("Calibrator published").datasource(DS).enable(True)
