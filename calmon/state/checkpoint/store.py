@@ -37,9 +37,13 @@ Writing order and atomicity
 
 A crash before step 2 leaves the previous manifest and its packs untouched (the new pack is
 an unreferenced file, removed or overwritten later); a crash after it leaves the new
-generation.  :meth:`CheckpointStore.load` returns the newest manifest that verifies, falling
-back to older generations when the newest is damaged; since packs are only removed when no
-kept manifest refers to them, each of the ``keep`` newest generations stays restorable.
+generation.  :meth:`CheckpointStore.load` returns the newest generation that verifies -- its manifest
+(checksum, schema) *and* every blob it refers to (pack present and long enough, CRC) -- falling back to
+older generations when the newest is damaged (a truncated or lost pack, a flipped byte), with a warning
+naming the file and the reason; since packs are only removed when no kept manifest refers to them, each
+of the ``keep`` newest generations stays restorable.  A generation is restored whole (state, source and
+dead-letter positions from the same manifest), so a fallback re-reads what the skipped generations had
+covered and counts nothing twice.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ import json
 import logging
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,11 +268,28 @@ class CheckpointStore:
         self._packs_of[generation] = frozenset(packs)
         return state
 
-    def load(self) -> dict[str, Any] | None:
-        """The newest manifest's state that verifies, or None when there is none.
+    def verify(self, generation: int, state: Any) -> None:
+        """Check that every blob ``state`` refers to can be read: its pack exists and holds the blob's bytes,
+        whose CRC matches (one pass over the referenced bytes, which the restore reads again from the page cache).
 
-        Temporary files of an interrupted save are ignored; a damaged newest generation is
-        skipped (with a warning) in favour of the previous one.
+        Raises
+        ------
+        CheckpointError
+            Naming the manifest, the field, the pack file and the reason (``file too short``: a truncated pack).
+        """
+        try:
+            with self.reader() as reader:
+                for ref, path in _refs(state):
+                    reader.read(ref, ".".join(map(str, path)))
+        except CheckpointError as exc:
+            raise CheckpointError(f"{self.path_of(generation)}: {exc}") from None
+
+    def load(self, verify: bool = True) -> dict[str, Any] | None:
+        """The newest generation's state that verifies, or None when there is none.
+
+        Temporary files of an interrupted save are ignored; a damaged newest generation -- its manifest, or
+        with ``verify`` a blob it refers to (:meth:`verify`) -- is skipped with a warning naming the file and
+        the reason, in favour of the previous one.
 
         Returns
         -------
@@ -286,8 +307,11 @@ class CheckpointStore:
         for g in reversed(gens):
             try:
                 state = self.read(g)
+                if verify:
+                    self.verify(g, state)
             except CheckpointError as exc:
-                log.warning("skipping damaged checkpoint: %s", exc)
+                log.warning("skipping damaged checkpoint: %s%s", exc,
+                            "; falling back to the previous generation" if g != gens[0] else "")
                 errors.append(str(exc))
                 continue
             self.loaded_path = self.path_of(g)
@@ -314,6 +338,19 @@ def inline_refs(node: Any, reader: PackReader, field: str = "", raw: bool = Fals
     if isinstance(node, list):
         return [inline_refs(v, reader, f"{field}{sep}{i}", raw) for i, v in enumerate(node)]
     return node
+
+
+def _refs(node: Any) -> Iterator[tuple[Any, list[str | int]]]:
+    """Every blob reference inside ``node`` with its path (depth first, without copying the document)."""
+    stack: list[tuple[Any, list[str | int]]] = [(node, [])]
+    while stack:
+        item, path = stack.pop()
+        if is_ref(item):
+            yield item, path
+        elif isinstance(item, dict):
+            stack.extend((v, [*path, k]) for k, v in item.items() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            stack.extend((v, [*path, i]) for i, v in enumerate(item) if isinstance(v, (dict, list)))
 
 
 def _read_head(path: Path) -> dict[str, Any]:
