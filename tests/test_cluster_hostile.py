@@ -320,3 +320,142 @@ def test_the_evaluator_does_not_install_snapshots_that_do_not_fit(tmp_path):
     ev.state.windows_of("x", 2), ev.state.windows_of("y", 2)
     assert ev._unfit_snapshot(fits).reason == "too_many_models"
     ev.deltas.close()
+
+
+# -- on a real broker --------------------------------------------------------------------------------------------
+GENUINE = ("m00", "m01", "m02")
+
+
+def hostile_config(work: Path, boot: str) -> Path:
+    """The CI scenario's configuration (tests/test_cluster_kafka.py) with the genuine models declared and
+    ``limits.max_models: 10``."""
+    from test_cluster_kafka import evaluator_client_fix, write_config
+
+    cfg = write_config(work, source="kafka", bootstrap=boot, batch_size=500)
+    model = "{bins: 256, reservoir: 32, segments: [web]}"
+    text = cfg.read_text().replace(f"models: {{default: {model}}}",
+                                   f"models: {{default: {model}, " + ", ".join(f"{m}: {model}" for m in GENUINE)
+                                   + "}\nlimits: {max_models: 10}")
+    assert "max_models" in text
+    cfg.write_text(text)
+    evaluator_client_fix(cfg)
+    return cfg
+
+
+def forged_deltas(n: int) -> list[tuple[bytes, bytes]]:
+    """``n`` deltas of new models, otherwise valid for the scenario's models section (bins 256, segment web)."""
+    cfg = config(models={"default": {"bins": 256, "reservoir": 32, "segments": ["web"]}})
+    records, _ = traffic(300, models=1)
+    d = partitioned_deltas(cfg, records)[0]
+    return [(f"forged{i:03d}".encode(), renamed(d, f"forged{i:03d}")) for i in range(n)]
+
+
+def poison(boot: str, cfg_path: Path, state_doc: dict) -> None:
+    """Bad records in every internal topic before any worker starts."""
+    from kafka import KafkaProducer
+    from test_cluster_kafka import DELTA_PARTITIONS
+
+    from calmon.cluster.ingest import internal_topics
+    from calmon.cluster.intents import ensure_topics
+    from calmon.config import load_config
+
+    cfg = load_config(cfg_path)
+    cl = cfg.cluster
+    ensure_topics(boot, {}, {**internal_topics(cfg), cl.snapshots_topic: (DELTA_PARTITIONS, {})})
+    forged_payload = changed(state_doc, "join.pending", {
+        "ids": ["p"], "models": ["m00"], "ts": [1.0], "segments": [""], "widths": [1],
+        "payload": {"dtype": "<f8", "shape": [1], "zlib_b64": "AAAA"}})
+    p = KafkaProducer(bootstrap_servers=boot, max_request_size=1 << 24)
+    sends = [
+        (cl.state_topic, b"events/0", b"[1, 2]"),  # the old workers: ClusterError ... AttributeError, every restore
+        (cl.state_topic, b"events/1", enc({**state_doc, "source": "events/1", "offset": 10**9})),  # beyond its end
+        (cl.state_topic, b"events/2", enc({**forged_payload, "source": "events/2", "offset": 5})),  # does not restore
+        (cl.state_topic, b"events/3", enc(state_doc)),  # keyed by another partition than it names
+        (cl.intents_topic, b"events/3", b'"x"'),
+        (cl.intents_topic, b"events/4", enc({**INTENT_DOC, "source": "events/4", "start": "0"})),
+        *((cl.deltas_topic, k, v) for k, v in forged_deltas(300)),
+        (cl.deltas_topic, b"m01", b"\x00garbage"),
+    ]
+    for topic, key, value in sends:
+        p.send(topic, value, key=key)
+    for part in range(DELTA_PARTITIONS):
+        p.send(cl.snapshots_topic, b"{not json", key=b"m00", partition=part)
+    p.flush(timeout=60)
+    p.close()
+
+
+@pytest.mark.integration
+def test_bad_internal_records_on_a_real_broker_are_skipped_and_every_event_is_ingested(tmp_path, state_doc):
+    """Garbage, forged and unrestorable records in the state, intents, deltas and snapshots topics: the ingest
+    workers and the evaluator stay up, every input record is ingested and merged (the events counted equal the
+    single-process agent's), the evaluator admits at most ``max_models`` models, and every bad record is counted
+    by reason."""
+    from kafka_broker import KafkaBroker, require_broker
+    from test_cluster_kafka import (
+        PARTITIONS,
+        TOPIC,
+        Worker,
+        count_topic,
+        file_reference,
+        ingest_committed,
+        make_traffic,
+        produce,
+        wait_until,
+    )
+
+    require_broker()
+    records, _ = make_traffic(1500, models=len(GENUINE))
+    ref = file_reference(tmp_path, records)
+    want_events = {(m, k): n for m, k, n in ref["state"]["counters"]["events"] if m in GENUINE}
+    with KafkaBroker() as broker:
+        boot = broker.bootstrap
+        broker.create_topic(TOPIC, partitions=PARTITIONS)
+        cfg = hostile_config(tmp_path / "cluster", boot)
+        poison(boot, cfg, state_doc)
+        workers: list[Worker] = []
+        try:
+            for role, name in (("ingest", "ingest0"), ("ingest", "ingest1"), ("evaluate", "eval0")):
+                d = tmp_path / "cluster" / name
+                d.mkdir(parents=True)
+                own = d / "calmon.yaml"
+                own.write_text(cfg.read_text().replace(f"state_dir: {tmp_path / 'cluster' / 'state'}",
+                                                       f"state_dir: {d}"))
+                workers.append(Worker(own, role, name))
+            for w in workers:
+                w.wait_serving()
+            produce(boot, records)
+            want = count_topic(boot, TOPIC)
+            assert sum(want.values()) == len(records)
+            wait_until(lambda: ingest_committed(boot, "calmon-ingest") == want, 240, "every record ingested", workers,
+                       lambda: f"{ingest_committed(boot, 'calmon-ingest')} != {want}")
+            deltas_end = count_topic(boot, "calmon-deltas")
+            ev = workers[2]
+
+            def merged() -> bool:
+                pos = {k: v for k, v in ev.metric("calmon_cluster_position").items()}
+                return ev.get("/readyz")[0] == 200 and sorted(pos.values()) == sorted(map(float, deltas_end.values()))
+
+            wait_until(merged, 240, "every delta read", workers, lambda: ev.metric("calmon_cluster_position"))
+            bad: dict[str, float] = {}
+            for w in workers:
+                for labels, v in w.metric("calmon_cluster_bad_records_total").items():
+                    key = ",".join(x for x in labels.strip("{}").split(",") if x.startswith(("topic", "reason")))
+                    bad[key] = bad.get(key, 0) + v
+            for w in workers[:2]:
+                assert w.term() == 0, w.log.read_text()[-3000:]
+            assert ev.term() == 0, ev.log.read_text()[-3000:]
+            dump = json.loads((ev.cfg.parent / "owned-state.json").read_text())
+        finally:
+            for w in workers:
+                if w.alive():
+                    w.kill()
+    got_events = {(m, k): n for m, k, n in dump["counters"]["events"] if m in GENUINE}
+    assert got_events == want_events
+    forged = [m for m in dump["models"] if m.startswith("forged")]
+    assert set(GENUINE) <= set(dump["models"]) and len(dump["models"]) <= 10, sorted(dump["models"])
+    assert bad['topic="delta",reason="too_many_models"'] == 300 - len(forged), bad
+    assert bad['topic="delta",reason="not_json"'] == 1, bad
+    assert bad['topic="state",reason="format"'] >= 1 and bad['topic="state",reason="beyond_end"'] >= 1, bad
+    assert bad['topic="state",reason="restore"'] >= 1 and bad['topic="state",reason="key_mismatch"'] >= 1, bad
+    assert bad['topic="intent",reason="format"'] >= 1 and bad['topic="intent",reason="schema"'] >= 1, bad
+    assert bad['topic="snapshot",reason="not_json"'] >= 1, bad
