@@ -277,12 +277,16 @@ class CheckpointStore:
         CheckpointError
             Naming the manifest, the field, the pack file and the reason (``file too short``: a truncated pack).
         """
-        try:
-            with self.reader() as reader:
-                for ref, path in _refs(state):
-                    reader.read(ref, ".".join(map(str, path)))
-        except CheckpointError as exc:
-            raise CheckpointError(f"{self.path_of(generation)}: {exc}") from None
+        with self.reader() as reader:
+            for ref in _refs(state):
+                try:
+                    reader.read(ref, "")
+                except CheckpointError:
+                    try:  # again, to name the field (looked up only now: paths cost more than the check)
+                        reader.read(ref, _path_of(state, ref) or "?")
+                    except CheckpointError as exc:
+                        raise CheckpointError(f"{self.path_of(generation)}: {exc}") from None
+                    raise
 
     def load(self, verify: bool = True) -> dict[str, Any] | None:
         """The newest generation's state that verifies, or None when there is none.
@@ -340,17 +344,32 @@ def inline_refs(node: Any, reader: PackReader, field: str = "", raw: bool = Fals
     return node
 
 
-def _refs(node: Any) -> Iterator[tuple[Any, list[str | int]]]:
-    """Every blob reference inside ``node`` with its path (depth first, without copying the document)."""
-    stack: list[tuple[Any, list[str | int]]] = [(node, [])]
+def _refs(node: Any) -> Iterator[Any]:
+    """Every blob reference inside ``node`` (depth first, no copy, no paths: a damaged one is named by
+    :func:`_path_of` afterwards)."""
+    stack = [node]
     while stack:
-        item, path = stack.pop()
-        if is_ref(item):
-            yield item, path
-        elif isinstance(item, dict):
-            stack.extend((v, [*path, k]) for k, v in item.items() if isinstance(v, (dict, list)))
+        item = stack.pop()
+        if isinstance(item, dict):
+            if is_ref(item):
+                yield item
+            else:
+                stack.extend(item.values())
         elif isinstance(item, list):
-            stack.extend((v, [*path, i]) for i, v in enumerate(item) if isinstance(v, (dict, list)))
+            stack.extend(item)
+
+
+def _path_of(node: Any, target: Any, path: str = "") -> str | None:
+    """The dotted path of the object ``target`` inside ``node`` (None: not found)."""
+    if node is target:
+        return path
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        if isinstance(v, (dict, list)):
+            found = _path_of(v, target, f"{path}.{k}" if path else str(k))
+            if found is not None:
+                return found
+    return None
 
 
 def _read_head(path: Path) -> dict[str, Any]:
