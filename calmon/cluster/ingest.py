@@ -232,13 +232,7 @@ class IngestWorker:
         """
         assert self.states is not None and self.intents is not None and self.source is not None
         t0 = time.monotonic()
-        try:  # a state past its partition's end (forged, or the topic was recreated) would skip unread records
-            ends: dict[str, int] | None = self.states.reader.end_offsets(keys)
-        except ClusterError as exc:
-            log.warning("ingest %s: cannot read the end offsets of %s (%s); states not checked against them",
-                        self.writer, ", ".join(keys), exc)
-            ends = None
-        states = self.states.candidates(keys, ends)
+        states = self.states.candidates(keys, self._ends(keys))
         parts = {key: self._restored(key, states.get(key, [])) for key in keys}
         self.intents.track({key: p.next for key, p in parts.items()})
         position = self.source.position()
@@ -248,6 +242,23 @@ class IngestWorker:
         self.metrics.restored(time.monotonic() - t0, len(keys))
         log.info("ingest %s: restored %s in %.2f s", self.writer,
                  ", ".join(f"{k}@{p.next}" for k, p in sorted(parts.items())), time.monotonic() - t0)
+
+    def _ends(self, keys: list[str]) -> dict[str, int] | None:
+        """The end offsets of input partitions: a state past its partition's end (forged, or the topic was
+        recreated) would skip records never read.  The larger of the broker's answer and the high watermark of
+        the last fetch (some brokers -- Tansu -- answer the base offset of the last batch + 1, too small)."""
+        assert self.states is not None and self.source is not None
+        try:
+            ends = self.states.reader.end_offsets(keys)
+        except ClusterError as exc:
+            log.warning("ingest %s: cannot read the end offsets of %s (%s); states not checked against them",
+                        self.writer, ", ".join(keys), exc)
+            return None
+        position, lag = self.source.position(), self.source.lag()
+        for key in keys:
+            if key in lag and key in position:
+                ends[key] = max(ends.get(key, 0), int(position[key]) + int(lag[key]))
+        return ends
 
     def _restored(self, key: str, states: list[PartitionState]) -> PartitionIngest:
         """The partition rebuilt from its most advanced state that restores; a state that fits its schema but
