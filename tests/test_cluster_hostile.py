@@ -450,6 +450,7 @@ def test_bad_internal_records_on_a_real_broker_are_skipped_and_every_event_is_in
                 if w.alive():
                     w.kill()
     got_events = {(m, k): n for m, k, n in dump["counters"]["events"] if m in GENUINE}
+    print(json.dumps({"records": len(records), "models": sorted(dump["models"]), "bad": bad}))
     assert got_events == want_events
     forged = [m for m in dump["models"] if m.startswith("forged")]
     assert set(GENUINE) <= set(dump["models"]) and len(dump["models"]) <= 10, sorted(dump["models"])
