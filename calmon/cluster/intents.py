@@ -42,7 +42,9 @@ __all__ = ["Intent", "PartitionState", "IntentLog", "StateStore", "Producer", "C
 
 INTENT_FORMAT = "calmon.intent"
 STATE_FORMAT = "calmon.ingest_state"
-#: Versions of both documents read (written without a ``version`` key, which reads as 1).
+#: Version of both documents written, and the versions read (records written before it carry no ``version``
+#: key, which reads as 1).
+VERSION = 1
 READABLE = (1,)
 #: Largest intent record read (an intent is a few hundred bytes; its dead-letter position one entry per partition).
 MAX_INTENT = 1 << 20
@@ -109,8 +111,8 @@ class Intent:
     dead_letter: Mapping[str, int] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": INTENT_FORMAT, **asdict(self), "dead_letter": dict(self.dead_letter)},
-                          separators=(",", ":")).encode()
+        doc = {"format": INTENT_FORMAT, "version": VERSION, **asdict(self), "dead_letter": dict(self.dead_letter)}
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | None, key: bytes | None = None) -> Intent:
@@ -141,7 +143,7 @@ class PartitionState:
     writer: str = ""
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": STATE_FORMAT, **asdict(self)}, separators=(",", ":")).encode()
+        return json.dumps({"format": STATE_FORMAT, "version": VERSION, **asdict(self)}, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | None, key: bytes | None = None) -> PartitionState:
