@@ -322,6 +322,28 @@ def test_the_evaluator_does_not_install_snapshots_that_do_not_fit(tmp_path):
     ev.deltas.close()
 
 
+def test_a_partition_restore_installs_only_the_snapshots_that_fit(tmp_path):
+    """Snapshots of 5 models with ``max_models: 3`` and one of a forged segment: 3 installed, the rest counted, and
+    without a manifest the deltas partition is replayed from offset 0."""
+    from calmon.cluster.snapshot_store import PartitionSnapshot
+    from calmon.cluster.snapshots import Manifest
+
+    ev = evaluator(tmp_path, limits={"max_models": 3})
+    tiers = ev.state.tiers
+
+    def snap(name, segments=("web",)):
+        return ModelSnapshot(name, 40, ModelWindows(name, 2, tiers, list(segments), bins=128, reservoir=16))
+
+    models = {"bad": snap("bad", ["web", "forged"]), **{f"s{i}": snap(f"s{i}") for i in range(5)}}
+    got = PartitionSnapshot(Manifest(50, tuple(models)), models)
+    ev._store = SimpleNamespace(topic="snaps", read=lambda part, bad=None: got)
+    ev._restore_partition("calmon-deltas/1")
+    assert sorted(ev.state.models) == ["s0", "s1", "s2"]
+    assert ev.bad.counts == {("snapshot", "unknown_segment"): 1, ("snapshot", "too_many_models"): 2}
+    assert ev.deltas.position()["calmon-deltas/1"] == 0  # no manifest any more: a replay from the beginning
+    ev.deltas.close()
+
+
 # -- on a real broker --------------------------------------------------------------------------------------------
 GENUINE = ("m00", "m01", "m02")
 

@@ -348,6 +348,8 @@ class DeltasInput:
                     self.bad.count("snapshot", why, f"{store.topic}/{part} model {m[:80]!r}")
                     del snap.models[m]
                     snap.manifest = None
+                else:  # installed at once: it counts against the cap for the next one
+                    st.models[m] = snap.models[m].windows
             for m, s in snap.models.items():
                 st.models[m] = s.windows
                 self.partition_of[m], self.covers[m] = key, s.offset
