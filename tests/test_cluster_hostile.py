@@ -90,7 +90,7 @@ INTENT_DOC = json.loads(INTENT)
     (enc({**INTENT_DOC, "version": "1"}), KEY.encode(), "version"),
     (enc({**INTENT_DOC, "start": "100"}), KEY.encode(), "schema"),
     (enc({**INTENT_DOC, "end": True}), KEY.encode(), "schema"),
-    (enc({**INTENT_DOC, "dead_letter": {"dlq/0": "x"}}), KEY.encode(), "schema"),
+    (enc({**INTENT_DOC, "dead_letter": {"dlq/0": [1]}}), KEY.encode(), "schema"),
     (enc({**INTENT_DOC, "dead_letter": [1]}), KEY.encode(), "schema"),
     (enc({k: v for k, v in INTENT_DOC.items() if k != "now"}), KEY.encode(), "schema"),
     (enc({**INTENT_DOC, "start": -5}), KEY.encode(), "schema"),
@@ -105,6 +105,12 @@ def test_a_bad_intent_record_gets_its_reason(value, key, reason):
         Intent.from_bytes(value, key)
     assert err.value.reason == reason and reason in REASONS
     assert "\n" not in str(err.value) and len(str(err.value)) < 400
+
+
+def test_an_intent_keeps_a_file_sinks_dead_letter_position():
+    pos = {"version": 1, "path": "/var/lib/calmon/deadletter.jsonl", "dev": 65024, "ino": 77, "size": 1234}
+    i = Intent(KEY, 0, 10, 1.0, "w", 1, pos)
+    assert Intent.from_bytes(i.to_bytes(), KEY.encode()) == i
 
 
 def test_intents_written_before_the_version_key_still_read():

@@ -63,7 +63,7 @@ class IntentDoc(msgspec.Struct):
     now: float
     writer: Annotated[str, msgspec.Meta(max_length=200)]
     seq: int
-    dead_letter: dict[str, int] = {}
+    dead_letter: dict[str, int | str] = {}  #: a Kafka sink's offsets, or a file sink's path, inode and size
     version: int = 1
 
 
@@ -108,7 +108,7 @@ class Intent:
     writer: str
     seq: int
     #: the dead-letter sink's position when the intent was written (a replay skips what was written after it)
-    dead_letter: Mapping[str, int] = field(default_factory=dict)
+    dead_letter: Mapping[str, int | str] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
         doc = {"format": INTENT_FORMAT, "version": VERSION, **asdict(self), "dead_letter": dict(self.dead_letter)}
