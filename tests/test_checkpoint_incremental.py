@@ -275,6 +275,14 @@ def test_sigkill_during_blob_or_manifest_write_is_exactly_once(tmp_path, mode, n
 
 
 # -- damaged or edited blobs and references: one line naming the file and the field ----------------------------
+# (when an older generation verifies, the agent falls back to it instead: tests/test_checkpoint_fallback.py;
+# these tests keep only the newest generation, so that none verifies)
+def _only_newest(tmp_path: Path) -> None:
+    store = CheckpointStore(tmp_path / "state" / "checkpoints")
+    for g in store.generations()[:-1]:
+        store.path_of(g).unlink()
+
+
 def _agent_dir(tmp_path: Path) -> Path:
     from calmon.agent.runtime import Agent
     from calmon.config import load_config
@@ -306,6 +314,7 @@ def test_damaged_blob_gives_one_line_naming_pack_and_field(tmp_path, capsys):
     i = data.index(b'"data":"') + 10  # inside a bucket's packed payload
     data[i] = ord("A") if data[i] != ord("A") else ord("B")  # a flipped byte inside a blob
     pack.write_bytes(bytes(data))
+    _only_newest(tmp_path)
     line = _run_fails(cfg, capsys)
     assert str(pack) in line and "field models.m.rings.all" in line and "checksum" in line, line
 
@@ -318,6 +327,7 @@ def test_edited_blob_reference_gives_one_line_naming_field(tmp_path, capsys):
     ring = top["state"]["models"]["m"]["rings"]["all"]
     ring["buckets"][0][0][1]["len"] = "many"
     ck.write_text(json.dumps(top))
+    _only_newest(tmp_path)
     line = _run_fails(cfg, capsys)
     assert str(ck) in line and "field models.m.rings.all.buckets.0.0.1" in line, line
 
@@ -327,6 +337,7 @@ def test_missing_pack_gives_one_line(tmp_path, capsys):
     store = CheckpointStore(tmp_path / "state" / "checkpoints")
     pack = store.directory / f"pack-{store.pack_generations()[-1]:012d}.jsonl"
     pack.unlink()
+    _only_newest(tmp_path)
     line = _run_fails(cfg, capsys)
     assert str(pack) in line and "field models.m.rings" in line, line
 

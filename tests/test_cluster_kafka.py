@@ -526,6 +526,8 @@ def test_intent_log_first_writer_wins_and_states_take_the_largest_offset():
     at another start is independent; a newly tracking worker learns the winners already in the log."""
     require_broker()
     from calmon.cluster.intents import Intent, IntentLog, PartitionState, Producer, StateStore, ensure_topics
+    from calmon.events.decoder import Decoder
+    from calmon.state.join import Joiner
     with KafkaBroker() as broker:
         boot = broker.bootstrap
         ensure_topics(boot, {}, {"intents": (2, {}), "states": (2, {})})
@@ -543,9 +545,10 @@ def test_intent_log_first_writer_wins_and_states_take_the_largest_offset():
         late.track({"events/0": 100})
         assert late.winner("events/0", 100) == c and late.winner("events/0", 0) is None
         states = StateStore(boot, "states", {}, Producer(boot, {}))
+        join, decoder = Joiner(3600.0, 1000).to_dict(), Decoder().state()  # (a state's documents must be valid)
         for off in (100, 180, 100):  # a slow zombie may write an older chain point last
-            states.save(PartitionState("events/0", off, {}, {}, "w"))
-        states.save(PartitionState("events/1", 7, {}, {}, "w"))
+            states.save(PartitionState("events/0", off, join, decoder, "w"))
+        states.save(PartitionState("events/1", 7, join, decoder, "w"))
         got = states.load(["events/0", "events/1", "events/2"])
         assert {k: v.offset for k, v in got.items()} == {"events/0": 180, "events/1": 7}
         for lg in (*logs, late):

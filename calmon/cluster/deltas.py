@@ -23,17 +23,19 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
 
+from calmon.cluster.records import MAX_RECORD
 from calmon.state.buckets import BucketStats, ModelWindows
 from calmon.state.checkpoint.schema import SchemaError, convert
 from calmon.state.counters import Counters
 from calmon.state.windows import ARCHIVE_TIER
 
-__all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "FORMAT", "VERSION", "READABLE"]
+__all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "check_fits", "FORMAT", "VERSION",
+           "READABLE"]
 
 FORMAT = "calmon.delta"
 #: Version written: 2 = bucket documents packed (:meth:`BucketStats.to_packed`), one zlib stream per bucket
@@ -47,14 +49,24 @@ _ARCHIVE_TIME = -1e300
 
 
 class DeltaError(ValueError):
-    """A deltas-topic record that is not a valid delta (one line naming the field)."""
+    """A deltas-topic record that is not a valid delta (one line naming the field); ``reason`` is one of
+    :data:`calmon.cluster.records.REASONS`."""
+
+    def __init__(self, message: str, reason: str = "schema") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+_Count = Annotated[int, msgspec.Meta(ge=0)]
+#: Names as the decoder admits them (``calmon.events.checks.NAME_RE``: at most 128 characters).
+_Name = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_.:/\-]{1,128}$")]
 
 
 class DeltaBucketDoc(msgspec.Struct):
     """One bucket of a delta document (``start`` null in the archive, tier -1)."""
 
-    segment: str
-    tier: int
+    segment: Annotated[str, msgspec.Meta(max_length=128)]
+    tier: Annotated[int, msgspec.Meta(ge=-1)]
     start: float | None
     bucket: dict[str, Any]  #: a ``calmon.bucket`` document, checked by :meth:`BucketStats.from_dict`
 
@@ -64,15 +76,16 @@ class DeltaDoc(msgspec.Struct):
 
     format: str
     version: int
-    source: str
+    source: Annotated[str, msgspec.Meta(max_length=1000)]
     start: int
     end: int
-    model: str
-    classes: int
+    model: _Name
+    classes: Annotated[int, msgspec.Meta(ge=2)]
     watermark: float
     buckets: list[DeltaBucketDoc]
-    events: dict[str, int]
-    late: int
+    #: the event kinds the ingest stage counts (a forged kind would be a new label value)
+    events: dict[Literal["prediction", "outcome", "labeled"], _Count]
+    late: _Count
 
 
 @dataclass(frozen=True)
@@ -131,21 +144,29 @@ class Delta:
     @classmethod
     def from_bytes(cls, data: bytes) -> Delta:
         """Parse and check a record value; :class:`DeltaError` names what is wrong."""
+        if data is None:
+            raise DeltaError("no value (a tombstone)", "format")
+        if len(data) > MAX_RECORD:
+            raise DeltaError(f"{len(data)} bytes, over the {MAX_RECORD}-byte limit", "too_large")
         try:
             doc = msgspec.json.decode(data, type=DeltaDoc)  # one pass: parsed and checked
         except msgspec.ValidationError:
             doc = None  # parsed again below, to name the problem
-        except (msgspec.DecodeError, TypeError) as exc:  # None (a tombstone) is a TypeError
-            raise DeltaError(f"not JSON: {exc}") from None
+        except (msgspec.DecodeError, TypeError, RecursionError) as exc:
+            raise DeltaError(f"not JSON: {exc}", "not_json") from None
         if doc is None:
-            return cls.from_dict(json.loads(data))
+            try:
+                parsed = json.loads(data)
+            except (ValueError, RecursionError) as exc:
+                raise DeltaError(f"not JSON: {exc}", "not_json") from None
+            return cls.from_dict(parsed)
         return cls._from_doc(doc)
 
     @classmethod
     def from_dict(cls, doc: Any) -> Delta:
         """Check a parsed record value (:class:`DeltaDoc`); :class:`DeltaError` names what is wrong."""
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise DeltaError(f"not a {FORMAT} document")
+            raise DeltaError(f"not a {FORMAT} document", "format")
         _readable(doc.get("version"))
         try:
             return cls._from_doc(convert(doc, DeltaDoc))
@@ -157,24 +178,29 @@ class Delta:
     @classmethod
     def _from_doc(cls, doc: DeltaDoc) -> Delta:
         if doc.format != FORMAT:
-            raise DeltaError(f"not a {FORMAT} document")
+            raise DeltaError(f"not a {FORMAT} document", "format")
         _readable(doc.version)
         try:
             buckets = [_bucket(b) for b in doc.buckets]
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise DeltaError(f"malformed field: {exc}") from None
-        out = cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets, doc.events, doc.late)
+        out = cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets,
+                  {str(k): n for k, n in doc.events.items()}, doc.late)
         if not 0 <= out.start < out.end:
-            raise DeltaError(f"range [{out.start}, {out.end}) is empty or negative")
+            raise DeltaError(f"range [{out.start}, {out.end}) is empty or negative", "invalid")
         if not math.isfinite(out.watermark):
-            raise DeltaError("watermark must be finite")
+            raise DeltaError("watermark must be finite", "invalid")
+        for b in buckets:
+            if b.tier != ARCHIVE_TIER and not math.isfinite(b.start):
+                raise DeltaError(f"a bucket of tier {b.tier} starts at {b.start}", "invalid")
         return out
 
 
 def _readable(version: Any) -> None:
-    if version not in READABLE:
-        raise DeltaError(f"version {version!r} is not supported (this calmon reads versions "
-                         f"{', '.join(map(str, READABLE))}): upgrade the evaluators before the ingest workers")
+    if type(version) is not int or version not in READABLE:
+        raise DeltaError(f"version {version!r:.20} is not supported (this calmon reads versions "
+                         f"{', '.join(map(str, READABLE))}): upgrade the evaluators before the ingest workers",
+                         "version")
 
 
 def _bucket(d: DeltaBucketDoc) -> DeltaBucket:
@@ -208,21 +234,44 @@ def extract_deltas(source: str, start: int, end: int, watermark: float, models: 
     return out
 
 
+def check_fits(windows: ModelWindows, delta: Delta) -> None:
+    """Check that every bucket of ``delta`` fits the model's rings -- a configured segment, the model's
+    classes, bins and grids -- before any is merged (a delta is merged whole or not at all).
+
+    Raises
+    ------
+    DeltaError
+        ``unknown_segment`` (the stages run with different ``models``, or a forged segment) or ``incompatible``.
+    """
+    p = windows.params
+    if delta.classes != windows.classes:
+        raise DeltaError(f"model {delta.model!r} has {windows.classes} classes here, the delta {delta.classes}",
+                         "incompatible")
+    for b in delta.buckets:
+        if b.segment not in windows.rings:
+            raise DeltaError(f"segment {b.segment!r} of model {delta.model!r} is not configured here "
+                             f"(segments {sorted(windows.rings)}): run both stages with the same models section",
+                             "unknown_segment")
+        got = b.bucket.stats
+        shape = (got.classes, got.fine.bins, b.bucket.rel.bins)
+        want = (windows.classes, p["bins"], p["reliability_bins"])
+        if shape != want:
+            raise DeltaError(f"a bucket of model {delta.model!r} has (classes, bins, reliability bins) {shape}, "
+                             f"the model {want}: run both stages with the same models section", "incompatible")
+
+
 def merge_delta(windows: ModelWindows, delta: Delta) -> None:
     """Add a delta's buckets to a model's rings (exact; see the module docstring for why order does not matter).
 
     Raises
     ------
     DeltaError
-        The delta names a segment the model has no ring for (the stages run with different ``models``).
+        The delta does not fit the model (:func:`check_fits`); nothing was merged.
     """
+    check_fits(windows, delta)
     for b in delta.buckets:
-        ring = windows.rings.get(b.segment)
-        if ring is None:
-            raise DeltaError(f"segment {b.segment!r} of model {delta.model!r} is not configured here "
-                             f"(segments {sorted(windows.rings)}): run both stages with the same models section")
         at = _ARCHIVE_TIME if b.tier == ARCHIVE_TIER else b.start
-        ring.add(np.array([at]), _merger(b.bucket), watermark=delta.watermark)
+        windows.rings[b.segment].add(np.array([at]), _merger(b.bucket), watermark=delta.watermark)
 
 
 def _merger(bucket: BucketStats) -> Callable[[BucketStats, np.ndarray], None]:

@@ -33,11 +33,13 @@ from calmon.agent.runtime import Agent
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
 from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.cluster.ownership import render_ownership
+from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshot_store import SnapshotStore
 from calmon.cluster.snapshots import Manifest, ModelSnapshot, copy_windows, keep_delta, restore_start
 from calmon.config import Config
 from calmon.formats.jsonio import write_json_atomic
 from calmon.state.agentstate import AgentState
+from calmon.state.buckets import ModelWindows
 from connectors.base import Batch, Source
 from connectors.kafka import KafkaSource
 
@@ -111,7 +113,8 @@ class DeltasInput:
         self.restoring: dict[str, tuple[float, int | None]] = {}
         self.restore_seconds: float | None = None
         self.dropped_repeats = 0
-        self.bad_deltas = 0
+        #: delta and snapshot records skipped, by reason (``calmon_cluster_bad_records_total``)
+        self.bad = BadRecords("evaluate", self.worker)
         self._per_delta = 0.01  #: seconds per delta (moving average), sizes the reads
         #: model -> deltas offset its restored snapshot covers (``o_m``); models changed since the last snapshot
         self.covers: dict[str, int] = {}
@@ -189,13 +192,18 @@ class DeltasInput:
         except OSError as exc:
             log.warning("evaluate %s: cannot write %s: %s", self.worker, DUMP_NAME, exc)
 
+    @property
+    def bad_deltas(self) -> int:
+        """Delta records skipped (``calmon_cluster_bad_deltas_total``: every reason)."""
+        return self.bad.total("delta")
+
     # -- merging ---------------------------------------------------------------------------------
     def _apply(self, value: bytes, partition: str, offset: int = -1) -> None:
+        where = f"{partition}@{offset}"
         try:
             delta = Delta.from_bytes(value)
         except DeltaError as exc:
-            self.bad_deltas += 1
-            log.warning("evaluate %s: skipping a bad delta on %s: %s", self.worker, partition, exc)
+            self.bad.count("delta", BadRecord(exc.reason, str(exc)), where)
             return
         key = (delta.source, delta.model)
         if delta.end <= self.applied.get(key, -1) or not keep_delta(offset, delta.model, self.covers):
@@ -203,10 +211,13 @@ class DeltasInput:
             return
         st = self.state
         try:
-            merge_delta(st.windows_of(delta.model, delta.classes), delta)
-        except (DeltaError, ValueError) as exc:
-            self.bad_deltas += 1
-            log.warning("evaluate %s: cannot merge a delta of %s: %s", self.worker, delta.model, exc)
+            merge_delta(self._admit(delta.model, delta.classes), delta)
+        except DeltaError as exc:
+            self._discard_empty(delta.model)
+            self.bad.count("delta", BadRecord(exc.reason, str(exc)), where)
+            return
+        except ValueError as exc:  # (cannot happen after check_fits; a merge that still fails is a bad record)
+            self.bad.count("delta", BadRecord("incompatible", f"model {delta.model!r}: {exc}"), where)
             return
         self.applied[key] = delta.end
         self.partition_of[delta.model] = partition
@@ -217,6 +228,39 @@ class DeltasInput:
         if delta.late:
             st.counters.add_late(delta.model, delta.late)
         st.joiner.watermark = max(st.joiner.watermark, delta.watermark)  # the snapshot's end of the windows
+
+    def _admit(self, model: str, classes: int) -> ModelWindows:
+        """The windows of ``model``, created if it is new and admitted as the ingest stage admits a model's
+        events (call under the state lock): declared under ``models``, or -- with ``accept_unknown_models`` --
+        while fewer than ``limits.max_models`` models are known (declared ones included), with the classes
+        declared for it and at most ``limits.max_classes``.
+
+        Raises
+        ------
+        DeltaError
+            ``too_many_models`` or ``incompatible``.
+        """
+        st, cfg = self.state, self.cfg
+        mw = st.models.get(model)
+        if mw is not None:
+            return mw
+        declared = {n: m.classes for n, m in cfg.models.items() if n != "default"}
+        if model not in declared:
+            if not cfg.accept_unknown_models:
+                raise DeltaError(f"model {model!r} is not declared (accept_unknown_models is off)", "too_many_models")
+            if len(set(st.models) | set(declared)) >= cfg.limits.max_models:
+                raise DeltaError(f"model {model!r} would be one more than limits.max_models "
+                                 f"{cfg.limits.max_models}", "too_many_models")
+        want = declared.get(model)
+        if (want and classes != want) or classes > cfg.limits.max_classes:
+            raise DeltaError(f"model {model!r} with {classes} classes (declared {want or 'no'} classes, "
+                             f"limits.max_classes {cfg.limits.max_classes})", "incompatible")
+        return st.windows_of(model, classes)
+
+    def _discard_empty(self, model: str) -> None:
+        """Forget a model created for a delta that did not fit (it holds nothing; it must not take a slot)."""
+        if model not in self.partition_of and model in self.state.models:
+            del self.state.models[model]
 
     # -- ownership ---------------------------------------------------------------------------------
     def _sync_ownership(self) -> None:
@@ -290,7 +334,7 @@ class DeltasInput:
         if store is None or not part.isdigit():
             return
         try:
-            snap = store.read(int(part))
+            snap = store.read(int(part), bad=self.bad)
         except Exception as exc:  # noqa: BLE001 - kafka client errors are not enumerable; replay instead
             log.warning("evaluate %s: cannot read snapshots of %s (%s); replaying", self.worker, key, exc)
             snap = None
@@ -298,6 +342,14 @@ class DeltasInput:
             return
         st = self.state
         with st.lock:
+            for m in list(snap.models):
+                why = self._unfit_snapshot(snap.models[m])
+                if why is not None:  # skipped: the partition is replayed from 0, where its deltas are judged
+                    self.bad.count("snapshot", why, f"{store.topic}/{part} model {m[:80]!r}")
+                    del snap.models[m]
+                    snap.manifest = None
+                else:  # installed at once: it counts against the cap for the next one
+                    st.models[m] = snap.models[m].windows
             for m, s in snap.models.items():
                 st.models[m] = s.windows
                 self.partition_of[m], self.covers[m] = key, s.offset
@@ -315,6 +367,25 @@ class DeltasInput:
         self.deltas.seek(position)
         log.info("evaluate %s: %s restored %d model snapshots, replaying from offset %d", self.worker, key,
                  len(snap.models), position[key])
+
+    def _unfit_snapshot(self, snap: ModelSnapshot) -> BadRecord | None:
+        """Why a restored model snapshot cannot be installed (the model's admission, segments and grids, as
+        for a delta), or None (call under the state lock)."""
+        mw = snap.windows
+        fresh = self.state.models.get(snap.model)
+        if fresh is None:
+            try:
+                fresh = self._admit(snap.model, mw.classes)
+            except DeltaError as exc:
+                return BadRecord(exc.reason, str(exc))
+            del self.state.models[snap.model]  # (created by _admit to compare with: the snapshot's is installed)
+        if sorted(mw.rings) != sorted(fresh.rings):
+            return BadRecord("unknown_segment", f"model {snap.model!r} has segments {sorted(mw.rings)[:10]}, "
+                                                f"configured {sorted(fresh.rings)}")
+        if mw.params != fresh.params or _tiers(mw) != _tiers(fresh):
+            return BadRecord("incompatible", f"model {snap.model!r} has parameters {mw.params} and tiers "
+                                             f"{mw.tiers[:5]}, configured {fresh.params} and {fresh.tiers[:5]}")
+        return None
 
     def _take_snapshots(self) -> dict[str, tuple[list[ModelSnapshot], Manifest]]:
         """Copies of the changed owned models per deltas partition (under the state lock; encoded outside)."""
@@ -372,6 +443,10 @@ class DeltasInput:
                     "counters": self.state.counters.to_dict()}
 
 
+def _tiers(mw: ModelWindows) -> list[tuple[float, int]]:
+    return [(float(w), int(c)) for w, c in mw.tiers]
+
+
 class EvaluateMetrics:
     """The ``calmon_cluster_*`` families of an evaluator (a collector of its agent's ``/metrics``).
 
@@ -395,7 +470,7 @@ class EvaluateMetrics:
                   f"calmon_cluster_repeats_dropped_total{{{base}}} {d.dropped_repeats}",
                   "# HELP calmon_cluster_bad_deltas_total Delta records that could not be read or merged.",
                   "# TYPE calmon_cluster_bad_deltas_total counter",
-                  f"calmon_cluster_bad_deltas_total{{{base}}} {d.bad_deltas}"]
+                  f"calmon_cluster_bad_deltas_total{{{base}}} {d.bad_deltas}", *d.bad.render()]
         for name, text, v in (
                 ("deltas_read_total", "Delta records read (replays included).", d.deltas_read),
                 ("snapshots_total", "Model snapshots written to the snapshots topic.", d.snapshots_written),

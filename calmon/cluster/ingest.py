@@ -31,9 +31,19 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from calmon.cluster.intents import ClusterError, Intent, IntentLog, Producer, StateStore, ensure_topics, new_writer_id
+from calmon.cluster.intents import (
+    ClusterError,
+    Intent,
+    IntentLog,
+    PartitionState,
+    Producer,
+    StateStore,
+    ensure_topics,
+    new_writer_id,
+)
 from calmon.cluster.ownership import IngestMetrics
 from calmon.cluster.partition import Applied, PartitionIngest
+from calmon.cluster.records import BadRecord
 from calmon.config import Config
 from calmon.exporter.http import Endpoints, HTTPExporter
 from connectors.base import Batch, Committable, DeadLetterSink
@@ -94,8 +104,8 @@ class IngestWorker:
         cl = self.cfg.cluster
         ensure_topics(cl.bootstrap_servers, cl.client, internal_topics(self.cfg))
         self.producer = Producer(cl.bootstrap_servers, cl.client)
-        self.intents = IntentLog(cl.bootstrap_servers, cl.intents_topic, cl.client, self.producer)
-        self.states = StateStore(cl.bootstrap_servers, cl.state_topic, cl.client, self.producer)
+        self.intents = IntentLog(cl.bootstrap_servers, cl.intents_topic, cl.client, self.producer, self.metrics.bad)
+        self.states = StateStore(cl.bootstrap_servers, cl.state_topic, cl.client, self.producer, self.metrics.bad)
         self.source = build_input(self.cfg)
         self.dead_letter = build_dead_letter(self.cfg)
 
@@ -189,7 +199,8 @@ class IngestWorker:
         return {"stage": "ingest", "worker": self.writer, "connect_error": self.connect_error, "owned": list(m.owned),
                 "next": {k: p.next for k, p in list(self.parts.items())}, "lag": dict(m.lag),
                 "records": dict(m.records), "ranges": m.ranges, "replays": m.replays, "claims_lost": m.claims_lost,
-                "errors": m.errors, "rejected": dict(m.rejected)}
+                "errors": m.errors, "rejected": dict(m.rejected),
+                "bad_records": {f"{k}/{r}": n for (k, r), n in sorted(dict(m.bad.counts).items())}}
 
     def start_http(self) -> HTTPExporter:
         """Serve ``/metrics`` (``calmon_cluster_*``), ``/healthz``, ``/readyz`` and ``/api/status``."""
@@ -221,8 +232,8 @@ class IngestWorker:
         """
         assert self.states is not None and self.intents is not None and self.source is not None
         t0 = time.monotonic()
-        states = self.states.load(keys)
-        parts = {key: PartitionIngest(self.cfg, key, self.source.name, states.get(key)) for key in keys}
+        states = self.states.candidates(keys, self._ends(keys))
+        parts = {key: self._restored(key, states.get(key, [])) for key in keys}
         self.intents.track({key: p.next for key, p in parts.items()})
         position = self.source.position()
         position.update({key: p.next for key, p in parts.items()})
@@ -231,6 +242,38 @@ class IngestWorker:
         self.metrics.restored(time.monotonic() - t0, len(keys))
         log.info("ingest %s: restored %s in %.2f s", self.writer,
                  ", ".join(f"{k}@{p.next}" for k, p in sorted(parts.items())), time.monotonic() - t0)
+
+    def _ends(self, keys: list[str]) -> dict[str, int] | None:
+        """The end offsets of input partitions: a state past its partition's end (forged, or the topic was
+        recreated) would skip records never read.  The larger of the broker's answer and the high watermark of
+        the last fetch (some brokers -- Tansu -- answer the base offset of the last batch + 1, too small)."""
+        assert self.states is not None and self.source is not None
+        try:
+            ends = self.states.reader.end_offsets(keys)
+        except ClusterError as exc:
+            log.warning("ingest %s: cannot read the end offsets of %s (%s); states not checked against them",
+                        self.writer, ", ".join(keys), exc)
+            return None
+        position, lag = self.source.position(), self.source.lag()
+        for key in keys:
+            if key in lag and key in position:
+                ends[key] = max(ends.get(key, 0), int(position[key]) + int(lag[key]))
+        return ends
+
+    def _restored(self, key: str, states: list[PartitionState]) -> PartitionIngest:
+        """The partition rebuilt from its most advanced state that restores; a state that fits its schema but
+        not the loaders (forged buffers) is counted and the next one tried; with none, the partition starts at
+        offset 0 and replays the chain of intents from there (their deltas are dropped as repeats)."""
+        assert self.source is not None
+        for st in states:
+            try:
+                return PartitionIngest(self.cfg, key, self.source.name, st)
+            except (KeyError, IndexError, TypeError, ValueError, AttributeError, RecursionError) as exc:
+                self.metrics.bad.count("state", BadRecord("restore", f"state of {key} at offset {st.offset}: "
+                                                                     f"{type(exc).__name__}: {exc}"), key)
+        if states:
+            log.warning("ingest %s: no state of %s restores; replaying it from offset 0", self.writer, key)
+        return PartitionIngest(self.cfg, key, self.source.name, None)
 
     # -- records -------------------------------------------------------------------------------
     def _route(self, batch: Batch) -> None:

@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
+
+from calmon.cluster.records import BadRecord, BadRecords, decode_doc, decode_json
+from calmon.state.checkpoint.schema import DecoderDoc, JoinDoc
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import KafkaClientError
 from connectors.kafka.kafkapython import mapped
@@ -37,6 +42,42 @@ __all__ = ["Intent", "PartitionState", "IntentLog", "StateStore", "Producer", "C
 
 INTENT_FORMAT = "calmon.intent"
 STATE_FORMAT = "calmon.ingest_state"
+#: Version of both documents written, and the versions read (records written before it carry no ``version``
+#: key, which reads as 1).
+VERSION = 1
+READABLE = (1,)
+#: Largest intent record read (an intent is a few hundred bytes; its dead-letter position one entry per partition).
+MAX_INTENT = 1 << 20
+
+_Offset = Annotated[int, msgspec.Meta(ge=0)]
+_Key = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
+
+
+class IntentDoc(msgspec.Struct):
+    """An intent record (:meth:`Intent.to_bytes`); keys not listed are allowed."""
+
+    format: str
+    source: _Key
+    start: _Offset
+    end: _Offset
+    now: float
+    writer: Annotated[str, msgspec.Meta(max_length=200)]
+    seq: int
+    dead_letter: dict[str, int | str] = {}  #: a Kafka sink's offsets, or a file sink's path, inode and size
+    version: int = 1
+
+
+class PartitionStateDoc(msgspec.Struct):
+    """A state record (:meth:`PartitionState.to_bytes`): the join buffers and decoder state are the documents a
+    checkpoint holds (:mod:`calmon.state.checkpoint.schema`), checked to the same depth."""
+
+    format: str
+    source: _Key
+    offset: _Offset
+    join: JoinDoc
+    decoder: DecoderDoc
+    writer: Annotated[str, msgspec.Meta(max_length=200)] = ""
+    version: int = 1
 
 
 class ClusterError(RuntimeError):
@@ -67,19 +108,28 @@ class Intent:
     writer: str
     seq: int
     #: the dead-letter sink's position when the intent was written (a replay skips what was written after it)
-    dead_letter: Mapping[str, int] = field(default_factory=dict)
+    dead_letter: Mapping[str, int | str] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": INTENT_FORMAT, **asdict(self), "dead_letter": dict(self.dead_letter)},
-                          separators=(",", ":")).encode()
+        doc = {"format": INTENT_FORMAT, "version": VERSION, **asdict(self), "dead_letter": dict(self.dead_letter)}
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Intent:
-        d = json.loads(data)
-        if d.get("format") != INTENT_FORMAT:
-            raise ValueError(f"not a {INTENT_FORMAT} record")
-        return cls(str(d["source"]), int(d["start"]), int(d["end"]), float(d["now"]), str(d["writer"]),
-                   int(d["seq"]), {str(k): int(v) for k, v in d["dead_letter"].items()})
+    def from_bytes(cls, data: bytes | None, key: bytes | None = None) -> Intent:
+        """Decode and check a record value (and its ``key``, when given).
+
+        Raises
+        ------
+        BadRecord
+            With its reason (:data:`calmon.cluster.records.REASONS`).
+        """
+        d = decode_doc(decode_json(data, "intent", MAX_INTENT), IntentDoc, "intent", INTENT_FORMAT, READABLE)
+        if d.end <= d.start:
+            raise BadRecord("invalid", f"intent range [{d.start}, {d.end}) is empty")
+        if not math.isfinite(d.now):
+            raise BadRecord("invalid", f"intent time {d.now} is not finite")
+        _same_key(key, d.source, "intent")
+        return cls(d.source, d.start, d.end, d.now, d.writer, d.seq, d.dead_letter)
 
 
 @dataclass(frozen=True)
@@ -93,14 +143,28 @@ class PartitionState:
     writer: str = ""
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": STATE_FORMAT, **asdict(self)}, separators=(",", ":")).encode()
+        return json.dumps({"format": STATE_FORMAT, "version": VERSION, **asdict(self)}, separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> PartitionState:
-        d = json.loads(data)
-        if d.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a {STATE_FORMAT} record")
-        return cls(str(d["source"]), int(d["offset"]), dict(d["join"]), dict(d["decoder"]), str(d.get("writer", "")))
+    def from_bytes(cls, data: bytes | None, key: bytes | None = None) -> PartitionState:
+        """Decode and check a record value (and its ``key``, when given); the join and decoder documents are
+        kept as parsed (their loaders take them) once they fit their schema.
+
+        Raises
+        ------
+        BadRecord
+            With its reason (:data:`calmon.cluster.records.REASONS`).
+        """
+        raw = decode_json(data, "state")
+        d = decode_doc(raw, PartitionStateDoc, "state", STATE_FORMAT, READABLE)
+        _same_key(key, d.source, "state")
+        return cls(d.source, d.offset, raw["join"], raw["decoder"], d.writer)
+
+
+def _same_key(key: bytes | None, source: str, what: str) -> None:
+    """A record keyed by another partition than the one it names would restore the wrong partition."""
+    if key is not None and key != source.encode():
+        raise BadRecord("key_mismatch", f"{what} record of {source[:80]!r} under key {key[:80]!r}")
 
 
 @contextmanager
@@ -194,6 +258,21 @@ class TopicReader:
                     for r in records:
                         visit(r)
 
+    def end_offsets(self, keys: list[str]) -> dict[str, int]:
+        """The end offsets of partitions ``"topic/partition"`` of any topic, asked with this reader's consumer."""
+        from kafka import TopicPartition
+
+        tps = {}
+        for key in keys:
+            topic, _, part = key.rpartition("/")
+            if topic and part.isdigit():
+                tps[TopicPartition(topic, int(part))] = key
+        if not tps:
+            return {}
+        with _cluster_errors("read end offsets"):
+            ends = self.consumer.end_offsets(list(tps))
+        return {tps[tp]: int(off) for tp, off in ends.items() if off is not None}
+
     def close(self) -> None:
         with _cluster_errors(f"close {self.topic} reader"):
             self.consumer.close()
@@ -202,16 +281,22 @@ class TopicReader:
 class IntentLog:
     """Claims on the intents topic and the first intent per ``(source, start)`` of the tracked sources.
 
+    A record that is not a valid intent of its key is skipped (counted in ``bad``): it wins nothing.
+
     Parameters
     ----------
     bootstrap, topic, client
         Where the intents topic is.
     producer
         The shared producer.
+    bad
+        The worker's count of skipped internal records.
     """
 
-    def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any], producer: Producer) -> None:
+    def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any], producer: Producer,
+                 bad: BadRecords | None = None) -> None:
         self.topic, self.producer = topic, producer
+        self.bad = bad if bad is not None else BadRecords("ingest", "")
         self.reader = TopicReader(bootstrap, topic, client)
         #: source -> start -> the first intent in the log with that start (tracked sources only)
         self.first: dict[str, dict[int, Intent]] = {}
@@ -225,15 +310,12 @@ class IntentLog:
             self.first[source] = {}
 
         def visit(record: Any) -> None:
-            if record.key is None:
-                return
-            source = record.key.decode()
-            floor = floors.get(source)
+            floor = floors.get(_key(record))
             if floor is None:
                 return
-            intent = _intent(record.value)
+            intent = self._intent(record)
             if intent is not None and intent.start >= floor:
-                self.first[source].setdefault(intent.start, intent)
+                self.first[intent.source].setdefault(intent.start, intent)
 
         self.reader.read_all(visit)
 
@@ -261,54 +343,81 @@ class IntentLog:
         return won
 
     def _visit(self, record: Any) -> None:
-        if record.key is None:
-            return
-        known = self.first.get(record.key.decode())
+        known = self.first.get(_key(record))
         if known is None:
             return
-        intent = _intent(record.value)
+        intent = self._intent(record)
         if intent is not None:
             known.setdefault(intent.start, intent)
+
+    def _intent(self, record: Any) -> Intent | None:
+        """The intent of a record of a tracked key, or None (counted) when it is not one."""
+        try:
+            return Intent.from_bytes(record.value, record.key)
+        except BadRecord as exc:
+            self.bad.count("intent", exc, f"{self.topic}/{record.partition}@{record.offset}")
+            return None
 
     def close(self) -> None:
         self.reader.close()
 
 
-def _intent(value: bytes | None) -> Intent | None:
-    if value is None:
-        return None
+def _key(record: Any) -> str:
+    """A record's key as text ("" when absent or not UTF-8: no partition has that key)."""
     try:
-        return Intent.from_bytes(value)
-    except (ValueError, KeyError, TypeError) as exc:
-        log.warning("ignoring a malformed intent record: %s", exc)
-        return None
+        return "" if record.key is None else bytes(record.key).decode()
+    except UnicodeDecodeError:
+        return ""
 
 
 class StateStore:
-    """The per-partition states on the state topic."""
+    """The per-partition states on the state topic.
 
-    def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any], producer: Producer) -> None:
+    A record that is not a valid state of its key, or that lies beyond its input partition's end, is
+    skipped (counted in ``bad``); a restore falls back to the next most advanced state
+    (:meth:`candidates`), which is exact while the intents since it are kept (its ranges are replayed
+    and the evaluators drop their repeated deltas).
+    """
+
+    #: States kept per partition while reading, most advanced first (the fallbacks of :meth:`candidates`).
+    KEEP = 3
+
+    def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any], producer: Producer,
+                 bad: BadRecords | None = None) -> None:
         self.topic, self.producer = topic, producer
+        self.bad = bad if bad is not None else BadRecords("ingest", "")
         self.reader = TopicReader(bootstrap, topic, client)
 
-    def load(self, sources: list[str]) -> dict[str, PartitionState]:
-        """The most advanced state (largest offset) of each of ``sources`` that has one (one read of the topic)."""
+    def candidates(self, sources: list[str], ends: Mapping[str, int] | None = None
+                   ) -> dict[str, list[PartitionState]]:
+        """Up to :attr:`KEEP` valid states of each of ``sources`` with distinct offsets, largest offset first
+        (one read of the topic); with ``ends`` (input partition -> end offset), states past the end are skipped."""
         wanted = set(sources)
-        best: dict[str, PartitionState] = {}
+        best: dict[str, list[PartitionState]] = {}
 
         def visit(record: Any) -> None:
-            if record.key is None or record.value is None or record.key.decode() not in wanted:
+            key = _key(record)
+            if key not in wanted:
                 return
+            where = f"{self.topic}/{record.partition}@{record.offset}"
             try:
-                st = PartitionState.from_bytes(record.value)
-            except (ValueError, KeyError, TypeError) as exc:
-                log.warning("ignoring a malformed state record: %s", exc)
+                st = PartitionState.from_bytes(record.value, record.key)
+                end = None if ends is None else ends.get(key)
+                if end is not None and st.offset > end:
+                    raise BadRecord("beyond_end", f"state of {key} at offset {st.offset}, past the partition's "
+                                                  f"end {end}")
+            except BadRecord as exc:
+                self.bad.count("state", exc, where)
                 return
-            if st.source not in best or st.offset > best[st.source].offset:
-                best[st.source] = st
+            kept = [s for s in best.get(key, []) if s.offset != st.offset] + [st]
+            best[key] = sorted(kept, key=lambda s: -s.offset)[:self.KEEP]
 
         self.reader.read_all(visit)
         return best
+
+    def load(self, sources: list[str], ends: Mapping[str, int] | None = None) -> dict[str, PartitionState]:
+        """The most advanced valid state (largest offset) of each of ``sources`` that has one."""
+        return {k: v[0] for k, v in self.candidates(sources, ends).items() if v}
 
     def save(self, state: PartitionState) -> None:
         self.producer.send_all(self.topic, [(state.source.encode(), state.to_bytes())])

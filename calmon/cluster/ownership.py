@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from calmon.cluster.records import BadRecords
+
 if TYPE_CHECKING:
     from calmon.cluster.intents import Intent
     from calmon.cluster.partition import Applied
@@ -86,6 +88,11 @@ class IngestMetrics:
     restores: int = 0
     #: next offset of each owned partition (the state's)
     position: dict[str, int] = field(default_factory=dict)
+    #: intent and state records skipped (``calmon_cluster_bad_records_total``)
+    bad: BadRecords = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.bad = BadRecords("ingest", self.worker)
 
     def restored(self, seconds: float, partitions: int) -> None:
         self.restores += partitions
@@ -128,4 +135,5 @@ class IngestMetrics:
                   "# TYPE calmon_cluster_rejected_total counter"]
         lines += [f'calmon_cluster_rejected_total{{{base},reason="{escape(k)}"}} {v}'
                   for k, v in sorted(dict(self.rejected).items())]
+        lines += self.bad.render()
         return ("\n".join(lines) + "\n").encode()

@@ -94,6 +94,9 @@ class PartitionIngest:
             joiner.ttl, joiner.max_pending = cfg.join.ttl, cfg.join.max_pending
             self.st.joiner = joiner
             self.st.decoder.load_state(state.decoder)
+            dec = self.st.decoder
+            if len(dec.names) > max(dec.max_models, len(dec.declared)):  # the cap holds for restored names too
+                raise ValueError(f"{len(dec.names)} models, over limits.max_models {dec.max_models}")
         self.next = 0 if state is None else state.offset
         self.offsets: list[int] = []
         self.records: list[bytes] = []

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calmon.cluster.intents import Producer
+from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshots import MANIFEST_KEY, Manifest, ModelSnapshot, SnapshotError
 from connectors.kafka.admin import scan_topic
 
@@ -47,8 +48,12 @@ class SnapshotStore:
         kp.send(self.topic, key=items[-1][0], value=items[-1][1], partition=partition).get(timeout=30)
         return sum(len(v) for _, v in items)
 
-    def read(self, partition: int, timeout: float = 30.0) -> PartitionSnapshot | None:
-        """The latest records of ``partition``; None when the topic could not be read to its end in time."""
+    def read(self, partition: int, timeout: float = 30.0, bad: BadRecords | None = None) -> PartitionSnapshot | None:
+        """The latest records of ``partition``; None when the topic could not be read to its end in time.
+
+        A record that cannot be read (or whose key names another model) is skipped and counted in ``bad``;
+        the partition then has no manifest, so its owner replays it from offset 0.
+        """
         out = PartitionSnapshot()
         raw: dict[bytes, bytes] = {}
 
@@ -68,10 +73,15 @@ class SnapshotStore:
                     out.manifest = Manifest.from_bytes(value)
                 else:
                     snap = ModelSnapshot.from_bytes(value)
+                    if key != snap.model.encode():
+                        raise SnapshotError(f"snapshot of {snap.model[:80]!r} under key {key[:80]!r}", "key_mismatch")
                     out.models[snap.model] = snap
             except SnapshotError as exc:
                 out.bad += 1
-                log.warning("snapshots %s/%d: ignoring record %r: %s", self.topic, partition, key[:80], exc)
+                if bad is not None:
+                    bad.count("snapshot", BadRecord(exc.reason, str(exc)), f"{self.topic}/{partition} key {key[:80]!r}")
+                else:
+                    log.warning("snapshots %s/%d: ignoring record %r: %s", self.topic, partition, key[:80], exc)
         if out.bad:  # a model we cannot read must be replayed: no manifest, so the partition restarts at 0
             out.manifest = None
         return out

@@ -37,7 +37,12 @@ MAX_RECORD = 16 << 20
 
 
 class SnapshotError(ValueError):
-    """A snapshots-topic record that cannot be read, or a snapshot too large to write (one line)."""
+    """A snapshots-topic record that cannot be read, or a snapshot too large to write (one line); ``reason`` is
+    one of :data:`calmon.cluster.records.REASONS`."""
+
+    def __init__(self, message: str, reason: str = "schema") -> None:
+        super().__init__(message)
+        self.reason = reason
 
 
 class SnapshotDoc(msgspec.Struct):
@@ -115,7 +120,7 @@ class ModelSnapshot:
         out = json.dumps(doc, separators=(",", ":")).encode()
         if len(out) > MAX_RECORD:
             raise SnapshotError(f"snapshot of model {self.model!r} is {len(out)} bytes, over the {MAX_RECORD}-byte "
-                                f"record limit (fewer tiers, bins or segments)")
+                                f"record limit (fewer tiers, bins or segments)", "too_large")
         return out
 
     @classmethod
@@ -123,8 +128,8 @@ class ModelSnapshot:
         raw, d = _document(data, SnapshotDoc, "bad snapshot record")
         try:
             mw = ModelWindows.from_dict(raw["windows"])  # (its rings are checked by TieredRing.from_dict)
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SnapshotError(f"bad snapshot record: {type(exc).__name__}: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+            raise SnapshotError(f"bad snapshot record: {type(exc).__name__}: {exc}", "restore") from None
         return cls(d.model, d.offset, mw, d.applied, d.events, d.late,
                    -math.inf if d.watermark is None else d.watermark)
 
@@ -148,14 +153,17 @@ class Manifest:
 
 def _document(data: bytes, into: type[D], what: str) -> tuple[dict[str, Any], D]:
     """A record's document as parsed and as checked against ``into`` (:class:`SnapshotError` naming the field)."""
+    if len(data) > MAX_RECORD:
+        raise SnapshotError(f"snapshot record of {len(data)} bytes, over the {MAX_RECORD}-byte limit", "too_large")
     try:
         d = json.loads(data)  # (as json.dumps wrote it: NaN and Infinity allowed, which msgspec.json refuses)
-    except ValueError as exc:
-        raise SnapshotError(f"snapshot record is not JSON ({exc})") from None
+    except (ValueError, RecursionError) as exc:
+        raise SnapshotError(f"snapshot record is not JSON ({exc})", "not_json") from None
     if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise SnapshotError(f"not a {FORMAT} record")
-    if d.get("version") != VERSION:
-        raise SnapshotError(f"snapshot version {d.get('version')} is not readable (this calmon reads {VERSION})")
+        raise SnapshotError(f"not a {FORMAT} record", "format")
+    if d.get("version") != VERSION or type(d.get("version")) is not int:
+        raise SnapshotError(f"snapshot version {str(d.get('version'))[:20]} is not readable (this calmon reads "
+                            f"{VERSION})", "version")
     try:
         return d, convert(d, into)
     except SchemaError as exc:

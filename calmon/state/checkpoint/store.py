@@ -37,9 +37,13 @@ Writing order and atomicity
 
 A crash before step 2 leaves the previous manifest and its packs untouched (the new pack is
 an unreferenced file, removed or overwritten later); a crash after it leaves the new
-generation.  :meth:`CheckpointStore.load` returns the newest manifest that verifies, falling
-back to older generations when the newest is damaged; since packs are only removed when no
-kept manifest refers to them, each of the ``keep`` newest generations stays restorable.
+generation.  :meth:`CheckpointStore.load` returns the newest generation that verifies -- its manifest
+(checksum, schema) *and* every blob it refers to (pack present and long enough, CRC) -- falling back to
+older generations when the newest is damaged (a truncated or lost pack, a flipped byte), with a warning
+naming the file and the reason; since packs are only removed when no kept manifest refers to them, each
+of the ``keep`` newest generations stays restorable.  A generation is restored whole (state, source and
+dead-letter positions from the same manifest), so a fallback re-reads what the skipped generations had
+covered and counts nothing twice.
 """
 
 from __future__ import annotations
@@ -48,9 +52,12 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import mmap
 import os
 import re
-from collections.abc import Iterable
+import zlib
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -264,11 +271,35 @@ class CheckpointStore:
         self._packs_of[generation] = frozenset(packs)
         return state
 
-    def load(self) -> dict[str, Any] | None:
-        """The newest manifest's state that verifies, or None when there is none.
+    def verify(self, generation: int, state: Any) -> None:
+        """Check that every blob ``state`` refers to can be read: its pack exists and holds the blob's bytes,
+        whose CRC matches (each referenced pack mapped once; the restore reads the bytes again from the page cache).
 
-        Temporary files of an interrupted save are ignored; a damaged newest generation is
-        skipped (with a warning) in favour of the previous one.
+        Raises
+        ------
+        CheckpointError
+            Naming the manifest, the field, the pack file and the reason (``file too short``: a truncated pack).
+        """
+        by_pack: dict[Any, list[Any]] = {}
+        for ref in _refs(state):
+            by_pack.setdefault(ref.get("pack"), []).append(ref)
+        for pack, refs in by_pack.items():
+            with _mapped(self.directory, pack) as data:
+                bad = next((ref for ref in refs if not _intact(data, ref)), None)
+            if bad is not None:  # read it the reader's way, for the message naming the field and the reason
+                try:
+                    with self.reader() as reader:
+                        reader.read(bad, _path_of(state, bad) or "?")
+                except CheckpointError as exc:
+                    raise CheckpointError(f"{self.path_of(generation)}: {exc}") from None
+                raise CheckpointError(f"{self.path_of(generation)}: blob reference {bad!r:.80} cannot be read")
+
+    def load(self, verify: bool = True) -> dict[str, Any] | None:
+        """The newest generation's state that verifies, or None when there is none.
+
+        Temporary files of an interrupted save are ignored; a damaged newest generation -- its manifest, or
+        with ``verify`` a blob it refers to (:meth:`verify`) -- is skipped with a warning naming the file and
+        the reason, in favour of the previous one.
 
         Returns
         -------
@@ -286,8 +317,11 @@ class CheckpointStore:
         for g in reversed(gens):
             try:
                 state = self.read(g)
+                if verify:
+                    self.verify(g, state)
             except CheckpointError as exc:
-                log.warning("skipping damaged checkpoint: %s", exc)
+                log.warning("skipping damaged checkpoint: %s%s", exc,
+                            "; falling back to the previous generation" if g != gens[0] else "")
                 errors.append(str(exc))
                 continue
             self.loaded_path = self.path_of(g)
@@ -314,6 +348,67 @@ def inline_refs(node: Any, reader: PackReader, field: str = "", raw: bool = Fals
     if isinstance(node, list):
         return [inline_refs(v, reader, f"{field}{sep}{i}", raw) for i, v in enumerate(node)]
     return node
+
+
+def _refs(node: Any) -> Iterator[Any]:
+    """Every blob reference inside ``node`` (depth first, no copy, no paths: a damaged one is named by
+    :func:`_path_of` afterwards)."""
+    stack = [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if is_ref(item):
+                yield item
+            else:
+                stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+
+
+@contextmanager
+def _mapped(directory: Path, pack: Any) -> Iterator[memoryview | None]:
+    """The bytes of a pack file, memory-mapped (None: no such pack; empty: an empty file)."""
+    if type(pack) is not int:
+        yield None
+        return
+    try:
+        f = open(pack_path(directory, pack), "rb")  # noqa: SIM115 - closed below, after the map
+    except OSError:
+        yield None
+        return
+    with f:
+        try:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except ValueError:  # an empty file cannot be mapped
+            yield memoryview(b"")
+            return
+        view = memoryview(mm)
+        try:
+            yield view
+        finally:
+            view.release()
+            mm.close()
+
+
+def _intact(data: memoryview | None, ref: Any) -> bool:
+    """Whether a blob reference has integer fields, lies inside its pack's bytes and matches its CRC."""
+    at, n, crc = ref.get("at"), ref.get("len"), ref.get("crc")
+    if data is None or type(at) is not int or type(n) is not int or at < 0 or n < 0 or at + n > len(data):
+        return False
+    return crc is None or (type(crc) is int and zlib.crc32(data[at:at + n]) == crc)
+
+
+def _path_of(node: Any, target: Any, path: str = "") -> str | None:
+    """The dotted path of the object ``target`` inside ``node`` (None: not found)."""
+    if node is target:
+        return path
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for k, v in items:
+        if isinstance(v, (dict, list)):
+            found = _path_of(v, target, f"{path}.{k}" if path else str(k))
+            if found is not None:
+                return found
+    return None
 
 
 def _read_head(path: Path) -> dict[str, Any]:
