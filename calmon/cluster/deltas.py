@@ -152,8 +152,8 @@ class Delta:
             doc = msgspec.json.decode(data, type=DeltaDoc)  # one pass: parsed and checked
         except msgspec.ValidationError:
             doc = None  # parsed again below, to name the problem
-        except (msgspec.DecodeError, TypeError, RecursionError) as exc:
-            raise DeltaError(f"not JSON: {exc}", "not_json") from None
+        except (msgspec.DecodeError, UnicodeDecodeError, TypeError, RecursionError) as exc:
+            raise DeltaError(f"not JSON: {exc}", "not_json") from None  # (invalid UTF-8 in a key: UnicodeDecodeError)
         if doc is None:
             try:
                 parsed = json.loads(data)
