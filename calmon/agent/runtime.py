@@ -193,7 +193,7 @@ class Agent:
         ev = self.cfg.evaluation
         self.pool = TesterPool(ev.pool, ev.workers)
         self.evaluator = Evaluator(ev, self.alert_engine, recal, clock=self.clock, estimation=self.cfg.estimation,
-                                   history_window=history, pool=self.pool)
+                                   history_window=history, pool=self.pool, tolerance=self.cfg.verdict.tolerance.ece)
         if self.cfg.checkpoint.enabled:
             self.store = CheckpointStore(Path(self.cfg.state_dir) / "checkpoints", keep=self.cfg.checkpoint.keep)
             self.checkpointer = Checkpointer(self.store)
