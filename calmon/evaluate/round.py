@@ -365,7 +365,7 @@ class Evaluator:
             alerts = [clean(st.to_dict()) for st in states]
             alert_doc = self.alert_engine.to_dict()
         cals = dict(calibrators)
-        if self.recalibrator is not None and self.recalibrator.due():
+        if self.recalibrator is not None and self.recalibrator.due() and not self._stop.is_set():
             cals = self.recalibrator.run(snap, cals)
         duration = self.monotonic() - t0
         work = WorkInfo(round=self.round, ran=ran, queued=queued, in_flight=len(self.inflight),
@@ -427,7 +427,7 @@ class Evaluator:
                 e.version += 1
             if n < self.cfg.min_events or not self._cheap(t.name):
                 continue
-            if self.monotonic() > deadline:
+            if self.monotonic() > deadline or self._stop.is_set():  # (stopping: the next run computes them)
                 skipped = True
                 continue
             key = (w.model, w.segment, w.window)
