@@ -15,6 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 N = 20_000
@@ -136,3 +137,28 @@ checkpoint: {{every: 1h}}
     status = json.loads(results.read_text())
     counts = {e["model"]: e["n"] for e in status["evaluations"] if e["window"] == "all"}
     assert counts == {name: N // len(MODELS) for name in MODELS}, counts
+
+
+#: The grace period every deploy asset gives the single agent (docs/deploy.md, "Stopping"): several times the stop
+#: bound, for a large final checkpoint on a slow disk, and the same everywhere.
+GRACE = 30
+
+
+def _find(node: object, key: str) -> list[object]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == key] + [x for v in node.values() for x in _find(v, key)]
+    if isinstance(node, list):
+        return [x for v in node for x in _find(v, key)]
+    return []
+
+
+def test_deploy_grace_periods_match_the_stop_bound() -> None:
+    deploy = ROOT / "deploy"
+    compose = yaml.safe_load((deploy / "compose.yaml").read_text())
+    assert compose["services"]["calmon"]["stop_grace_period"] == f"{GRACE}s"
+    k8s = [doc for doc in yaml.safe_load_all((deploy / "kubernetes" / "calmon.yaml").read_text()) if doc]
+    assert _find(k8s, "terminationGracePeriodSeconds") == [GRACE]
+    unit = (deploy / "systemd" / "calmon.service").read_text()
+    assert re.findall(r"^TimeoutStopSec=(\d+)$", unit, re.M) == [str(GRACE)]
+    assert GRACE >= 5 * BOUND
+    assert f"{GRACE} s" in (ROOT / "docs" / "deploy.md").read_text()
