@@ -139,3 +139,12 @@ def test_tolerance_flag_and_key_are_validated(applied: tuple[Path, Path], capsys
     for bad in (-0.1, 1.0, "x"):
         with pytest.raises(ConfigError, match=r"^verdict\.tolerance\.ece: "):
             build_config({**base, "verdict": {"tolerance": {"ece": bad}}})
+
+
+def test_apply_on_the_fit_input_points_to_check_calibrator(churn: Path, applied: tuple[Path, Path],
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    out = churn.parent / "again.csv"
+    assert cli_main(["apply", str(applied[0]), str(churn), "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "cannot judge it" in err and f"calmon check --calibrator {applied[0]} {churn}" in err

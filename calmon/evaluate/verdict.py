@@ -232,8 +232,8 @@ def summarize(grid: ScoreGrid, tests: Mapping[str, Mapping[str, Any]], *, alpha:
         rec = "no action"
     elif extremes and all(e.alone for e in extremes):
         rec = ("keep the scores off exactly 0 and 1 (e.g. clip the recalibrator's output to [0.001, 0.999]): a score "
-               "of exactly 0 or 1 claims certainty, which one contrary outcome refutes, and no recalibration "
-               "fitted to more data changes that")
+               "of exactly 0 or 1 claims certainty, which one contrary outcome refutes; another recalibrator "
+               "would not change that")
     if judge and calibrated is False:
         rec = judge
     verdict = ("no verdict" if calibrated is None else "calibrated" if calibrated
