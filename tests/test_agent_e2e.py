@@ -92,8 +92,9 @@ checkpoint: {{every: 1h}}
         w = {"model": "fraud", "segment": "all", "window": "all"}
         while True:
             sm = scrape(f"{url}/metrics")
-            if get(sm, "calmon_window_events", **w) == N_LABELED + N_PAIRS and get(
-                    sm, "calmon_test_statistic", test="smce", **w) is not None:
+            if get(sm, "calmon_window_events", **w) == N_LABELED + N_PAIRS and all(
+                    get(sm, "calmon_test_statistic", test=t, **w) is not None for t in TESTS.split(",")):
+                # (every tester: under load T-Cal's simulation may publish after smCE)
                 break
             assert time.time() < deadline, ("agent did not evaluate the whole file in time: "
                                             f"{get(sm, 'calmon_window_events', **w)} events, "
@@ -101,15 +102,22 @@ checkpoint: {{every: 1h}}
             time.sleep(0.3)
         ready = urllib.request.urlopen(f"{url}/readyz", timeout=5).status
         status = json.loads(urllib.request.urlopen(f"{url}/api/status", timeout=5).read())
+        load = os.getloadavg()[0] / (os.cpu_count() or 1)
         proc.send_signal(signal.SIGTERM)
-        t0 = time.time()
-        rc = proc.wait(timeout=30)
-        stop_seconds = time.time() - t0
+        t0 = time.monotonic()
+        rc = proc.wait(timeout=120)
+        stop_seconds = time.monotonic() - t0
+        stopped = proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.stderr.close()
-    assert rc == 0 and stop_seconds < 10 and ready == 200
+    assert rc == 0 and ready == 200, stopped
+    # the stop's own cost is its CPU time (the agent logs it), which a loaded machine does not inflate; the wall
+    # time only has to stay well inside a grace period, scaled by the load the machine had (tests/test_sigterm.py)
+    m = re.search(r"stopped on SIGTERM in [\d.]+ s \(([\d.]+) s CPU\)", stopped)
+    assert m and float(m.group(1)) < 2.0, stopped
+    assert stop_seconds < 10 * max(1.0, load), (stop_seconds, load, stopped)
 
     # `calmon check` (imports the tester modules first, in case the registry does not list them yet)
     check_args = [str(events), "--json", "--skip-invalid", "--tests", TESTS, "--mc", "200", "--seed", "0"]

@@ -27,6 +27,14 @@ source offsets are committed after that, on the ingestion thread.  On start the 
 newest generation, seeks each source to its position and truncates the dead-letter file to its
 position: records after the checkpoint are read again and everything derived from them is
 rebuilt, so after a crash no event is lost and none is counted twice.
+
+Stopping
+--------
+SIGTERM or SIGINT (:meth:`Agent.on_signal`) ends the ingestion loop after its batch; the agent then
+abandons the tester calls in flight (their worker processes are killed: one simulation may take
+minutes, a supervisor's grace period is seconds, and the next run recomputes every result), writes
+the final checkpoint, closes, and logs one line with what it saved, e.g. ``stopped on SIGTERM in
+0.8 s (0.3 s CPU): checkpoint generation 42 written (1,234 models, 3.1 MB); 3 tester calls abandoned``.
 """
 
 from __future__ import annotations
@@ -143,6 +151,10 @@ class Agent:
         self.ready = False
         self.done = False
         self._stop = threading.Event()
+        #: (signal name, monotonic time, process CPU time) of the first stop signal
+        self._signalled: tuple[str, float, float] | None = None
+        self._abandoned = 0  # tester calls abandoned on a stop
+        self._last_checkpoint: Any = None  # the last committed generation (checkpoint.incremental.Result)
         #: A round and the republishing between rounds use the evaluator one at a time; a round asked for
         #: from another thread than the scheduler's (a benchmark, a test) interrupts the republishing.
         self._evaluating = threading.Lock()
@@ -196,7 +208,7 @@ class Agent:
         ev = self.cfg.evaluation
         self.pool = TesterPool(ev.pool, ev.workers)
         self.evaluator = Evaluator(ev, self.alert_engine, recal, clock=self.clock, estimation=self.cfg.estimation,
-                                   history_window=history, pool=self.pool)
+                                   history_window=history, pool=self.pool, tolerance=self.cfg.verdict.tolerance.ece)
         if self.cfg.checkpoint.enabled:
             self.store = CheckpointStore(Path(self.cfg.state_dir) / "checkpoints", keep=self.cfg.checkpoint.keep)
             self.checkpointer = Checkpointer(self.store)
@@ -237,6 +249,36 @@ class Agent:
     def stop(self) -> None:
         """Ask the ingestion loop to finish its batch, checkpoint and return (signal-safe)."""
         self._stop.set()
+
+    def on_signal(self, name: str) -> None:
+        """:meth:`stop` on a signal (``"SIGTERM"``): the stop is timed from here and logged (signal-safe)."""
+        if self._signalled is None:
+            self._signalled = (name, time.monotonic(), time.process_time())
+        self._stop.set()
+
+    def _abandon_testers(self) -> None:
+        """On a stop: no round waits for a tester any more, and the calls in flight are killed, not waited for."""
+        if self.evaluator is not None:
+            self.evaluator.stop()
+        if self.pool is not None:
+            self._abandoned = self.pool.close(wait=False, abandon=True)
+            self.pool = None
+
+    def _log_stop(self) -> None:
+        """The one line saying how long the stop took and what it saved."""
+        assert self._signalled is not None
+        name, t0, cpu0 = self._signalled
+        res = self._last_checkpoint
+        if res is not None:
+            saved = (f"checkpoint generation {res.generation} written ({len(self.state.models):,} models, "
+                     f"{_size(res.bytes)})")
+        elif self.cfg.checkpoint.enabled:
+            saved = "no checkpoint written (see the error above); the previous generation stays the state"
+        else:
+            saved = "checkpoints are off (checkpoint.enabled: false): nothing saved"
+        calls = self._abandoned
+        log.info("stopped on %s in %.1f s (%.1f s CPU): %s; %d tester call%s abandoned", name,
+                 time.monotonic() - t0, time.process_time() - cpu0, saved, calls, "" if calls == 1 else "s")
 
     def close(self) -> None:
         try:
@@ -300,10 +342,14 @@ class Agent:
                     if self.cfg.ingest.exit_when_done:
                         break
                     self._stop.wait(self.cfg.ingest.poll_timeout)
+            if self._stop.is_set():
+                self._abandon_testers()  # first: they hold the CPU, and a call may take minutes
             if self.cfg.checkpoint.enabled:
                 self.checkpoint()
         finally:
             self.close()
+        if self._signalled is not None:
+            self._log_stop()
         return 0
 
     def finish_input(self) -> None:
@@ -385,6 +431,7 @@ class Agent:
                 log.warning("offset commit failed for %s (the checkpoint stays the source of truth)", src.name)
         log.debug("checkpoint %s: %d buckets, %d bytes, lock %.3f s, %.2f s", res.path, res.blobs, res.bytes,
                   res.lock_seconds, res.seconds)
+        self._last_checkpoint = res
         self.checkpoint_info = {"last_timestamp": self.clock(), "duration": res.seconds,
                                 "count": self.checkpoint_info["count"] + 1}
 
@@ -514,3 +561,11 @@ class Agent:
             sched["next_at"] = now + max(0.0, self.scheduler.next_at - time.monotonic())
         doc["agent"]["tests"] = [t.name for t in self.cfg.evaluation.tests]
         return doc
+
+
+def _size(n: int) -> str:
+    """``3.1 MB``, ``980 kB``, ``512 B`` (decimal units, as ``ls -h --si``)."""
+    for unit, size in (("MB", 1e6), ("kB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

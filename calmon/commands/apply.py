@@ -118,4 +118,8 @@ def run(args: argparse.Namespace) -> int:
     write_output(res, args.output, args.format, ds.model)
     if args.output != "-":
         print(f"{cal.method}: recalibrated {ds.n} rows ({res['kind']}); wrote {args.output}")
+    if cal.training.get("input") == ds.source:  # `calmon check` on the output would judge it on its own fit data
+        print(f"note: {cal.training.get('n', 'some')} of these rows were used to fit the calibrator and cannot judge "
+              f"it; judge it with `calmon check --calibrator {args.calibrator} {' '.join(args.input)}` (the rows it "
+              "was not fitted on)", file=sys.stderr)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import sys
@@ -13,6 +14,9 @@ import numpy as np
 from calmon import __version__
 from calmon.algorithms.ece import reliability, summary
 from calmon.algorithms.twosample import calibration_change_test
+from calmon.calibration.base import Calibrator
+from calmon.calibration.document import load
+from calmon.calibration.split import hash_split
 from calmon.commands.progress import Steps
 from calmon.evaluate.verdict import summarize
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
@@ -28,6 +32,16 @@ MAX_BINS = 1 << 16
 #: ``--permutations`` x ``--bins`` at most: the ``--reference`` test holds about 32 bytes per permutation and
 #: cell at its peak (measured: 1.4 GB for 9,999 permutations of 4,096 cells), so this keeps it near 1 GiB.
 MAX_PERMUTATION_CELLS = 1 << 25
+#: Default ``--tolerance``: the default of ``verdict.tolerance.ece`` (an ECE interval below 1 % needs no action).
+DEFAULT_TOLERANCE = 0.01
+
+
+def add_verdict_arguments(p: argparse.ArgumentParser) -> None:
+    """``--tolerance`` (check and report): when a significant miscalibration is worth acting on."""
+    p.add_argument("--tolerance", type=float, default=DEFAULT_TOLERANCE, metavar="ECE",
+                   help="ECE below which a significant miscalibration is immaterial: when the ECE interval's upper "
+                        "bound is below it the verdict is 'calibrated within tolerance; no action' (default "
+                        f"{DEFAULT_TOLERANCE:g}, as verdict.tolerance.ece; 0: every rejection is material)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="tester option, e.g. lp.eps=0.05 or ldtc.grid_points=101 (repeatable)")
     p.add_argument("--skip-invalid", action="store_true",
                    help="skip invalid JSONL events (counted by reason) instead of stopping at the first")
+    p.add_argument("--calibrator", default=None, metavar="FILE",
+                   help="check the predictions after this calibrator (from `calmon fit`), on the rows it was not "
+                        "fitted on: its --holdout rows when INPUT is the data it was fitted on")
+    add_verdict_arguments(p)
     add_schema_arguments(p)
     p.set_defaults(func=run)
 
@@ -62,6 +80,9 @@ def check_numbers(args: argparse.Namespace) -> None:
     bins = args.bins
     if bins < 2 or bins & (bins - 1) or bins > MAX_BINS:
         raise ValueError(f"--bins must be a power of two in [2, {MAX_BINS}], got {bins}")
+    tolerance = getattr(args, "tolerance", 0.0)
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"--tolerance must lie in [0, 1) (an ECE, e.g. 0.01 for 1 %), got {tolerance}")
     if args.mc > MAX_MC:
         raise ValueError(f"--mc must be at most {MAX_MC:,} (p-values resolve to 1/(mc+1)), got {args.mc}")
     permutations = getattr(args, "permutations", None)
@@ -89,8 +110,58 @@ def parse_testers(spec: str) -> list[str]:
     return [] if names == ["none"] else names
 
 
-def report(ds: Dataset, args: argparse.Namespace, progress: Steps | None = None) -> dict[str, Any]:
-    """The JSON document of ``calmon check``: metrics, reliability, tests, ``summary`` (and ``reference``)."""
+def recalibrated(cal: Calibrator, ds: Dataset, path: str) -> tuple[Dataset, dict[str, Any], str | None]:
+    """``ds`` after ``cal`` on the rows that can judge it, the ``calibrator`` object of the document, and why the
+    rows cannot judge it (``None`` when they can).
+
+    A calibrator is judged, as scikit-learn users judge ``CalibratedClassifierCV``, on data it was not fitted on:
+    when ``ds`` is the input it was fitted on (``training.input``), only its ``--holdout`` rows (the same hash of
+    ids and salt) are kept; fitted there without a holdout, no row can judge it, and the verdict says so instead
+    of recommending another recalibrator.
+    """
+    if cal.kind == "multiclass":
+        if ds.probs is None or ds.labels is None or ds.classes != cal.classes:
+            raise ValueError(f"--calibrator {path}: a multiclass calibrator of {cal.classes} classes cannot "
+                             f"recalibrate {ds.kind} data with {ds.classes} classes")
+        probs = np.asarray(cal.predict(ds.probs))
+        after = dataclasses.replace(ds, probs=probs, z=probs.max(axis=1),
+                                    y=(probs.argmax(axis=1) == ds.labels).astype(np.float64))
+    else:
+        after = dataclasses.replace(ds, z=np.clip(cal.predict(ds.z), 0.0, 1.0))
+    tr = cal.training
+    info: dict[str, Any] = {"file": path, "method": cal.method, "fitted_on": tr.get("input"), "rows": ds.n}
+    judge: str | None = None
+    if tr.get("input") is not None and tr.get("input") == ds.source:
+        fraction, salt = tr.get("holdout_fraction"), tr.get("holdout_salt")
+        if isinstance(fraction, (int, float)) and 0 < fraction < 1 and isinstance(salt, str):
+            ids = ds.ids if ds.ids is not None and all(ds.ids) else np.arange(ds.n).astype(str)
+            keep = hash_split(ids, float(fraction), salt)
+            after = _rows(after, keep)
+            info.update(evaluated_on="holdout", rows=after.n,
+                        note=f"judged on the {after.n:,} held-out rows of {ds.n:,} (the calibrator was fitted on "
+                             "the others, which cannot judge it)")
+        else:
+            judge = (f"judge the calibrator on data it was not fitted on: {path} was fitted on all of "
+                     f"{ds.source}, which cannot judge it (refit with --holdout 0.2, or check newer data)")
+            info.update(evaluated_on="fit data", note=judge)
+    else:
+        info.update(evaluated_on="all rows", note=f"judged on all {ds.n:,} rows (the calibrator was fitted on "
+                                                  f"{tr.get('input') or 'other data'})")
+    return after, info, judge
+
+
+def _rows(ds: Dataset, keep: np.ndarray) -> Dataset:
+    def pick(a: np.ndarray | None) -> np.ndarray | None:
+        return None if a is None else a[keep]
+    return dataclasses.replace(ds, z=ds.z[keep], y=ds.y[keep], probs=pick(ds.probs), labels=pick(ds.labels),
+                               ids=pick(ds.ids), ts=pick(ds.ts))
+
+
+def report(ds: Dataset, args: argparse.Namespace, progress: Steps | None = None,
+           judge: str | None = None) -> dict[str, Any]:
+    """The JSON document of ``calmon check``: metrics, reliability, tests, ``summary`` (and ``reference``).
+
+    ``judge`` says why these data cannot judge a recalibration (:func:`recalibrated`)."""
     stats = build_stats(ds, args.bins)
     doc: dict[str, Any] = {
         "calmon_version": __version__, "input": ds.source, "model": ds.model, "n": ds.n,
@@ -120,7 +191,7 @@ def report(ds: Dataset, args: argparse.Namespace, progress: Steps | None = None)
                 progress.done()
     top_label = ds.top_label_only or ds.classes > 2
     doc["summary"] = summarize(stats.fine, doc.get("tests", {}), alpha=args.alpha, top_label=top_label,
-                               ece_grid=stats.ece).to_dict()
+                               ece_grid=stats.ece, tolerance=getattr(args, "tolerance", 0.0), judge=judge).to_dict()
     return doc
 
 
@@ -165,6 +236,9 @@ def render(doc: dict[str, Any]) -> str:
     what = {"binary": "binary", "top-label": "top-label confidence"}.get(doc["kind"], f"{doc['classes']} classes")
     lines = [f"{doc['input']}: {doc['n']} labeled predictions ({what})"
              + (f", model {doc['model']}" if doc.get("model") else "")]
+    if "calibrator" in doc:
+        c = doc["calibrator"]
+        lines.append(f"  after calibrator {c['file']} ({c['method']}): {c['note']}")
     if "summary" in doc:
         lines.append(f"  verdict: {doc['summary']['text']}")
         lines.extend(f"    evidence: {e}" for e in doc["summary"]["evidence"])
@@ -210,8 +284,13 @@ def run(args: argparse.Namespace) -> int:
         progress.start("read")
         mapping = mapping_from_arguments(args)
         ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
+        judge, info = None, None
+        if args.calibrator:
+            ds, info, judge = recalibrated(load(args.calibrator), ds, args.calibrator)
         progress.done()
-        doc = report(ds, args, progress)
+        doc = report(ds, args, progress, judge)
+        if info is not None:
+            doc["calibrator"] = info
         progress.done()
         if args.reference:
             progress.start("read reference")

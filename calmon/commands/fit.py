@@ -121,6 +121,8 @@ def fit_dataset(ds: Dataset, method: str, options: dict[str, Any], *, holdout: f
         evaluation = {"in_sample": True, "bins": ece_bins, "before": _errors(None, ds, train, ece_bins, multiclass),
                       "after": _errors(cal, ds, train, ece_bins, multiclass)}
     training = {"input": ds.source, "input_kind": ds.kind, "n": int(train.sum()), "model": ds.model}
+    if holdout > 0:  # `calmon check --calibrator` judges the calibrator on these held-out rows only
+        training.update(holdout_fraction=holdout, holdout_salt=salt)
     doc = cal.to_document(training=training, evaluation=evaluation)
     doc["options"] = options
     return doc

@@ -11,7 +11,15 @@ import numpy as np
 
 from calmon.algorithms.smooth import smce_witness
 from calmon.calibration.document import load
-from calmon.commands.check import DEFAULT_TESTS, Steps, build_stats, check_numbers, parse_testers, report
+from calmon.commands.check import (
+    DEFAULT_TESTS,
+    Steps,
+    add_verdict_arguments,
+    build_stats,
+    check_numbers,
+    parse_testers,
+    report,
+)
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import check_replaceable, write_bytes_atomic
 from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
@@ -42,6 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the Monte Carlo draws")
     p.add_argument("--bins", type=int, default=4096, help="cells of the fine grid (power of two)")
     p.add_argument("--skip-invalid", action="store_true", help="skip invalid JSONL events instead of stopping")
+    add_verdict_arguments(p)
     add_schema_arguments(p)
     p.set_defaults(func=run, reliability_bins=15, test_param=[])
 

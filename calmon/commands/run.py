@@ -47,7 +47,11 @@ def install_signal_handlers(agent: Any) -> None:
     """SIGTERM and SIGINT stop the agent after its current batch (then it checkpoints and exits)."""
     def handler(signum: int, frame: Any) -> None:
         logging.getLogger("calmon.agent").info("signal %d: stopping", signum)
-        agent.stop()
+        on_signal = getattr(agent, "on_signal", None)  # the agent times and logs its stop; a stage just stops
+        if on_signal is not None:
+            on_signal(signal.Signals(signum).name)
+        else:
+            agent.stop()
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)

@@ -552,6 +552,26 @@ class EstimationConfig:
 
 
 @dataclass
+class ToleranceConfig:
+    """How large a significant miscalibration must be to matter (:mod:`calmon.evaluate.verdict`)."""
+
+    #: A rejection whose ECE interval's upper bound is below this is "calibrated within tolerance; no action"
+    #: (0: every significant rejection is material, the tests' verdict alone).
+    ece: float = 0.01
+
+    def validate(self, path: str) -> None:
+        _check(not isinstance(self.ece, bool) and 0 <= self.ece < 1, f"{path}.ece",
+               f"must lie in [0, 1) (an ECE: 0.01 is 1 %), got {self.ece!r}")
+
+
+@dataclass
+class VerdictConfig:
+    """The verdict in words: what is worth acting on."""
+
+    tolerance: ToleranceConfig = field(default_factory=ToleranceConfig)
+
+
+@dataclass
 class ChangesConfig:
     """Sequential change detection on each model's calibration (:mod:`calmon.algorithms.changepoint`)."""
 
@@ -638,6 +658,7 @@ class Config:
     recalibration: RecalibrationConfig = field(default_factory=RecalibrationConfig)
     changes: ChangesConfig = field(default_factory=ChangesConfig)
     estimation: EstimationConfig = field(default_factory=EstimationConfig)
+    verdict: VerdictConfig = field(default_factory=VerdictConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     def validate(self, path: str) -> None:

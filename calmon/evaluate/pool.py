@@ -12,9 +12,11 @@ JSON document (:func:`encode_data`: the grid, reservoir arrays and level-set sta
 :func:`calmon.formats.jsonio.pack_array` bytes) and a worker answers with the result's JSON
 (:meth:`TestResult.to_dict`).  The executor itself still moves these ``str`` payloads through
 its own queue, which is plain strings.  Workers start with ``spawn`` (no fork of a threaded
-process) and ignore SIGINT/SIGTERM: shutdown is the agent's business, which stops submitting
-and lets the jobs in flight finish (:meth:`TesterPool.close`), so a tester in flight never makes
-the exit status non-zero.
+process) and ignore SIGINT/SIGTERM: shutdown is the agent's business.  On a stop it abandons the
+calls in flight (:meth:`TesterPool.close` with ``abandon``: the workers are killed, the calls'
+futures are cancelled and nothing is recorded for them; the next run recomputes them, as it
+recomputes every result), because one simulation may take minutes and a supervisor's grace period
+is seconds (``docs/deploy.md``).  A tester in flight never makes the exit status non-zero.
 
 Workers die with the agent however it dies, SIGKILL included (a worker blocked on the job queue
 would otherwise wait forever, re-parented to init): on Linux the kernel signals them when the
@@ -45,7 +47,7 @@ Examples
 >>> pool = TesterPool("inline")
 >>> res = pool.submit("smce", d, alpha=0.05, mc=19, seed=0, params={}).result()
 >>> res.doc["decision"] in ("calibrated", "miscalibrated", "insufficient data"), pool.close()
-(True, None)
+(True, 0)
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ READY = 2
 POOL_KINDS = ("inline", "thread", "process")
 #: Job priorities: what the running round waits for, and the rest (smaller runs first).
 URGENT, BACKGROUND = 0, 1
+#: Seconds to wait for a killed worker process to be reaped at shutdown.
+REAP_SECONDS = 2.0
 #: Seconds between two looks of a worker's watchdog at its parent.
 WATCH_EVERY = 0.5
 #: Signal the kernel sends a worker when the thread that started it ends (Linux); the worker then checks
@@ -221,6 +225,7 @@ class _Queue:
         self._running = 0
         self._closed = False
         self._worked = False  # a job finished on the current executor
+        self._started: set[Future[JobResult]] = set()  # the callers' futures of the jobs handed to the executor
 
     def put(self, priority: int, name: str, start: Callable[[Executor], Future[Any]], out: Future[JobResult]) -> None:
         with self._lock:
@@ -243,6 +248,9 @@ class _Queue:
                 self._finished(None, pump=False)
                 _settle(out, JobResult(clean(TestResult.failed(name, exc).to_dict()), 0.0))
                 continue
+            with self._lock:
+                self._started.add(out)
+            out.add_done_callback(self._forget)
             inner.add_done_callback(self._finished)
 
     def _start(self, start: Callable[[Executor], Future[Any]]) -> Future[Any]:
@@ -262,6 +270,10 @@ class _Queue:
                     ex.shutdown(wait=False, cancel_futures=True)
             return start(self.executor)
 
+    def _forget(self, out: Future[JobResult]) -> None:
+        with self._lock:
+            self._started.discard(out)
+
     def _finished(self, inner: Future[Any] | None, *, pump: bool = True) -> None:
         with self._lock:
             self._running -= 1
@@ -270,15 +282,40 @@ class _Queue:
         if pump:
             self._pump()  # runs in the executor's callback thread: starting a job there is what it is for
 
-    def close(self, wait: bool) -> None:
+    def close(self, wait: bool, abandon: bool = False) -> int:
         """Start nothing more: jobs still waiting are cancelled; with ``wait``, return once the running
-        ones have finished."""
+        ones have finished; with ``abandon``, kill the worker processes first (their calls are lost).
+
+        Returns the jobs that were running (abandoned with ``abandon``) plus those still waiting.
+        """
         with self._lock:
             self._closed = True
             waiting, self._heap = self._heap, []
+            running = self._running
+            started = list(self._started) if abandon else []
         for *_, out in waiting:
             out.cancel()
-        self.executor.shutdown(wait=wait, cancel_futures=True)
+        for out in started:  # cancelled, not failed: a killed call is no tester error, nothing is recorded
+            out.cancel()
+        workers = _kill_workers(self.executor) if abandon else []
+        self.executor.shutdown(wait=wait and not abandon, cancel_futures=True)
+        for proc in workers:  # reap them (killed: at once), so none is left a zombie or an orphan
+            proc.join(REAP_SECONDS)
+        return running + len(waiting)
+
+
+def _kill_workers(ex: Executor) -> list[Any]:
+    """SIGKILL the worker processes of a process pool (they ignore SIGTERM); returns them.
+
+    ``ProcessPoolExecutor`` has no public way to stop a running call before Python 3.14
+    (``kill_workers``); its ``_processes`` map (pid -> ``Process``) is the same one that method uses."""
+    procs = list((getattr(ex, "_processes", None) or {}).values())
+    for proc in procs:
+        try:
+            proc.kill()
+        except (OSError, ValueError, AttributeError):  # already gone, or closed
+            pass
+    return procs
 
 
 class TesterPool:
@@ -331,13 +368,21 @@ class TesterPool:
         self._queue.put(priority, name, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
         return out
 
-    def close(self, wait: bool = True) -> None:
-        """Start no new job; with ``wait``, return once the jobs in flight have finished."""
+    def close(self, wait: bool = True, *, abandon: bool = False) -> int:
+        """Start no new job; with ``wait``, return once the jobs in flight have finished; with ``abandon``
+        (shutdown), kill the worker processes instead of waiting for their calls.
+
+        Returns how many tester calls were in flight or waiting (with ``abandon``: abandoned).  Calls on
+        threads (``thread`` pools, plugin testers) cannot be killed: they are abandoned, not waited for, but
+        the interpreter's exit still waits for the one running (``docs/agent.md``, "Stopping").
+        """
+        n = 0
         if self._queue is not None:
-            self._queue.close(wait)
+            n += self._queue.close(wait and not abandon, abandon and self.kind == "process")
         if self._threads is not None:
-            self._threads.shutdown(wait=wait, cancel_futures=True)
+            self._threads.shutdown(wait=wait and not abandon, cancel_futures=True)
         self._queue = self._threads = None
+        return n
 
 
 def _chained(inner: Future[Any], out: Future[JobResult], name: str) -> Future[Any]:

@@ -95,12 +95,12 @@ def window_base(model: str, segment: str, window: str, bucket: BucketStats, *,
 
 
 def assemble(base: Mapping[str, Any], bucket: BucketStats, tests: Mapping[str, dict[str, Any]],
-             alpha: float) -> Evaluation:
+             alpha: float, tolerance: float = 0.0) -> Evaluation:
     """``base`` plus tester results (JSON), the smCE/LDTC estimates as metrics and the verdict (a new document).
 
     ``base`` comes from :func:`window_base` and is JSON-clean: only the new parts are cleaned, and its
     reliability diagram and estimates are shared, not copied (evaluations are read-only: an unchanged
-    window's document is published again as it is).
+    window's document is published again as it is).  ``tolerance`` is ``verdict.tolerance.ece``.
     """
     stats = bucket.stats
     metrics = dict(base["metrics"])
@@ -111,14 +111,14 @@ def assemble(base: Mapping[str, Any], bucket: BucketStats, tests: Mapping[str, d
     out: Any = {**base, "metrics": metrics, "tests": clean(dict(tests))}  # an Evaluation
     if stats.count > 0:
         out["summary"] = clean(summarize(stats.fine, tests, alpha=alpha, top_label=stats.classes > 2,
-                                         ece_grid=stats.ece).to_dict())
+                                         ece_grid=stats.ece, tolerance=tolerance).to_dict())
     return out
 
 
 def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, cfg: EvaluationConfig,
                     deadline: float = math.inf, clock: Callable[[], float] = time.monotonic, *,
                     estimation: EstimationConfig | None = None, reference: ScoreGrid | None = None,
-                    predictor: Predictor | None = None) -> tuple[Evaluation, bool]:
+                    predictor: Predictor | None = None, tolerance: float = 0.0) -> tuple[Evaluation, bool]:
     """Metrics, reliability diagram and every tester's result of one window, all in the calling thread.
 
     The agent's rounds use the pieces (:func:`window_base`, :func:`assemble`) through
@@ -137,6 +137,8 @@ def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, 
     estimation, reference, predictor
         Label-free estimates (see :mod:`calmon.evaluate.estimates`): settings (``None``: off), the score-drift
         reference grid and the calibrator in service.
+    tolerance
+        ``verdict.tolerance.ece`` (see :func:`calmon.evaluate.verdict.summarize`).
 
     Returns
     -------
@@ -166,7 +168,7 @@ def evaluate_window(model: str, segment: str, window: str, bucket: BucketStats, 
             skipped = True
         else:
             tests[t.name] = _run(t.name, data, cfg, t.params, f"{model}/{segment}/{window}", run_tester).to_dict()
-    return assemble(base, bucket, tests, cfg.alpha), skipped
+    return assemble(base, bucket, tests, cfg.alpha, tolerance), skipped
 
 
 def _run(name: str, data: Any, cfg: EvaluationConfig, params: Mapping[str, Any], where: str,
@@ -262,14 +264,17 @@ class Evaluator:
         preempted scheduler) does not make it look slower than ``evaluation.cheap_cost`` and demote it.
     pool
         Where the scheduled testers run (``None``: inline, in the round's thread).
+    tolerance
+        ``verdict.tolerance.ece``: a significant miscalibration whose ECE interval lies below it is immaterial.
     """
 
     def __init__(self, cfg: EvaluationConfig, alert_engine: AlertEngine | None = None,
                  recalibrator: Recalibrator | None = None, clock: Callable[[], float] = time.time,
                  monotonic: Callable[[], float] = time.monotonic, estimation: EstimationConfig | None = None,
                  history_window: str | None = None, pool: TesterPool | None = None,
-                 cpu_clock: Callable[[], float] = time.thread_time) -> None:
+                 cpu_clock: Callable[[], float] = time.thread_time, tolerance: float = 0.0) -> None:
         self.cfg = cfg
+        self.tolerance = tolerance
         self.estimation = estimation
         #: The window holding everything (``all``): minus a window, the reference of its score drift.
         self.history_window = history_window
@@ -360,7 +365,7 @@ class Evaluator:
             alerts = [clean(st.to_dict()) for st in states]
             alert_doc = self.alert_engine.to_dict()
         cals = dict(calibrators)
-        if self.recalibrator is not None and self.recalibrator.due():
+        if self.recalibrator is not None and self.recalibrator.due() and not self._stop.is_set():
             cals = self.recalibrator.run(snap, cals)
         duration = self.monotonic() - t0
         work = WorkInfo(round=self.round, ran=ran, queued=queued, in_flight=len(self.inflight),
@@ -422,7 +427,7 @@ class Evaluator:
                 e.version += 1
             if n < self.cfg.min_events or not self._cheap(t.name):
                 continue
-            if self.monotonic() > deadline:
+            if self.monotonic() > deadline or self._stop.is_set():  # (stopping: the next run computes them)
                 skipped = True
                 continue
             key = (w.model, w.segment, w.window)
@@ -527,6 +532,6 @@ class Evaluator:
             return e.assembled[1]
         tests = {t.name: e.tests[t.name].as_json() for t in self.cfg.tests if t.name in e.tests}
         assert e.base is not None
-        ev = assemble(e.base, w.bucket, tests, self.cfg.alpha)
+        ev = assemble(e.base, w.bucket, tests, self.cfg.alpha, self.tolerance)
         e.assembled = (e.version, ev)
         return ev

@@ -34,6 +34,15 @@ The pieces, and why:
   covers with probability at least about ``1 - alpha`` -- also at ECE = 0, where ``|S_i|`` is biased
   upwards and a delta-method or percentile-bootstrap interval misses.  Coverage is checked by simulation in
   ``tests/test_verdict.py`` and ``benchmarks/verdict_coverage.py``.
+- **material**: significant is not the same as worth acting on.  With a ``tolerance`` on the ECE (``--tolerance``,
+  ``verdict.tolerance.ece``), a rejection whose whole ECE interval lies below it (upper bound ``< tolerance``) is
+  *significant but immaterial*: "calibrated within tolerance; no action".  The rule is that of an equivalence
+  test (the interval excludes every error at least as large as the tolerance), so at ``tolerance = 0`` nothing is
+  immaterial and the verdict is the tests' alone.
+- **extremes**: scores at exactly 0 or 1 claim certainty, and the exact binomial test (T-Cal on a discrete
+  predictor) rejects them at the first contrary outcome whatever the ECE.  When its rejection comes from such
+  values, the verdict names them ("driven by 3 scores ... at exactly 1.0 with observed frequency 0.998") and
+  recommends keeping the scores off 0 and 1 rather than another recalibrator.
 
 References
 ----------
@@ -56,7 +65,7 @@ import numpy as np
 
 from calmon.stats.grid import ScoreGrid
 
-__all__ = ["Direction", "Region", "Summary", "summarize", "RECOMMENDED", "RECOMMENDED_METHODS"]
+__all__ = ["Direction", "Extreme", "Region", "Summary", "summarize", "RECOMMENDED", "RECOMMENDED_METHODS"]
 
 Direction = Literal["over-confident", "under-confident", "biased up", "biased down", "mixed"]
 
@@ -100,6 +109,29 @@ class Region:
 
 
 @dataclass(frozen=True)
+class Extreme:
+    """Predictions at exactly 0 or 1 that the exact binomial test rejects (a certainty an outcome contradicts).
+
+    ``score`` is 0.0 or 1.0, ``events`` the predictions at it, ``frequency`` their observed mean outcome,
+    ``p_value`` the Bonferroni-adjusted p-value of that value alone; ``alone`` is true when no other value's
+    test rejects (the rejection is driven by the extremes only).
+    """
+
+    score: float
+    events: int
+    frequency: float
+    p_value: float
+    alone: bool
+
+    def phrase(self) -> str:
+        """``"3 scores ... at exactly 1.0 with observed frequency 0.998"`` in words."""
+        contrary = round(self.events * (1.0 - self.frequency) if self.score >= 1.0 else self.events * self.frequency)
+        outcome = "negative" if self.score >= 1.0 else "positive"
+        return (f"{self.events:,} scores at exactly {self.score:.1f} with observed frequency {self.frequency:.4g} "
+                f"({contrary:,} {outcome} outcome{'s' if contrary != 1 else ''} where the score claims none)")
+
+
+@dataclass(frozen=True)
 class Summary:
     """The verdict of one window or file; :meth:`to_dict` is the JSON ``summary`` object.
 
@@ -123,6 +155,14 @@ class Summary:
     n: int
     alpha: float
     kind: Literal["binary", "top-label"] = "binary"
+    #: Worth acting on: miscalibrated beyond the tolerance (``False`` when calibrated or within tolerance,
+    #: ``None`` without a verdict); ``calibrated`` stays the tests' decision (significance).
+    material: bool | None = None
+    material_reason: str = ""
+    tolerance: float = 0.0
+    #: ``"calibrated"``, ``"miscalibrated"``, ``"calibrated within tolerance"`` or ``"no verdict"``.
+    verdict: str = "no verdict"
+    extremes: tuple[Extreme, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe dict (tuples as lists, NaN-free), keys in field order (as ``dataclasses.asdict``)."""
@@ -131,12 +171,16 @@ class Summary:
                             for r in self.regions],
                 "ece": self.ece, "ece_ci": None if self.ece_ci is None else list(self.ece_ci),
                 "recommendation": self.recommendation, "evidence": list(self.evidence), "text": self.text,
-                "n": self.n, "alpha": self.alpha, "kind": self.kind}
+                "n": self.n, "alpha": self.alpha, "kind": self.kind, "material": self.material,
+                "material_reason": self.material_reason, "tolerance": self.tolerance, "verdict": self.verdict,
+                "extremes": [{"score": e.score, "events": e.events, "frequency": e.frequency, "p_value": e.p_value,
+                              "alone": e.alone} for e in self.extremes]}
 
 
 def summarize(grid: ScoreGrid, tests: Mapping[str, Mapping[str, Any]], *, alpha: float,
               top_label: bool = False, calibration: Mapping[str, Any] | None = None,
-              ece_grid: ScoreGrid | None = None, bins: int = 16) -> Summary:
+              ece_grid: ScoreGrid | None = None, bins: int = 16, tolerance: float = 0.0,
+              judge: str | None = None) -> Summary:
     """The verdict of a grid and its tests (see the module docstring for every rule).
 
     Parameters
@@ -157,11 +201,19 @@ def summarize(grid: ScoreGrid, tests: Mapping[str, Mapping[str, Any]], *, alpha:
         to ``bins``.
     bins
         Equal-width bins for the regions (must divide ``grid.bins``; else the grid is used as is).
+    tolerance
+        ECE below which a significant miscalibration is immaterial: when the ECE interval's upper bound is
+        below it the verdict is "calibrated within tolerance; no action" (0: every rejection is material).
+    judge
+        Why these data cannot judge a recalibration (e.g. the calibrator was fitted on them): the
+        recommendation then says so instead of recommending another recalibrator.
     """
     if grid.channels is not None:
         raise ValueError("summarize needs a single-channel grid (binary or top-label confidence)")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha}")
+    if not 0.0 <= tolerance < 1.0:
+        raise ValueError(f"tolerance must lie in [0, 1), got {tolerance}")
     n = grid.count
     kind: Literal["binary", "top-label"] = "top-label" if top_label else "binary"
     coarse = _Fields(grid, bins if grid.bins % bins == 0 else grid.bins, n)  # coarsening keeps the count
@@ -172,8 +224,70 @@ def summarize(grid: ScoreGrid, tests: Mapping[str, Mapping[str, Any]], *, alpha:
     rec = _recommend(direction, calibration, calibrated)
     if calibrated and ci is not None and ci[1] > 0.05:
         rec = "collect more labelled predictions: these cannot tell a calibrated model from a clearly miscalibrated one"
-    text = _text(calibrated, direction, regions, ece, ci, rec, n, alpha, kind)
-    return Summary(calibrated, direction, regions, ece, ci, rec, tuple(evidence), text, n, alpha, kind)
+    extremes = _extremes(tests, alpha) if calibrated is False else ()
+    material, reason = _material(calibrated, ci, tolerance)
+    if extremes:
+        evidence.append(_extremes_line(extremes))
+    if material is False and calibrated is False:
+        rec = "no action"
+    elif extremes and all(e.alone for e in extremes):
+        rec = ("keep the scores off exactly 0 and 1 (e.g. clip the recalibrator's output to [0.001, 0.999]): a score "
+               "of exactly 0 or 1 claims certainty, which one contrary outcome refutes; another recalibrator "
+               "would not change that")
+    if judge and calibrated is False:
+        rec = judge
+    verdict = ("no verdict" if calibrated is None else "calibrated" if calibrated
+               else "miscalibrated" if material else "calibrated within tolerance")
+    text = _text(calibrated, direction, regions, ece, ci, rec, n, alpha, kind, material, tolerance, extremes)
+    return Summary(calibrated, direction, regions, ece, ci, rec, tuple(evidence), text, n, alpha, kind,
+                   material, reason, tolerance, verdict, extremes)
+
+
+# -- significant or material ----------------------------------------------------------------------------------
+def _material(calibrated: bool | None, ci: tuple[float, float] | None, tolerance: float) -> tuple[bool | None, str]:
+    """Whether a verdict is worth acting on, and why (see the module docstring)."""
+    if calibrated is None:
+        return None, "no test decided"
+    if calibrated:
+        return False, "no test detects miscalibration"
+    if tolerance <= 0.0:
+        return True, "the tests reject calibration (no tolerance set: every significant error is material)"
+    if ci is None:
+        return True, "the tests reject calibration and there is no ECE interval to compare with the tolerance"
+    if ci[1] < tolerance:
+        return False, (f"significant but immaterial: the ECE interval's upper bound {100 * ci[1]:.2f} % is below "
+                       f"the tolerance {100 * tolerance:g} %")
+    return True, (f"the ECE interval's upper bound {100 * ci[1]:.2f} % is not below the tolerance "
+                  f"{100 * tolerance:g} %")
+
+
+def _extremes(tests: Mapping[str, Mapping[str, Any]], alpha: float) -> tuple[Extreme, ...]:
+    """Values at exactly 0 or 1 that an exact binomial test (T-Cal on a discrete predictor) rejects."""
+    out: list[Extreme] = []
+    for res in tests.values():
+        if res.get("method") != "binomial" or res.get("decision") != "miscalibrated":
+            continue
+        values, counts, positives, pvals = (res.get(k) for k in ("values", "counts", "positives", "p_values"))
+        if not (isinstance(values, list) and isinstance(counts, list) and isinstance(positives, list)
+                and isinstance(pvals, list) and len(values) == len(counts) == len(positives) == len(pvals)):
+            continue
+        t = len(values)
+        rejects = [c > 0 and min(1.0, t * p) <= alpha for c, p in zip(counts, pvals)]
+        ends = [i for i, v in enumerate(values) if rejects[i] and (v <= 0.0 or v >= 1.0)]
+        alone = all(not r for i, r in enumerate(rejects) if i not in ends)
+        for i in ends:
+            out.append(Extreme(float(values[i]), int(counts[i]), positives[i] / counts[i],
+                               min(1.0, t * float(pvals[i])), alone))
+        if out:
+            break  # one binomial test explains it (the views of a multiclass T-Cal repeat the same values)
+    return tuple(out)
+
+
+def _extremes_line(extremes: tuple[Extreme, ...]) -> str:
+    which = "; ".join(e.phrase() for e in extremes)
+    share = "driven by" if all(e.alone for e in extremes) else "partly driven by"
+    return (f"the exact binomial test's rejection is {share} {which}: at a score of exactly 0 or 1 any contrary "
+            "outcome has probability 0 under calibration, whatever the ECE")
 
 
 # -- the decision ---------------------------------------------------------------------------------------------
@@ -396,7 +510,8 @@ _TOP_LABEL_MEANING = {
 
 
 def _text(calibrated: bool | None, direction: Direction | None, regions: tuple[Region, ...], ece: float | None,
-          ci: tuple[float, float] | None, rec: str, n: int, alpha: float, kind: str) -> str:
+          ci: tuple[float, float] | None, rec: str, n: int, alpha: float, kind: str, material: bool | None = None,
+          tolerance: float = 0.0, extremes: tuple[Extreme, ...] = ()) -> str:
     if n == 0:
         return "No labelled predictions yet."
     size = "" if ece is None or ci is None else (f"ECE {100 * ece:.2f} % "
@@ -409,6 +524,14 @@ def _text(calibrated: bool | None, direction: Direction | None, regions: tuple[R
             caveat = f" Few predictions: an ECE up to {100 * ci[1]:.1f} % cannot be excluded."
         return (f"Calibrated at level {alpha:g}: no test detects miscalibration in {n} predictions; {size}."
                 f"{caveat} Next: {rec}.")
+    why = ""
+    if extremes:
+        share = "driven by" if all(e.alone for e in extremes) else "partly driven by"
+        why = f" The rejection is {share} " + "; ".join(e.phrase() for e in extremes) + "."
+    if material is False:
+        return (f"Calibrated within tolerance: {size}, below the tolerance of {100 * tolerance:g} %; no action. "
+                f"The tests reject calibration at level {alpha:g} on {n} predictions (significant but "
+                f"immaterial{f', {direction}' if direction else ''}).{why}")
     first = f"Miscalibrated at level {alpha:g} on {n} predictions; {size}"
     if direction is not None:
         meaning = _TOP_LABEL_MEANING.get(direction, _MEANING[direction]) if kind == "top-label" else _MEANING[direction]
@@ -419,4 +542,4 @@ def _text(calibrated: bool | None, direction: Direction | None, regions: tuple[R
         parts = [f"{r.lo:.2f}-{r.hi:.2f} outcomes {'above' if r.sign == '+' else 'below'} scores by "
                  f"{100 * abs(r.gap):.1f} points" for r in worst]
         where = " Where: " + "; ".join(parts) + "."
-    return f"{first}.{where} Next: {rec}."
+    return f"{first}.{where}{why} Next: {rec}."

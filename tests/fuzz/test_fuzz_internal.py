@@ -25,8 +25,8 @@ from hypothesis import strategies as st
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from test_cluster_hostile import INTENT, KEY, evaluator, good_state  # noqa: E402
 from test_cluster import config, partitioned_deltas, traffic  # noqa: E402
+from test_cluster_hostile import INTENT, KEY, evaluator, good_state  # noqa: E402
 
 from calmon.cluster.deltas import Delta, DeltaError  # noqa: E402
 from calmon.cluster.intents import Intent, PartitionState  # noqa: E402
