@@ -183,7 +183,7 @@ def _mixed_models(n: int, seed: int = 3) -> list[bytes]:
         if k == 0:
             recs.append(b'{"type":"outcome","id":"x%d","model":"%s","label":1}' % (i, m.encode()))
         elif k == 1:
-            recs.append(b'{"model":"%s","score":1.5,"label":1}' % m.encode())  # well-formed, out of range
+            recs.append(b'{"model":"%s","score":1.5,"label":1}' % m.encode())  # out of range: admits nothing
         elif k == 2:
             recs.append(b'{"model":"%s","label":1}' % m.encode())  # malformed: admits nothing
         else:
@@ -229,3 +229,33 @@ def test_poison_records_cost_exactly_themselves_in_the_agent(tmp_path):
     dead = [json.loads(x) for x in (tmp_path / "dead.jsonl").read_text().splitlines()]
     assert [d["reason"] for d in dead] == ["bad_encoding", "too_deep", "too_large"]
     assert sum(s.bucket.count for s in st.snapshot() if s.segment == "all" and s.window == "1h") == 6
+
+
+def test_a_rejected_record_neither_takes_a_model_slot_nor_fixes_classes():
+    """Found by the fuzz suite (#31): a well-formed record that is then rejected (a score of 1.5, probabilities
+    summing to 1.8, a time in the future) admitted its model under ``limits.max_models`` and fixed its classes, so
+    one bad record could lock out a real model or make every later good record of it a ``k_mismatch``."""
+    bad = [b'{"model":"x%d","score":1.5,"label":1}' % i for i in range(3)]
+    dec = Decoder(max_models=2)
+    out = dec.decode([*bad, _pred(1, "a"), _pred(2, "b")])
+    assert sorted(out.models) == ["a", "b"] and out.reason_counts() == {"out_of_range": 3}
+    dec = Decoder(future_skew=3600)
+    out = dec.decode([b'{"type":"prediction","id":"1","model":"y","probs":[0.5,0.6,0.7]}',
+                      b'{"type":"prediction","id":"2","model":"y","probs":[0.5,0.5]}'])
+    assert [r.reason for r in out.rejected] == ["probs_sum"] and dec.models == {"y": 2}
+    future = b'{"type":"prediction","id":"3","model":"z","probs":[0.2,0.3,0.5],"ts":9999999999}'
+    out = dec.decode([future, _pred(4, "z")])
+    assert [r.reason for r in out.rejected] == ["future_timestamp"] and dec.models["z"] == 2
+
+
+@pytest.mark.parametrize("batch", [1, 2, 5])
+def test_admission_by_the_first_good_record_does_not_depend_on_batches(batch):
+    recs = [b'{"model":"x","score":1.5,"label":1}', b'{"model":"y","label":1}', _pred(1, "x"),
+            b'{"model":"z","score":2,"label":1}', _pred(2, "w"), _pred(3, "z"), b'{"model":"v","score":9,"label":1}']
+    ref = Decoder(max_models=2)
+    want = [(r.index, r.reason) for r in ref.decode(recs).rejected]
+    dec = Decoder(max_models=2)
+    got = [(s + r.index, r.reason) for s in range(0, len(recs), batch) for r in dec.decode(recs[s:s + batch]).rejected]
+    assert got == want and dec.state() == ref.state()
+    assert want == [(0, "out_of_range"), (1, "missing_field"), (3, "out_of_range"), (5, "too_many_models"),
+                    (6, "too_many_models")]

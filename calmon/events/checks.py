@@ -168,6 +168,35 @@ def payloads(g: Rows, c: Columns, v: Verdicts, classes: Sequence[int], known_fro
     return score, probs
 
 
+def first_record_ok(f: EventFields, g: Rows, c: Columns, v: Verdicts, codes: Sequence[int],
+                    meta: Sequence[RecordMeta | None] | None, now: float, future_skew: float, past_horizon: float,
+                    tol: float) -> Verdicts:
+    """The verdicts of the rows of the models ``codes`` as their model's first record (``.ok``: accepted, every
+    check of the three stages passes, with the classes the record itself implies (a ``score``, a pair of
+    ``probs`` or none: binary; ``probs`` of K > 2 entries: K classes).
+
+    A model is admitted, and its classes are fixed, only by such a record (issue #31: a rejected record -- a score
+    of 3.5, probabilities summing to 1.8 -- must neither take a slot under ``limits.max_models`` nor fix a model's
+    classes). The checks run on a copy of the verdicts ``v``, which is left as it is; their outcome does not depend
+    on batch boundaries, as it depends on the record alone. Other models' rows are marked rejected, without detail.
+    """
+    trial = Verdicts(v.n)
+    trial.bad, trial.details = v.bad.copy(), dict(v.details)
+    mine = np.isin(g.codes, np.asarray(codes, dtype=g.codes.dtype)) & trial.ok
+    trial.bad[~mine & (trial.bad == 0)] = 1  # (other models' rows: not candidates; no detail needed)
+    lens = np.array([len(p) if p else 0 for p in c.probs], dtype=np.int64) if c.has_probs.any() else None
+    multi = np.zeros(v.n, bool) if lens is None else (lens > 2) & trial.ok
+    binary = np.flatnonzero(trial.ok & ~multi)
+    if binary.size:
+        _on_rows(binary, c, trial, partial(binary_scores, model="", tol=tol))
+    if lens is not None:
+        for k in np.unique(lens[multi]).tolist():
+            rows = np.flatnonzero(multi & (lens == k))
+            _on_rows(rows, c, trial, partial(class_probs, model="", classes=int(k), tol=tol))
+    event_times(f, g, trial, meta, now, future_skew, past_horizon)
+    return trial
+
+
 def event_times(f: EventFields, g: Rows, v: Verdicts, meta: Sequence[RecordMeta | None] | None, now: float,
                 future_skew: float, past_horizon: float) -> np.ndarray:
     """Stage 3: event times in epoch seconds (NaN where missing), the transport's time (``meta``, a Kafka

@@ -56,6 +56,7 @@ from calmon.events.checks import (
     REASONS,
     Verdicts,
     event_times,
+    first_record_ok,
     parse_timestamp,
     payloads,
     well_formed,
@@ -276,8 +277,15 @@ class Decoder:
         its reason, as if each model's events were checked on their own: the three stages of
         :mod:`calmon.events.checks`, and between them the decisions on the decoder's state, in record order."""
         c, v = well_formed(f, g, self.max_id_bytes, self.max_classes)
-        self._admit(g, v)
-        classes, known_from = self._classes_of(g, c, v)
+        fresh = [k for k, m in enumerate(g.models) if m and (m not in self.names or m not in self.models)]
+        unnamed = [k for k in fresh if g.models[k] not in self.names]  # (the others: admitted, classes unknown)
+        known = len(self.names)
+        trial = None if not fresh else first_record_ok(f, g, c, v, fresh, meta, now, self.future_skew,
+                                                       self.past_horizon, self.prob_tolerance)
+        first_ok = v.ok if trial is None else trial.ok
+        formed = v.ok  # (stage 1's verdicts: a malformed record keeps its reason whatever the cap)
+        admitted_at = self._admit(g, v, first_ok)
+        classes, known_from = self._classes_of(g, c, first_ok & v.ok)  # (v: beyond the cap now rejected)
         bound = self._orphan_bound(g.index[g.codes == g.orphan]) if g.orphan >= 0 else None
         score, probs = payloads(g, c, v, classes, known_from, bound, self.prob_tolerance)
         ts = event_times(f, g, v, meta, now, self.future_skew, self.past_horizon)
@@ -285,15 +293,46 @@ class Decoder:
         segment = facts.segment_array if facts is not None and facts.segments else _segments(f.segment)
         if not self._segments_known(g, facts):
             self._check_segments(g, segment, v)
+        if trial is not None:
+            self._before_first_good(g, v, trial, formed, fresh, unnamed, known, admitted_at)
         rejected.extend(v.rejections(g.index))
         return g.split(v.ok, classes, c, ts, segment, score, probs)
 
-    def _admit(self, g: Rows, v: Verdicts) -> None:
-        """Admit new model names in the record order of their first well-formed record, up to the cap."""
-        new = [k for k, m in enumerate(g.models) if m and m not in self.names]
-        if not new:
+    def _before_first_good(self, g: Rows, v: Verdicts, trial: Verdicts, formed: np.ndarray, fresh: list[int],
+                           unnamed: list[int], known: int, admitted_at: list[int]) -> None:
+        """The reasons of a new model's records before its first good one (or all, if it has none in the batch):
+        ``too_many_models`` where the cap was full at that record (``known`` models before the batch, one more at
+        each position of ``admitted_at``), else the reason each has on its own (``trial``). A record's reason
+        then depends on the records before it only, never on what follows in its batch."""
+        first = g.first(trial.ok)[g.codes]
+        pos = np.arange(g.index.size)
+        before = np.isin(g.codes, fresh) & ((first < 0) | (pos < first)) & (trial.bad > 0) & formed
+        rows = np.flatnonzero(before)
+        if not rows.size:
             return
-        first = g.first(v.ok)
+        full = np.zeros(rows.size, bool)
+        if unnamed:
+            new_model = np.isin(g.codes[rows], unnamed)
+            count = known + np.searchsorted(np.sort(np.asarray(admitted_at, dtype=np.int64)), rows, side="left")
+            full = new_model & ((not self.discover) | (count >= self.max_models))
+        for j, cap in zip(rows.tolist(), full.tolist()):
+            if cap:
+                v.bad[j] = 0
+                v.reject_one(j, "too_many_models", f"model {g.models[g.codes[j]][:40]!r} is not declared"
+                             if not self.discover else f"more than {self.max_models} models")
+            else:
+                v.bad[j] = trial.bad[j]
+                v.details[j] = trial.details.get(j, "")
+
+    def _admit(self, g: Rows, v: Verdicts, first_ok: np.ndarray) -> list[int]:
+        """Admit new model names in the record order of their first record that would be accepted
+        (``first_ok``: :func:`~calmon.events.checks.first_record_ok`), up to the cap. A model none of whose
+        records would be is not admitted: its records are rejected by the checks, each with its own reason."""
+        new = [k for k, m in enumerate(g.models) if m and m not in self.names]
+        admitted_at: list[int] = []  # batch positions of the admissions
+        if not new:
+            return admitted_at
+        first = g.first(first_ok)
         for k in sorted((k for k in new if first[k] >= 0), key=lambda k: first[k]):
             model = g.models[k]
             if not self.discover:
@@ -303,13 +342,15 @@ class Decoder:
             else:
                 self.names.add(model)
                 self._changes[model] = [int(g.index[first[k]]), -1, 2]
+                admitted_at.append(int(first[k]))
+        return admitted_at
 
-    def _classes_of(self, g: Rows, c: Columns, v: Verdicts) -> tuple[list[int], list[int]]:
+    def _classes_of(self, g: Rows, c: Columns, first_ok: np.ndarray) -> tuple[list[int], list[int]]:
         """Per model of the batch: its number of classes (:meth:`_classes`) and the row position from which it is
-        known; models seen for the first time get theirs from their first valid prediction."""
+        known; models seen for the first time get theirs from their first prediction that would be accepted."""
         classes, known_from = [2] * len(g.models), [0] * len(g.models)
         unknown = [k for k, m in enumerate(g.models) if m and m not in self.models]
-        firsts = g.first(v.ok & (c.has_score | c.has_probs)) if unknown else None
+        firsts = g.first(first_ok & (c.has_score | c.has_probs)) if unknown else None
         for k, m in enumerate(g.models):
             if m:
                 classes[k], known_from[k] = self._classes(m, c, k, g, firsts)

@@ -81,7 +81,7 @@ def test_a_mess_costs_exactly_its_hostile_records_and_files(mess):
     _accounted(got)
     _accounted(want)
     assert not want.counters["rejected"], want.counters["rejected"]
-    assert got.counters["events"] == want.counters["events"]
+    assert sorted(got.counters["events"]) == sorted(want.counters["events"])
     assert sum(got.counters["rejected"].values()) >= hostile
     assert got.state == want.state
     assert fk.rss_mib() < RSS_BOUND_MIB

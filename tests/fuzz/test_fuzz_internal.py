@@ -118,7 +118,7 @@ def test_a_mutated_internal_record_is_read_or_refused_with_its_reason(genuine, k
         assert "\n" not in str(exc)
 
 
-@SETTINGS
+@settings(SETTINGS, max_examples=fk.env_examples(8))  # an evaluator per example: ~1 s each
 @given(data=st.data())
 def test_the_evaluator_survives_mutated_deltas_and_holds_its_model_cap(tmp_path_factory, genuine, data):
     ev = evaluator(tmp_path_factory.mktemp("ev"), limits={"max_models": 4})
