@@ -50,17 +50,29 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from calmon.state.checkpoint.packs import PackReader, is_ref, pack_path
 from calmon.state.checkpoint.store import CheckpointStore, encode, inline_refs
 
 if TYPE_CHECKING:
-    from calmon.state.agentstate import AgentState
     from calmon.state.buckets import BucketStats, ModelWindows
     from calmon.state.join import Joiner
     from calmon.state.windows import TieredRing
-__all__ = ["Checkpointer", "Capture", "Result", "COMPACT_PER_GENERATION", "copy_joiner", "resolver"]
+__all__ = ["Checkpointer", "CheckpointedState", "Capture", "Result", "COMPACT_PER_GENERATION", "copy_joiner",
+           "resolver"]
+
+
+class CheckpointedState(Protocol):
+    """What a checkpoint reads of the agent's state (:class:`~calmon.state.agentstate.AgentState` is one): its
+    lock, its models' windows, and its small documents."""
+
+    lock: Any
+    models: dict[str, ModelWindows]
+
+    def to_doc(self, models: Callable[[dict[str, ModelWindows]], Any] | None = None,
+               join: Callable[[Joiner], Any] | None = None) -> dict[str, Any]: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +240,7 @@ class Checkpointer:
         return self._thread is not None
 
     # -- under the lock ---------------------------------------------------------------------------
-    def capture(self, state: AgentState, extra: dict[str, Any]) -> Capture:
+    def capture(self, state: CheckpointedState, extra: dict[str, Any]) -> Capture:
         """Copy what changed since the last committed generation (takes ``state.lock``).
 
         Parameters
@@ -348,7 +360,7 @@ class Checkpointer:
         return out
 
     # -- after a restore --------------------------------------------------------------------------
-    def adopt(self, state: AgentState, doc: dict[str, Any]) -> None:
+    def adopt(self, state: CheckpointedState, doc: dict[str, Any]) -> None:
         """Remember the restored rings as committed (``doc``: the manifest state they were loaded from).
 
         A ring whose document has no blob references (a version-1 checkpoint) is left out: its
