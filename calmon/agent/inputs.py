@@ -17,19 +17,38 @@ when every one is exhausted (``exit_when_done``) and closes them.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Callable, Collection, Sequence
+from typing import Protocol
 
 from calmon.agent.build import build_source
+from calmon.config import Config
+from calmon.formats.records import DeadLetterSink
+from calmon.state.agentstate import AgentState
 from calmon.state.ingest import Ingestor
 from connectors.base import Batch, ByteLagReporting, LagReporting, Source
 
-if TYPE_CHECKING:
-    from calmon.agent.runtime import Agent
-
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["Input", "MetricsCollector", "SourcesInput"]
+__all__ = ["Host", "Input", "MetricsCollector", "SourcesInput"]
+
+
+class Host(Protocol):
+    """What an input reads of the agent it feeds (:class:`~calmon.agent.runtime.Agent` is one)."""
+
+    cfg: Config
+    state: AgentState
+    dead_letter: DeadLetterSink | None
+    clock: Callable[[], float]
+    #: The agent has opened (its state loaded and its sources connected once).
+    ready: bool
+
+    @property
+    def stopping(self) -> bool:
+        """A stop was requested: what the input owns is frozen for the final checkpoint."""
+        ...
+
+    def withdraw(self, models: Collection[str]) -> None:
+        """Drop ``models`` from the state and the exports (their partition moved to another worker)."""
 
 
 class Input(Protocol):
@@ -45,7 +64,7 @@ class Input(Protocol):
     #: The connectors read (filled by :meth:`open`); the agent owns their lifecycle from then on.
     sources: list[Source]
 
-    def attach(self, agent: Agent) -> None:
+    def attach(self, agent: Host) -> None:
         """Bind to the agent whose state this input feeds."""
 
     def open(self) -> None:
@@ -88,15 +107,15 @@ class SourcesInput:
         self._given = list(sources) if sources is not None else None
         self.sources: list[Source] = []
         self.ingestor: Ingestor | None = None
-        self._agent: Agent | None = None
+        self._agent: Host | None = None
 
     @property
-    def agent(self) -> Agent:
+    def agent(self) -> Host:
         if self._agent is None:
             raise RuntimeError("SourcesInput is not attached to an agent")
         return self._agent
 
-    def attach(self, agent: Agent) -> None:
+    def attach(self, agent: Host) -> None:
         if self._agent is not None and self._agent is not agent:
             raise ValueError("an input feeds one agent")
         self._agent = agent

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from calmon.agent.inputs import Host
 from calmon.agent.runtime import Agent
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
 from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
@@ -102,7 +103,7 @@ class DeltasInput:
                                   name="deltas", client=dict(cl.client), position_policy="checkpoint",
                                   auto_offset_reset="earliest")
         self.sources: list[Source] = []
-        self._agent: Agent | None = None
+        self._agent: Host | None = None
         self.worker = new_writer_id()
         #: (input partition, model) -> end of the last range applied
         self.applied: dict[tuple[str, str], int] = {}
@@ -128,7 +129,7 @@ class DeltasInput:
 
     # -- the Input protocol ------------------------------------------------------------------------
     @property
-    def agent(self) -> Agent:
+    def agent(self) -> Host:
         if self._agent is None:
             raise RuntimeError("DeltasInput is not attached to an agent")
         return self._agent
@@ -143,7 +144,7 @@ class DeltasInput:
         """The agent's configuration (:func:`evaluate_config`)."""
         return self.agent.cfg
 
-    def attach(self, agent: Agent) -> None:
+    def attach(self, agent: Host) -> None:
         if self._agent is not None and self._agent is not agent:
             raise ValueError("an input feeds one agent")
         self._agent = agent
