@@ -276,3 +276,12 @@ def test_hostile_records_through_a_mapping_get_reason_codes():
     assert [(r.index, r.reason) for r in out.rejected] == [
         (0, "too_deep"), (1, "bad_encoding"), (2, "id_too_long"), (3, "label_range"), (4, "bad_type")]
     assert out.models["m"].ids.tolist() == ["d", "e"] and out.models["m"].label.tolist() == [-1, 0]
+
+
+@pytest.mark.parametrize("field, value", [("score", "x"), ("score", 1.5), ("label", "churn"), ("label", 0.5),
+                                          ("model", 3), ("id", 1.5), ("ts", True), ("type", 7)])
+def test_a_constant_no_record_could_carry_is_refused_when_loaded(field, value):
+    """Found by the fuzz suite (#31): ``label: {const: churn}`` reached the checks as a string and crashed every
+    batch (``ValueError: could not convert string to float``); now one line naming the key, before anything is read."""
+    with pytest.raises(MappingError, match=rf"^schema\.fields\.{field}\.const: must be "):
+        load_mapping({"fields": {field: {"const": value}}})

@@ -282,6 +282,27 @@ def _build(doc: dict[str, Any], where: str) -> Mapping:
                    where)
 
 
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+#: What a constant may be, per field: the event field's own type (a constant is not mapped through ``labels`` or
+#: ``types``), so a constant no record could carry is refused when the mapping is loaded, not at every record.
+_CONST_OK: dict[str, Any] = {
+    "id": lambda v: isinstance(v, str) or (isinstance(v, int) and not isinstance(v, bool)),
+    "model": lambda v: isinstance(v, str),
+    "segment": lambda v: isinstance(v, str),
+    "type": lambda v: isinstance(v, str),
+    "score": lambda v: _number(v) and 0 <= v <= 1,
+    "label": lambda v: isinstance(v, bool) or (isinstance(v, int) and v >= 0),
+    "ts": lambda v: isinstance(v, str) or _number(v),
+    "probs": lambda v: False,
+}
+_CONST_WHAT = {"id": "a string or an integer", "model": "a string", "segment": "a string", "type": "a string",
+               "score": "a number in [0, 1]", "label": "a class index (0, 1, ...) or a boolean",
+               "ts": "a number (epoch time) or an RFC 3339 string", "probs": "a list"}
+
+
 def _field_source(name: str, spec: Any, where: str) -> FieldSource:
     if spec is None:
         return FieldSource("none", spec=None)
@@ -296,6 +317,8 @@ def _field_source(name: str, spec: Any, where: str) -> FieldSource:
         value = spec.get("const")
         if name == "probs" or isinstance(value, (dict, list)):
             raise MappingError(f"{where}.const: must be a scalar (and probs cannot be constant)")
+        if not _CONST_OK[name](value):
+            raise MappingError(f"{where}.const: must be {_CONST_WHAT[name]}, got {str(value)[:40]!r}")
         return FieldSource("const", value=value, spec={"const": value})
     if isinstance(spec, list):
         if name != "probs":
