@@ -381,6 +381,8 @@ FILE_REASON_DOCS: dict[str, str] = {
                       "delivered, the rest is set aside",
     "decompression_bomb": "the stream expanded more than `max_expansion_ratio` times (its lines before are delivered; "
                           "the rest becomes one `decompression_bomb` record, see above)",
+    "needs_pyarrow": "a Parquet or Arrow file while pyarrow is not installed (`pip install 'calmon[parquet]'`): the "
+                     "other files are read",
     "not_parquet": "a file named like Parquet does not begin with `PAR1`",
     "unreadable": "the file cannot be read (permissions, I/O error, not a regular file)",
 }

@@ -16,7 +16,7 @@ Examples
 >>> import numpy as np
 >>> rng = np.random.default_rng(0); z = rng.uniform(size=500); y = (rng.uniform(size=500) < z) * 1.0
 >>> r = run_tester("smce", CalibrationData(n=500, z=z, y=y, raw_is_complete=True), mc=19)
->>> r.decision in DECISIONS, r.method, sorted(TESTERS)
+>>> r.decision in DECISIONS, r.method, sorted(BUILTIN)
 (True, 'smce', ['ldtc', 'lp', 'smce', 'tcal'])
 >>> check_params("tcal", {"method": "mc-grid", "bogus": 1})  # doctest: +ELLIPSIS
 Traceback (most recent call last):

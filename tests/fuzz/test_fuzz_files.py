@@ -17,11 +17,11 @@ CI runs a few examples (``CALMON_FUZZ_EXAMPLES``, default 12); ``python -m bench
 
 from __future__ import annotations
 
-import fuzzkit as fk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from calmon.events.decoder import REASONS
+from tests.fuzz import fuzzkit as fk
 
 FORMATS = ("jsonl", "jsonl.gz", "jsonl.zst", "csv", "parquet")
 SUFFIX = {"jsonl": "jsonl", "jsonl.gz": "jsonl.gz", "jsonl.zst": "jsonl.zst", "csv": "csv", "parquet": "parquet"}

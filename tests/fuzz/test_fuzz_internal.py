@@ -17,10 +17,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import fuzzkit as fk
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests.fuzz import fuzzkit as fk
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))

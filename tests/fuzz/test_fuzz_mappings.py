@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 
-import fuzzkit as fk
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from calmon.config import ConfigError
+from tests.fuzz import fuzzkit as fk
 
 PATHS = ["rid", "meta.model", "meta.country", "p", "y", "when", "kind", "nope", "meta.nope", "/meta/model", "p.x"]
 
