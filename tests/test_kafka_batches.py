@@ -170,7 +170,7 @@ def test_offsets_that_jump_are_kept_per_record_and_counted(scripted):
 
 def test_a_poll_becomes_a_batch_with_collection_paused(scripted):
     # the client's per-record objects die by reference counting, not in collections that promote them to the
-    # old generation of the agent's state (fails without connectors.kafka.source.collection_paused)
+    # old generation of the agent's state (fails without calmon.formats.collection.collection_paused in the source)
     Scripted.script = [_fetched((T0, [0, 1]))]
     assert scripted.read(100, 1.0) is not None
     assert Scripted.gc_during_poll and not any(Scripted.gc_during_poll) and gc.isenabled()

@@ -17,13 +17,13 @@ import gc
 import logging
 import math
 import threading
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from calmon.config import Config
 from calmon.events.decoder import Decoder
+from calmon.formats.collection import collection_paused
 from calmon.state.buckets import BucketStats, ModelWindows
 from calmon.state.checkpoint.schema import SchemaError, validate_checkpoint
 from calmon.state.counters import Counters, SourceInfo
@@ -196,12 +196,13 @@ class AgentState:
         unchanged buckets (:mod:`calmon.state.windows`).  Called by one thread (the scheduler); the
         reuse cache is that thread's.
 
-        Automatic garbage collection is paused meanwhile (:func:`_collection_paused`): the sums allocate a
+        Automatic garbage collection is paused meanwhile
+        (:func:`~calmon.formats.collection.collection_paused`): the sums allocate a
         few tracked objects per bucket, nearly all freed by reference counting within the ring, and
         collections triggered on the way traversed the whole state (a full one per snapshot at a thousand
         models, about a fifth of its time) and promoted those short-lived copies, bringing the next on.
         """
-        with _collection_paused():
+        with collection_paused():
             return self._snapshot()
 
     def _snapshot(self) -> list[WindowSnapshot]:
@@ -285,7 +286,7 @@ class AgentState:
             validate_checkpoint(doc)
         except SchemaError as exc:
             raise StateError(str(exc)) from None
-        with _collection_paused():
+        with collection_paused():
             models = self._load_models(doc["models"], resolve)
         joiner = _read("join", lambda d: Joiner.from_dict(d, self.cfg.limits.max_join_bytes), doc["join"])
         joiner.ttl = self.cfg.join.ttl
@@ -324,20 +325,6 @@ class AgentState:
 
 
 T = TypeVar("T")
-
-
-@contextmanager
-def _collection_paused() -> Iterator[None]:
-    """Automatic garbage collection off while a restore builds the state: it creates about eight
-    long-lived tracked objects per bucket, and every full collection on the way would traverse all
-    of them (a fifth of a thousand-model restore's time).  Restored as it was afterwards."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 def _read(field: str, read: Callable[[Any], T], part: Any) -> T:

@@ -27,16 +27,15 @@ and joined predictions) of every model then reach the change detectors in one ca
 
 from __future__ import annotations
 
-import gc
 import logging
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from calmon.events.decoder import KINDS, LABELED, OUTCOME, PREDICTION, DecodedBatch, ModelBatch
+from calmon.formats.collection import collection_paused
 from calmon.formats.records import Batch, DeadLetterSink
 from calmon.state.agentstate import AgentState
 from calmon.state.buckets import fold
@@ -74,7 +73,7 @@ class Ingestor:
         """
         now = self.clock()
         st = self.state
-        with _collection_paused():
+        with collection_paused():
             decoded = st.decoder_for(batch.source).decode(batch.records, batch.origins, batch.meta)
         if decoded.rejected and self.dead_letter is not None:
             self.dead_letter.write([batch.records[r.index] for r in decoded.rejected],
@@ -325,19 +324,3 @@ def count_events(counters: Counters, models: dict[str, ModelBatch]) -> None:
         for k, cnt in enumerate(row):
             if cnt:
                 counters.add_events(name or "", KINDS[k], cnt)
-
-
-@contextmanager
-def _collection_paused() -> Iterator[None]:
-    """Automatic garbage collection off while a batch is decoded (as :class:`~calmon.state.agentstate.StateLock`
-    does while it is applied): the batch's temporaries then die by reference counting instead of being
-    promoted to the old generation, whose full collections traverse every object of the state (issue #15:
-    a cost that grew with the number of models).  A collection that falls due runs after, as usual."""
-    if not gc.isenabled():  # the application (or a caller) manages collection itself
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()

@@ -7,14 +7,13 @@ exactly-once scheme and the fault model.
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from calmon.formats.collection import collection_paused
 from connectors.base import Batch
 from connectors.kafka.backoff import Backoff
 from connectors.kafka.clients import (
@@ -32,26 +31,6 @@ from connectors.kafka.positions import TP, key_tp, validate_position
 from connectors.kafka.settings import check_source_options, confluent_installed, pick_library, split_source_config
 
 log = logging.getLogger("connectors.kafka")
-
-
-@contextmanager
-def collection_paused() -> Iterator[None]:
-    """Automatic garbage collection off while a poll is turned into a batch.
-
-    A client makes a tracked object per record (a ``Message``, a ``ConsumerRecord``) that dies with the poll;
-    tens of thousands of them trigger collections, which promote the ones still alive to the old generation,
-    whose full collections traverse every object of the agent's state.  Paused, they die by reference counting
-    only; a collection that falls due runs after, as usual (the decoder does the same, ``calmon.state.ingest``).
-    Left alone if the application disabled collection itself.
-    """
-    if not gc.isenabled():
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 @dataclass
