@@ -177,6 +177,11 @@ class FileDeadLetterSink:
             n = os.write(fd, data)
             data = data[n:]
 
+    def unacknowledged(self) -> int:
+        """Dead letters buffered in memory (0 after :meth:`flush`: a write to the file is not refused later,
+        and the checkpoint's :meth:`position` fsyncs it)."""
+        return sum(blob.count(b"\n") for blob in self._pending)
+
     def position(self) -> dict[str, Any]:
         """Flush (and fsync) and return ``{"version", "path", "dev", "ino", "size"}`` for the checkpoint."""
         self.flush()

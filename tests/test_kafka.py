@@ -7,6 +7,7 @@ The configuration tests at the end need no broker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import sys
@@ -681,3 +682,74 @@ def test_confluent_source_round_trip_and_exactly_once_replay(broker):
         ConfluentKafkaSource("h:1", "t", client={"security_protocol": "SSL"})
     with pytest.raises(ValueError, match="cannot be overridden"):
         ConfluentKafkaSource("h:1", "t", client={"enable.auto.commit": True})
+
+
+def test_dead_letter_that_failed_before_a_later_success_is_found_by_the_scan(broker):
+    """A failed send and a later successful one in one flush: the scan before resending starts where the
+    topic was acknowledged before both, so the failed letter (written, its acknowledgement lost) is not
+    written twice."""
+    topic = _name("dlq-order")
+    sink = KafkaDeadLetterSink(broker.bootstrap, topic)
+    sink.write([b"a"], ["not_json"], "kafka", ["ev/0@1"])
+    assert sink.position() == {f"{topic}/0": 1}
+    real_send = sink._producer.send
+    calls = []
+
+    def first_ack_lost(*args, **kwargs):
+        fut = real_send(*args, **kwargs)
+        calls.append(1)
+        if len(calls) == 1:
+            fut.get(timeout=10)  # the broker has it ...
+            return _LostAck()  # ... the sink is told it failed
+        return fut
+
+    sink._producer.send = first_ack_lost
+    sink.write([b"b", b"c"], ["not_json", "not_object"], "kafka", ["ev/0@2", "ev/0@3"])
+    sink.flush()
+    assert sink.stats.failures == 1 and sink.stats.written == 2 and sink.unacknowledged() == 1
+    sink._producer.send = real_send
+    pos = sink.position()
+    sink.close()
+    assert sink.stats.skipped_replayed == 1 and sink.unacknowledged() == 0 and pos == {f"{topic}/0": 3}
+    assert [r.value for r in _read_all(broker.bootstrap, topic)] == [b"a", b"b", b"c"]
+
+
+@pytest.mark.integration
+def test_checkpoint_waits_for_dead_letters_a_crash_loses_none(tmp_path):
+    """The broker of the dead-letter topic is cut while the agent dead-letters: the checkpoint is deferred
+    (it would cover records whose letters a crash could still lose); the agent crashes; the restarted agent
+    replays those records and every dead letter is in the topic exactly once."""
+    require_broker()
+    from calmon.agent.runtime import Agent
+    from calmon.config import load_config
+
+    topic = _name("dlq-defer")
+    events = tmp_path / "events.jsonl"
+    good = [json.dumps({"model": "m", "ts": 1_767_225_600 + i, "score": 0.5, "label": i % 2}) for i in range(40)]
+    bad = [f"garbage {i}" for i in range(5)]
+    events.write_text("\n".join(good[:20] + bad + good[20:]) + "\n")
+    with KafkaBroker(proxy=True) as b:
+        cfg = tmp_path / "calmon.yaml"
+        cfg.write_text(f"state_dir: {tmp_path / 'state'}\nsources: [{{name: replay, path: '{events}'}}]\n"
+                       "exporter: {enabled: false}\nevaluation: {tests: []}\ningest: {exit_when_done: true}\n"
+                       f"dead_letter: {{type: kafka, options: {{bootstrap_servers: '{b.bootstrap}', topic: {topic},"
+                       " flush_timeout: 1.0}}\n")
+        agent = Agent(load_config(cfg))
+        agent.open()
+        sink = agent.dead_letter
+        assert sink is not None
+        sink._ensure_producer()  # connected before the cut, as a running agent's sink is
+        generations = agent.checkpoint_info["count"]
+        b.cut()
+        agent.poll_once()
+        assert agent.state.to_doc()["counters"]["rejected"] == {"not_json": 5}
+        assert not agent.checkpoint() and sink.unacknowledged() == 5
+        assert agent.checkpoint_info["count"] == generations  # nothing covers the five records yet
+        with contextlib.suppress(Exception):  # the crash: the producer's queue is gone
+            sink._producer.close(timeout=0)
+        sink._producer = None
+        b.heal()
+        again = Agent(load_config(cfg))
+        assert again.run(max_seconds=120) == 0
+        values = [r.value for r in _read_all(b.bootstrap, topic)]
+        assert sorted(values) == sorted(x.encode() for x in bad), values

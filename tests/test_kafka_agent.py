@@ -425,6 +425,7 @@ def run_all(
                 {k: v for k, v in r["state"].items() if k != "dead_letter"},
             )
             r["dead_letters_identical"] = [x[:2] for x in r["dead"]] == [x[:2] for x in ref["dead"]]
+            r["dead_letters_diff"] = letters_diff(ref["dead"], r["dead"])
             report(r)
         if outage > 0:
             r = kafka_run(work, "outage", broker.bootstrap, n, outage=(broker, outage))
@@ -433,8 +434,22 @@ def run_all(
                 {k: v for k, v in r["state"].items() if k != "dead_letter"},
             )
             r["dead_letters_identical"] = [x[:2] for x in r["dead"]] == [x[:2] for x in ref["dead"]]
+            r["dead_letters_diff"] = letters_diff(ref["dead"], r["dead"])
             report(r)
     return out
+
+
+def letters_diff(ref: list[tuple[bytes, str, str]], run: list[tuple[bytes, str, str]]) -> dict[str, Any] | None:
+    """How a run's dead letters differ from the reference's (None: identical, in the same order)."""
+    a, b = [x[:2] for x in ref], [x[:2] for x in run]
+    if a == b:
+        return None
+    from collections import Counter
+    ca, cb = Counter(a), Counter(b)
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return {"reference": len(a), "run": len(b), "duplicated": sum((cb - ca).values()),
+            "missing": sum((ca - cb).values()), "first_difference": first,
+            "origins_there": [x[2] for x in run[max(0, first - 2):first + 3]]}
 
 
 @pytest.mark.integration
@@ -458,7 +473,7 @@ def test_agent_over_kafka_exactly_once_sigkill_and_outage(tmp_path):
     assert sum(r["kills_mid_stream"] for r in trial_runs) >= 1  # at least one SIGKILL hit the stream
     for r in runs:
         assert r["difference"] is None, (r["name"], r["difference"])
-        assert r["dead_letters_identical"], r["name"]
+        assert r["dead_letters_identical"], (r["name"], r["dead_letters_diff"])
     if outage > 0:
         o = runs[-1]
         assert o["alive_during_outage"] and o["scrapes"] >= outage * 2

@@ -144,6 +144,9 @@ class Agent:
         self.alertmanager = build_alertmanager(cfg.alerts)
         self.published = Published()
         self.checkpoint_info: CheckpointInfo = {"last_timestamp": None, "duration": None, "count": 0}
+        self._checkpoint_retry_at = 0.0  # a checkpoint deferred for unacknowledged dead letters: not before
+        self._deferred_since: float | None = None
+        self._deferred_logged = -math.inf
         ex = cfg.exporter
         budget = SeriesBudget(ex.reliability_windows(cfg.windows), ex.max_series_per_model, ex.max_series,
                               ex.max_series_per_window, ex.estimates)
@@ -334,7 +337,7 @@ class Agent:
                 got = self.poll_once()
                 self._checkpoint_done()
                 if (self.cfg.checkpoint.enabled and time.monotonic() - last_ck >= self.cfg.checkpoint.every
-                        and self.checkpoint(wait=False)):
+                        and time.monotonic() >= self._checkpoint_retry_at and self.checkpoint(wait=False)):
                     last_ck = time.monotonic()
                 if not got and all(s.exhausted for s in self.sources):
                     if not self.done:
@@ -408,10 +411,35 @@ class Agent:
             return False
         if self.dead_letter is not None:
             self.dead_letter.flush()
+            if not self._dead_letters_settled():
+                return False
         ck.submit(ck.capture(self.state, self._checkpoint_head()))
         if wait:
             self._checkpoint_done(wait=True)
         return True
+
+    def _dead_letters_settled(self) -> bool:
+        """True if every dead letter is durable in its sink; else defer the checkpoint (and say so, at most
+        once a minute).
+
+        A checkpoint covers the source records read so far; if the dead letters of some of them were
+        still unacknowledged (a broker outage), a crash after the checkpoint would lose those letters.
+        Deferring keeps them before the checkpoint: a restart replays their records and writes them.
+        """
+        assert self.dead_letter is not None
+        pending = self.dead_letter.unacknowledged()
+        if not pending:
+            self._deferred_since = None
+            return True
+        now = time.monotonic()
+        self._checkpoint_retry_at = now + 1.0
+        if self._deferred_since is None:
+            self._deferred_since = now
+        if now - self._deferred_logged >= 60.0:
+            self._deferred_logged = now
+            log.warning("checkpoint deferred for %.0f s: %d dead letters not yet acknowledged by the dead-letter "
+                        "sink", now - self._deferred_since, pending)
+        return False
 
     def _checkpoint_done(self, wait: bool = False) -> None:
         """Commit source offsets of a committed generation (on the ingestion thread) and record it.

@@ -51,6 +51,10 @@ class Rejects:
     def flush(self) -> None:
         """Nothing to do: the rejects are written to the real sink only once the range is won."""
 
+    def unacknowledged(self) -> int:
+        """Nothing is acknowledged here: the range's rejects reach the real sink when the range completes."""
+        return 0
+
     def position(self) -> dict[str, int]:
         return {}
 

@@ -107,4 +107,7 @@ class DeadLetterSink(Protocol):
 
     def flush(self) -> None: ...
 
+    def unacknowledged(self) -> int:
+        """Dead letters written and not yet durable in the sink (a checkpoint waits until it is 0)."""
+
     def close(self) -> None: ...

@@ -166,16 +166,22 @@ class KafkaDeadLetterSink:
             del self._buffer[:drop]
         self._send()
 
-    def flush(self) -> None:
-        """Send queued dead letters and wait for their acknowledgement (failed ones stay queued)."""
+    def flush(self, *, force: bool = False) -> None:
+        """Send queued dead letters and wait for their acknowledgement (failed ones stay queued).
+
+        After a flush that timed out, the next ones within 5 s return at once (so that a broker
+        outage does not block the agent at every checkpoint) unless ``force`` (:meth:`close`).
+        """
         self._send()
-        if self._producer is None or time.monotonic() < self._flush_blocked_until:
+        if self._producer is None or (time.monotonic() < self._flush_blocked_until and not force):
             return  # the broker did not acknowledge the last flush: do not block the agent again so soon
         try:
             with mapped("flush"):
                 self._producer.flush(timeout=self.flush_timeout)
         except KafkaClientError as exc:
             self.stats.last_error = str(exc)
+        # a failed letter may have been written at any offset after the end acknowledged before this flush
+        acked_before = dict(self._end)
         inflight, self._inflight = self._inflight, []
         retry = []
         for fut, letter in inflight:
@@ -192,12 +198,23 @@ class KafkaDeadLetterSink:
                 self._inflight.append((fut, letter))
         if retry:
             # a failed send may still have reached the topic (only its acknowledgement lost): learn the
-            # origins written past the last acknowledged offsets before sending these again
-            self._pending_seek = dict(self._end)
+            # origins written past the offsets acknowledged before it, before sending these again
+            seek = dict(acked_before)
+            for key, offset in (self._pending_seek or {}).items():
+                seek[key] = min(offset, seek.get(key, offset))
+            self._pending_seek = seek
             self._scan_failures = 0
         self._buffer = retry + self._buffer
         if self._inflight:
             self._flush_blocked_until = time.monotonic() + 5.0
+
+    def unacknowledged(self) -> int:
+        """Dead letters written to this sink and not yet acknowledged by the broker (0: all in the topic).
+
+        The agent defers a checkpoint while this is not 0: the checkpoint would otherwise cover
+        source records whose dead letters a crash could still lose.
+        """
+        return len(self._buffer) + len(self._inflight)
 
     def position(self) -> dict[str, int]:
         """End offset per dead-letter partition after flushing (checkpoint it with the state)."""
@@ -217,9 +234,17 @@ class KafkaDeadLetterSink:
         self._scan_failures = 0
 
     def close(self) -> None:
-        """Flush and close the producer."""
+        """Flush (waiting for acknowledgements even right after a timed-out flush) and close the producer.
+
+        Letters still unacknowledged are logged: the agent's last checkpoint did not cover their
+        records (see :meth:`unacknowledged`), so a restart replays those records and writes them.
+        """
         try:
-            self.flush()
+            self.flush(force=True)
+            if self.unacknowledged():
+                log.warning("dead-letter sink %s: %d dead letters not acknowledged at close (%s); their records "
+                            "are after the last checkpoint and are dead-lettered again on restart", self.topic,
+                            self.unacknowledged(), self.stats.last_error)
         finally:
             producer, self._producer = self._producer, None
             if producer is not None:
@@ -287,11 +312,18 @@ class KafkaDeadLetterSink:
         if self._pending_seek is None or self._scan_replayed():
             return True
         self._scan_failures += 1
-        if self._scan_failures < 3:
-            self._next_attempt = time.monotonic() + 2.0
+        if "authoriz" not in str(self.stats.last_error).lower():
+            # unreachable or slow: the letters wait (bounded by buffer_limit) -- sending them unscanned could
+            # write twice those whose acknowledgement was lost
+            self._next_attempt = time.monotonic() + min(30.0, 2.0 * self._scan_failures)
+            if self._scan_failures % 10 == 3:
+                log.warning("dead-letter sink %s: cannot read the dead letters written after the last acknowledged "
+                            "offsets yet (%s); %d dead letters wait", self.topic, self.stats.last_error,
+                            len(self._buffer))
             return False
-        log.warning("dead-letter sink %s: cannot read the dead letters written after the checkpoint (%s); "
-                    "dead letters of replayed records may be duplicated", self.topic, self.stats.last_error)
+        log.warning("dead-letter sink %s: not allowed to read the dead letters written after the checkpoint (%s); "
+                    "dead letters of replayed records may be duplicated (grant the agent Read on the topic)",
+                    self.topic, self.stats.last_error)
         self._pending_seek = None
         return True
 
