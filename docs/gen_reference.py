@@ -277,6 +277,61 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
     return sorted(out)
 
 
+def _cluster_text() -> str:
+    """What an ingest worker and an evaluator of the partitioned agent render, every family filled.
+
+    The evaluator's collector reads its input's attributes only, so a stand-in with each of them is enough (the
+    real input needs a Kafka cluster); an attribute the collector starts to read makes this fail, not drift.
+    """
+    from types import SimpleNamespace
+
+    from calmon.cluster.evaluate import EvaluateMetrics
+    from calmon.cluster.ownership import IngestMetrics
+    from calmon.cluster.records import BadRecord, BadRecords
+
+    ingest = IngestMetrics("w1", owned=["events/0"], lag={"events/0": 1}, records={"events/0": 1},
+                           rejected={"not_json": 1}, restore_seconds=0.1, position={"events/0": 1})
+    ingest.bad.count("state", BadRecord("not_json", "sample"), "state/0")
+    bad = BadRecords("evaluate", "w2")
+    bad.count("deltas", BadRecord("not_json", "sample"), "deltas/0")
+    deltas = SimpleNamespace(
+        worker="w2", owned={"deltas/0"}, restore_seconds=0.1, dropped_repeats=1, bad_deltas=1, bad=bad,
+        deltas_read=1, snapshots_written=1, snapshot_bytes=1, snapshot_models_restored=1,
+        state=SimpleNamespace(models={"m": None}),
+        deltas=SimpleNamespace(lag=lambda: {"deltas/0": 1}, position=lambda: {"deltas/0": 1}))
+    return ingest.render().decode() + EvaluateMetrics(deltas).render().decode()  # type: ignore[arg-type]
+
+
+def _quiet_cluster_text() -> str:
+    import logging
+
+    logging.disable(logging.WARNING)  # the sample bad records would log their "first skipped" lines
+    try:
+        return _cluster_text()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def _families(text: str) -> list[tuple[str, str, list[str], str]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, tuple[str, str, list[str], str]] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name.endswith("_created"):  # prometheus_client's creation-time series, not a family of ours
+            continue
+        labels: dict[str, None] = dict.fromkeys(out[fam.name][2]) if fam.name in out else {}
+        for s in fam.samples:
+            labels.update(dict.fromkeys(k for k in s.labels if k not in ("le", "quantile")))
+        name = fam.name + ("_total" if fam.type == "counter" else "")
+        out[fam.name] = (name, fam.type, list(labels), fam.documentation)
+    return sorted(out.values())
+
+
+def cluster_metric_families() -> list[tuple[str, str, list[str], str]]:
+    """(exported name, type, labels, help) of every ``calmon_cluster_*`` family of the partitioned agent's workers."""
+    return _families(_quiet_cluster_text())
+
+
 def metrics_page() -> str:
     lines = [HEADER.format(src="calmon/exporter (what AgentMetrics renders)"), "# Metric reference\n",
              "Every metric family of the agent's `/metrics`, generated from the exporter: the name as scraped, "
@@ -284,9 +339,19 @@ def metrics_page() -> str:
              "(models by `limits.max_models`, segments by the allow-list, windows and testers by `windows` and "
              "`evaluation`); the per-window families are subject to the series budget "
              "(`exporter.max_series_per_model`, `exporter.max_series`). The partitioned agent's workers add "
-             "`calmon_cluster_*` families ([scale-out](../guide/scale-out.md)).\n",
+             "the `calmon_cluster_*` families [below](#the-partitioned-agents-workers-calmon_cluster_) "
+             "([scale-out](../guide/scale-out.md)).\n",
              "| metric | type | labels | help |", "| --- | --- | --- | --- |"]
     for name, kind, labels, doc in metric_families():
+        lab = ", ".join(f"`{x}`" for x in labels) or "--"
+        lines.append(f"| `{name}` | {kind} | {lab} | {_cell(doc)} |")
+    lines += ["", "## The partitioned agent's workers (`calmon_cluster_*`)\n",
+              "Generated from `calmon/cluster` (`IngestMetrics` of an ingest worker, `EvaluateMetrics` of an "
+              "evaluator, both rendering `render_ownership` and `BadRecords`). Every series carries `stage` "
+              "(`ingest` or `evaluate`) and `worker`, so a Prometheus scraping every worker sees each partition "
+              "under exactly one worker. An evaluator also serves the families above for the models it owns.\n",
+              "| metric | type | labels | help |", "| --- | --- | --- | --- |"]
+    for name, kind, labels, doc in cluster_metric_families():
         lab = ", ".join(f"`{x}`" for x in labels) or "--"
         lines.append(f"| `{name}` | {kind} | {lab} | {_cell(doc)} |")
     return "\n".join(lines) + "\n"

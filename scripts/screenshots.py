@@ -2,6 +2,7 @@
 
     python scripts/screenshots.py            # docs/status_page.png, docs/status_model.png and docs/report.png
     python scripts/screenshots.py --only status
+    python scripts/screenshots.py --only site   # docs/assets/site_home.png
 
 * ``docs/status_page.png`` and ``docs/status_model.png``: ``calmon demo`` is started on a free port with the
   drift after 10 s; once the ``CalibrationDrift`` alert fires and a refreshed calibrator is published after the
@@ -10,6 +11,9 @@
   from the running agent.
 * ``docs/report.png``: ``calmon report ... -o report.png`` on 20 000 simulated over-confident binary scores
   (temperature 0.5, seed 7): the PNG report itself (verdict, tests, metrics, diagrams, witness).
+
+* ``docs/assets/site_home.png``: the documentation site's home page, built by ``mkdocs build --strict`` into a
+  temporary directory and rendered from there (needs the ``docs`` extra).
 
 Needs the Debian ``chromium`` package. Takes one to three minutes (the demo's rounds run every 15 s).
 """
@@ -124,9 +128,21 @@ def report() -> None:
         print(f"wrote {(DOCS / 'report.png').relative_to(REPO)}")
 
 
+def site_home() -> None:
+    """The documentation site's home page, built in a temporary directory, as docs/assets/site_home.png."""
+    with tempfile.TemporaryDirectory() as site:
+        res = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", site], cwd=REPO,
+                             capture_output=True, text=True, timeout=1200,
+                             env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+        if res.returncode != 0:
+            raise SystemExit(f"screenshots: mkdocs build failed: {res.stderr[-2000:]}")
+        (DOCS / "assets").mkdir(exist_ok=True)
+        chromium_shot((Path(site) / "index.html").as_uri(), DOCS / "assets" / "site_home.png", 1400, 1000)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--only", choices=("status", "report"), help="regenerate one screenshot only")
+    parser.add_argument("--only", choices=("status", "report", "site"), help="regenerate one screenshot only")
     parser.add_argument("--timeout", type=float, default=300.0,
                         help="seconds to wait for the demo's alert and refreshed calibrator (default 300)")
     args = parser.parse_args(argv)
@@ -135,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         status_page(args.timeout)
     if args.only in (None, "report"):
         report()
+    if args.only in (None, "site"):
+        site_home()
     return 0
 
 

@@ -114,6 +114,60 @@ def test_metric_page_has_every_family_the_exporter_defines() -> None:
     assert "| counter | `reason` |" in row
 
 
+def _cluster_family_names() -> set[str]:
+    """Every ``calmon_cluster_*`` family ``calmon/cluster`` writes a HELP line for, read from the source.
+
+    Literal names (``# HELP calmon_cluster_owned_partitions ...``) and the stems of the loops that format
+    ``calmon_cluster_{name}`` from a ``(name, help, value)`` table.
+    """
+    names: set[str] = set()
+    for path in (ROOT / "calmon" / "cluster").rglob("*.py"):
+        text = path.read_text()
+        names.update(re.findall(r"# HELP (calmon_cluster_[a-z0-9_]+[a-z0-9]) ", text))
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            src = ast.get_source_segment(text, fn) or ""
+            m = re.search(r"# HELP calmon_cluster_\{name\}(_total)? ", src)
+            if not m:
+                continue
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Tuple) and len(node.elts) == 3
+                        and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts[:2])):
+                    stem = node.elts[0].value  # type: ignore[attr-defined]
+                    if re.fullmatch(r"[a-z0-9_]+", stem):
+                        names.add(f"calmon_cluster_{stem}{m.group(1) or ''}")
+    return names
+
+
+def test_metric_page_has_every_cluster_family() -> None:
+    page = gen_reference.metrics_page()
+    section = page.split("## The partitioned agent's workers", 1)[1]
+    documented = {m.group(1) for m in re.finditer(r"^\| `(calmon_cluster_[a-z0-9_]+)` \|", section, flags=re.M)}
+    in_code = _cluster_family_names()
+    assert len(in_code) >= 15, "the source scan found almost no calmon_cluster_* family: is it broken?"
+    missing = sorted(n for n in in_code if n not in documented)
+    assert not missing, f"calmon_cluster_* families in calmon/cluster absent from the metric page: {missing}"
+    assert not sorted(documented - in_code), "the page documents a calmon_cluster_* family the code does not have"
+    row = next(ln for ln in section.splitlines() if ln.startswith("| `calmon_cluster_lag_records` |"))
+    assert "| gauge | `stage`, `worker`, `partition` |" in row
+
+
+def test_a_new_cluster_family_changes_the_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    from calmon.cluster import ownership
+
+    render = ownership.IngestMetrics.render
+
+    def more(self: ownership.IngestMetrics) -> bytes:
+        return render(self) + b"# HELP calmon_cluster_brand_new A family added without regenerating.\n" \
+            b"# TYPE calmon_cluster_brand_new gauge\ncalmon_cluster_brand_new 1\n"
+
+    monkeypatch.setattr(ownership.IngestMetrics, "render", more)
+    page = gen_reference.metrics_page()
+    assert "| `calmon_cluster_brand_new` | gauge | -- | A family added without regenerating. |" in page
+    assert page != (ROOT / "docs" / "reference" / "metrics.md").read_text()
+
+
 def test_cli_page_has_every_subcommand_and_flag() -> None:
     from calmon.cli import COMMANDS, build_parser
 
