@@ -148,11 +148,13 @@ def prometheus_config(agent_port: int, am_port: int) -> str:
     cfg["global"]["evaluation_interval"] = f"{SCRAPE:g}s"
     cfg["rule_files"] = [str(DEPLOY / "prometheus" / "rules" / "calmon-alerts.yml")]
     cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{am_port}"]
-    (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "calmon"]
-    job["scrape_interval"] = f"{SCRAPE:g}s"
-    job["scrape_timeout"] = f"{SCRAPE:g}s"
-    job["static_configs"][0]["targets"] = [f"127.0.0.1:{agent_port}"]
-    cfg["scrape_configs"] = [job]
+    jobs = [j for j in cfg["scrape_configs"] if j["job_name"] in ("calmon", "calmon-detail")]
+    assert len(jobs) == 2, "the shipped configuration scrapes /metrics and its detail (collect[])"
+    for job in jobs:
+        job["scrape_interval"] = f"{SCRAPE:g}s"
+        job["scrape_timeout"] = f"{SCRAPE:g}s"
+        job["static_configs"][0]["targets"] = [f"127.0.0.1:{agent_port}"]
+    cfg["scrape_configs"] = jobs
     return yaml.safe_dump(cfg)
 
 
