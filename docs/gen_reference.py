@@ -254,11 +254,13 @@ def _sample_state() -> tuple[Any, Any]:
     return live, round_view
 
 
-def metric_families() -> list[tuple[str, str, list[str], str]]:
-    """(exported name, type, labels, help) of every family the agent's /metrics renders."""
+def metric_families() -> list[tuple[str, str, list[str], str, str]]:
+    """(exported name, type, labels, help, where) of every family the agent's /metrics renders (where: ``/metrics``
+    or the ``collect[]`` tier serving it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from calmon.exporter.metrics import AgentMetrics
+    from calmon.exporter.rounds import DEFAULT_COLLECT, TIERS
 
     live, round_view = _sample_state()
     m = AgentMetrics(lambda: live, clock=lambda: 1.7e9 + 5)
@@ -266,15 +268,24 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
     m.prepare(round_view)
     m.evaluation_duration.observe(0.1)
     out = []
-    for fam in text_string_to_metric_families(m.render().decode()):
+    parts = [("`/metrics`", m.render())] + [(f"`collect[]={t}`", m.render([t])) for t in TIERS
+                                            if t not in DEFAULT_COLLECT]
+    for where, text in parts:
+        out += _families(text_string_to_metric_families(text.decode()), where)
+    return sorted(out)
+
+
+def _families(fams: Any, where: str) -> list[tuple[str, str, list[str], str, str]]:
+    out = []
+    for fam in fams:
         if fam.name.endswith("_created"):  # prometheus_client's creation-time series, not a family of ours
             continue
         labels: dict[str, None] = {}
         for s in fam.samples:
             labels.update(dict.fromkeys(k for k in s.labels if k not in ("le", "quantile")))
         name = fam.name + ("_total" if fam.type == "counter" else "")
-        out.append((name, fam.type, list(labels), fam.documentation))
-    return sorted(out)
+        out.append((name, fam.type, list(labels), fam.documentation, where))
+    return out
 
 
 def metrics_page() -> str:
@@ -284,11 +295,13 @@ def metrics_page() -> str:
              "(models by `limits.max_models`, segments by the allow-list, windows and testers by `windows` and "
              "`evaluation`); the per-window families are subject to the series budget "
              "(`exporter.max_series_per_model`, `exporter.max_series`). The partitioned agent's workers add "
-             "`calmon_cluster_*` families ([scale-out](../guide/scale-out.md)).\n",
-             "| metric | type | labels | help |", "| --- | --- | --- | --- |"]
-    for name, kind, labels, doc in metric_families():
+             "`calmon_cluster_*` families ([scale-out](../guide/scale-out.md)). *Served at*: a plain `/metrics`, "
+             "or `/metrics?collect[]=TIER` -- the per-window detail, scraped by the shipped configuration's second "
+             "job `calmon-detail` once a round.\n",
+             "| metric | type | labels | served at | help |", "| --- | --- | --- | --- | --- |"]
+    for name, kind, labels, doc, where in metric_families():
         lab = ", ".join(f"`{x}`" for x in labels) or "--"
-        lines.append(f"| `{name}` | {kind} | {lab} | {_cell(doc)} |")
+        lines.append(f"| `{name}` | {kind} | {lab} | {where} | {_cell(doc)} |")
     return "\n".join(lines) + "\n"
 
 
