@@ -368,8 +368,11 @@ def test_drift_alert_fires_and_resolves_through_prometheus_and_alertmanager(tmp_
 
         # the agent exports the whole metric contract (but the Kafka-only consumer lag); the scheduled testers
         # (smCE, LDTC) publish a few rounds after T-Cal on a loaded machine: wait for them, do not race them
-        def missing() -> set[str]:
+        def missing() -> set[str]:  # /metrics and its detail, as the shipped scrape jobs read them
             _, text = http("GET", f"http://127.0.0.1:{port}/metrics")
+            _, detail = http("GET", f"http://127.0.0.1:{port}/metrics?collect[]=estimates&collect[]=details"
+                                    "&collect[]=reliability")
+            text += detail
             exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
             return CONTRACT - exported - set(NO_DATA_EXPECTED)
 
