@@ -45,6 +45,7 @@ from typing import Any
 from benchmarks._child import last_json, run_module
 from benchmarks.bench_models import SEGMENTS, Traffic
 
+BEGIN, END = "<!-- BEGIN benchmarks.bench_platform -->", "<!-- END benchmarks.bench_platform -->"
 #: Issue #35's goals: (what, limit, test of one M's row against the M = 1 row).
 GOALS: tuple[tuple[str, str, Any], ...] = (
     ("ingest vs M = 1", ">= 0.50", lambda r, b: r["rate"] / b["rate"] >= 0.5),
@@ -320,6 +321,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--every", type=float, default=None, help="evaluation.every (default: the configuration's)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--quick", action="store_true", help="M = 1, 2, a few seconds (a smoke run)")
+    ap.add_argument("--docs", action="store_true", help="also write the tables into docs/performance.md")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
@@ -349,13 +351,18 @@ def main(argv: list[str] | None = None) -> int:
     if not rows or rows[0]["models"] != 1:
         print("M = 1 failed: no baseline for the ratio", file=sys.stderr)
         return 1
-    print(f"\nbench_platform: default configuration, 3 rings a model, backfill {args.events:,} predictions over 1 h "
-          f"at the largest M (as many a model at every M), then {args.rate:g} predictions/s a model live for "
-          f"{args.seconds:g} s; load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
-    print(table(rows, rows[0], args.within))
-    print()
-    print(goals(rows, rows[0]))
+    head = (f"bench_platform: default configuration, 3 rings a model, backfill {args.events:,} predictions over 1 h "
+            f"at the largest M (as many a model at every M), then {args.rate:g} predictions/s a model live for "
+            f"{args.seconds:g} s; load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    tables = f"{table(rows, rows[0], args.within)}\n\n{goals(rows, rows[0])}"
+    print(f"\n{head}\n\n{tables}")
+    if args.docs and not failed:
+        from benchmarks.docs_performance import PAGE, machine, write_page
+        info = machine()
+        command = "python -m benchmarks.bench_platform" + (f" --models {args.models}" if args.models != "200" else "")
+        write_page("\n".join([BEGIN, f"Measured by `{command}` on {info['cpu']}, commit {info['commit']}: {head}.",
+                               "", tables, END]), PAGE, BEGIN, END)
     if failed:
         print(f"\nfailed (see stderr): M = {', '.join(map(str, failed))}")
     return 1 if failed else 0
