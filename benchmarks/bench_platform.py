@@ -8,8 +8,9 @@ a free port and is scraped over HTTP, as Prometheus scrapes it.  ``Agent.run`` r
 (ingestion), its scheduler and HTTP threads as in production.  The traffic (``benchmarks.bench_models.Traffic``,
 live-like: predictions, each followed by its outcome after an exponential delay of mean 60 s) is:
 
-* **backfill**: one hour of traffic up to the start, read as fast as the agent ingests it (the ingest rate is
-  records over the seconds spent in the input's ``ingest``, the scheduler's first rounds running alongside);
+* **backfill**: one hour of traffic up to the start (``--events`` predictions whatever M, as ``bench_models``:
+  the rates compare the same work spread over M models), read as fast as the agent ingests it (the ingest rate
+  is records over the seconds spent in the input's ``ingest``, the scheduler's first rounds running alongside);
 * **live**: then ``--rate`` predictions a second (with their outcomes) at the pace of the wall clock, event times
   following it, for ``--seconds`` seconds.
 
@@ -341,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
     failed = []
     for m in [1, *ms]:
-        # the backfill's events scale with M (the same traffic a model): M = 1 gets its share
-        row = run_child(m, argparse.Namespace(**{**vars(args), "events": max(1000, args.events * m // max(ms or [1]))}))
+        # the same backfill at every M (as bench_models): the rates compare the same work spread over M models
+        row = run_child(m, args)
         loads.append(os.getloadavg()[0])
         if row is None:
             failed.append(m)
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         print("M = 1 failed: no baseline for the ratio", file=sys.stderr)
         return 1
     head = (f"bench_platform: default configuration, 3 rings a model, backfill {args.events:,} predictions over 1 h "
-            f"at the largest M (as many a model at every M), then {args.rate:g} predictions/s a model live for "
+            f"at every M, then {args.rate:g} predictions/s a model live for "
             f"{args.seconds:g} s; load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     tables = f"{table(rows, rows[0], args.within)}\n\n{goals(rows, rows[0])}"
