@@ -154,12 +154,14 @@ def render(rows: list[Row], size: str, info: dict[str, str], load_before: str, l
     return "\n".join(lines)
 
 
-def write_page(block: str, page: Path = PAGE) -> None:
+def write_page(block: str, page: Path = PAGE, begin: str = BEGIN, end: str = END) -> None:
+    """Replace the page's block between ``begin`` and ``end`` (``block`` carries both markers); other benchmarks
+    writing a table of their own (``bench_platform --docs``) pass their markers."""
     text = page.read_text()
-    if BEGIN not in text or END not in text:
-        raise SystemExit(f"{page}: markers {BEGIN} / {END} not found")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
+    if begin not in text or end not in text:
+        raise SystemExit(f"{page}: markers {begin} / {end} not found")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
     page.write_text(head + block + tail)
 
 

@@ -254,11 +254,13 @@ def _sample_state() -> tuple[Any, Any]:
     return live, round_view
 
 
-def metric_families() -> list[tuple[str, str, list[str], str]]:
-    """(exported name, type, labels, help) of every family the agent's /metrics renders."""
+def metric_families() -> list[tuple[str, str, list[str], str, str]]:
+    """(exported name, type, labels, help, where) of every family the agent's /metrics renders (where: ``/metrics``
+    or the ``collect[]`` tier serving it)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     from calmon.exporter.metrics import AgentMetrics
+    from calmon.exporter.rounds import DEFAULT_COLLECT, TIERS
 
     live, round_view = _sample_state()
     m = AgentMetrics(lambda: live, clock=lambda: 1.7e9 + 5)
@@ -266,15 +268,24 @@ def metric_families() -> list[tuple[str, str, list[str], str]]:
     m.prepare(round_view)
     m.evaluation_duration.observe(0.1)
     out = []
-    for fam in text_string_to_metric_families(m.render().decode()):
+    parts = [("`/metrics`", m.render())] + [(f"`collect[]={t}`", m.render([t])) for t in TIERS
+                                            if t not in DEFAULT_COLLECT]
+    for where, text in parts:
+        out += _families(text_string_to_metric_families(text.decode()), where)
+    return sorted(out)
+
+
+def _families(fams: Any, where: str) -> list[tuple[str, str, list[str], str, str]]:
+    out = []
+    for fam in fams:
         if fam.name.endswith("_created"):  # prometheus_client's creation-time series, not a family of ours
             continue
         labels: dict[str, None] = {}
         for s in fam.samples:
             labels.update(dict.fromkeys(k for k in s.labels if k not in ("le", "quantile")))
         name = fam.name + ("_total" if fam.type == "counter" else "")
-        out.append((name, fam.type, list(labels), fam.documentation))
-    return sorted(out)
+        out.append((name, fam.type, list(labels), fam.documentation, where))
+    return out
 
 
 def _cluster_text() -> str:
@@ -312,7 +323,7 @@ def _quiet_cluster_text() -> str:
         logging.disable(logging.NOTSET)
 
 
-def _families(text: str) -> list[tuple[str, str, list[str], str]]:
+def _text_families(text: str) -> list[tuple[str, str, list[str], str]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, tuple[str, str, list[str], str]] = {}
@@ -329,7 +340,7 @@ def _families(text: str) -> list[tuple[str, str, list[str], str]]:
 
 def cluster_metric_families() -> list[tuple[str, str, list[str], str]]:
     """(exported name, type, labels, help) of every ``calmon_cluster_*`` family of the partitioned agent's workers."""
-    return _families(_quiet_cluster_text())
+    return _text_families(_quiet_cluster_text())
 
 
 def metrics_page() -> str:
@@ -340,11 +351,13 @@ def metrics_page() -> str:
              "`evaluation`); the per-window families are subject to the series budget "
              "(`exporter.max_series_per_model`, `exporter.max_series`). The partitioned agent's workers add "
              "the `calmon_cluster_*` families [below](#the-partitioned-agents-workers-calmon_cluster_) "
-             "([scale-out](../guide/scale-out.md)).\n",
-             "| metric | type | labels | help |", "| --- | --- | --- | --- |"]
-    for name, kind, labels, doc in metric_families():
+             "([scale-out](../guide/scale-out.md)). *Served at*: a plain `/metrics`, "
+             "or `/metrics?collect[]=TIER` -- the per-window detail, scraped by the shipped configuration's second "
+             "job `calmon-detail` once a round.\n",
+             "| metric | type | labels | served at | help |", "| --- | --- | --- | --- | --- |"]
+    for name, kind, labels, doc, where in metric_families():
         lab = ", ".join(f"`{x}`" for x in labels) or "--"
-        lines.append(f"| `{name}` | {kind} | {lab} | {_cell(doc)} |")
+        lines.append(f"| `{name}` | {kind} | {lab} | {where} | {_cell(doc)} |")
     lines += ["", "## The partitioned agent's workers (`calmon_cluster_*`)\n",
               "Generated from `calmon/cluster` (`IngestMetrics` of an ingest worker, `EvaluateMetrics` of an "
               "evaluator, both rendering `render_ownership` and `BadRecords`). Every series carries `stage` "

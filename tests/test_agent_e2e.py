@@ -51,8 +51,11 @@ def write_events(path: Path) -> None:
 
 
 def scrape(url: str) -> dict[tuple, float]:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        text = r.read().decode()
+    """``/metrics`` and its detail (``collect[]``: estimates, tester details, diagrams), as the shipped scrape jobs."""
+    text = ""
+    for u in (url, url + "?collect[]=estimates&collect[]=details&collect[]=reliability"):
+        with urllib.request.urlopen(u, timeout=10) as r:
+            text += r.read().decode()
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:

@@ -35,7 +35,7 @@ def test_estimates_and_score_drift_in_status_and_metrics(tmp_path):
     assert est["accuracy"]["lo"] <= ev["all"]["metrics"]["accuracy"] <= est["accuracy"]["hi"]
     assert abs(ev["all"]["estimation_error"]["accuracy"]) < 0.02  # calibrated simulation
     assert "score_drift" in ev["1h"] and ev["1h"]["score_drift"]["n_current"] == ev["1h"]["predictions"]
-    text = agent.metrics.render().decode()
+    text = agent.metrics.render(["estimates"]).decode()  # /metrics?collect[]=estimates
     assert 'calmon_estimated_accuracy{model="m",segment="all",window="all"}' in text
     assert 'calmon_estimated_accuracy_lower{model="m",segment="all",window="all"}' in text
     assert "calmon_score_drift_p_value{" in text and "calmon_window_predictions{" in text

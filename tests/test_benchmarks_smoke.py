@@ -99,6 +99,7 @@ def test_every_module_has_a_case() -> None:
                                        "bench_revisions", "bench_tcal_kernel", "bench_tcal_screen",
                                        "bench_window_base", "compare_agent_state", "recal_tcal_tables",
                                        "bench_models",  # bench_models: tests/test_bench_models.py
+                                       "bench_platform",  # tests/test_bench_platform.py
                                        "docs_performance",  # tests/test_docs_performance.py
                                        "fuzz"}  # the fuzz suite itself runs in CI (tests/fuzz)
     assert names == covered, sorted(names ^ covered)

@@ -356,10 +356,19 @@ def default_export(tmp_path: Path) -> dict[str, list[dict[str, str]]]:
     metrics.evaluation_duration.observe(0.5)
     metrics.prepare(view)
     out: dict[str, list[dict[str, str]]] = {}
-    for fam in text_string_to_metric_families(metrics.render().decode()):
+    # what the shipped Prometheus configuration scrapes: /metrics, and its detail job's collect[]
+    text = metrics.render().decode() + "".join(metrics.render(c).decode() for c in shipped_collect())
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             out.setdefault(s.name, []).append(s.labels)
     return out
+
+
+def shipped_collect() -> list[list[str]]:
+    """The ``collect[]`` of every calmon job of the shipped prometheus.yml that has one."""
+    cfg = yaml.safe_load((PROM / "prometheus.yml").read_text())
+    return [j["params"]["collect[]"] for j in cfg["scrape_configs"]
+            if j["job_name"].startswith("calmon") and "collect[]" in (j.get("params") or {})]
 
 
 def _matches(labels: dict[str, str], matchers: str) -> bool:

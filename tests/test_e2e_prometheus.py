@@ -148,11 +148,13 @@ def prometheus_config(agent_port: int, am_port: int) -> str:
     cfg["global"]["evaluation_interval"] = f"{SCRAPE:g}s"
     cfg["rule_files"] = [str(DEPLOY / "prometheus" / "rules" / "calmon-alerts.yml")]
     cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] = [f"127.0.0.1:{am_port}"]
-    (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "calmon"]
-    job["scrape_interval"] = f"{SCRAPE:g}s"
-    job["scrape_timeout"] = f"{SCRAPE:g}s"
-    job["static_configs"][0]["targets"] = [f"127.0.0.1:{agent_port}"]
-    cfg["scrape_configs"] = [job]
+    jobs = [j for j in cfg["scrape_configs"] if j["job_name"] in ("calmon", "calmon-detail")]
+    assert len(jobs) == 2, "the shipped configuration scrapes /metrics and its detail (collect[])"
+    for job in jobs:
+        job["scrape_interval"] = f"{SCRAPE:g}s"
+        job["scrape_timeout"] = f"{SCRAPE:g}s"
+        job["static_configs"][0]["targets"] = [f"127.0.0.1:{agent_port}"]
+    cfg["scrape_configs"] = jobs
     return yaml.safe_dump(cfg)
 
 
@@ -366,8 +368,11 @@ def test_drift_alert_fires_and_resolves_through_prometheus_and_alertmanager(tmp_
 
         # the agent exports the whole metric contract (but the Kafka-only consumer lag); the scheduled testers
         # (smCE, LDTC) publish a few rounds after T-Cal on a loaded machine: wait for them, do not race them
-        def missing() -> set[str]:
+        def missing() -> set[str]:  # /metrics and its detail, as the shipped scrape jobs read them
             _, text = http("GET", f"http://127.0.0.1:{port}/metrics")
+            _, detail = http("GET", f"http://127.0.0.1:{port}/metrics?collect[]=estimates&collect[]=details"
+                                    "&collect[]=reliability")
+            text += detail
             exported = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line and line[0] != "#"}
             return CONTRACT - exported - set(NO_DATA_EXPECTED)
 

@@ -72,7 +72,8 @@ def test_agent_with_a_process_pool_publishes_every_result_with_its_age(tmp_path)
         assert set(e["tests"]) == {"tcal", "smce", "ldtc"}, e["tests"]
         assert all(isinstance(r["evaluated_at"], float) for r in e["tests"].values())
     assert agent.status()["agent"]["work"]["bound_rounds"] is not None
-    fams = {f.name: f.samples for f in text_string_to_metric_families(agent.metrics.render().decode())}
+    text = agent.metrics.render().decode() + agent.metrics.render(["details", "reliability"]).decode()
+    fams = {f.name: f.samples for f in text_string_to_metric_families(text)}
     ages = {(s.labels["model"], s.labels["window"], s.labels["test"]) for s in fams["calmon_test_age_seconds"]}
     assert len(ages) == 3 * 2 * 3 and all(s.value >= 0 for s in fams["calmon_test_age_seconds"])
     assert not fams.get("calmon_reliability_events")

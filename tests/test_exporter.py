@@ -75,7 +75,7 @@ def value(sm, name, **labels):
 def test_every_contract_metric_is_exported_with_its_labels():
     m = agent_metrics(STATE)
     m.evaluation_duration.observe(0.2)
-    sm = samples(m.render().decode())
+    sm = samples((m.render() + m.render(["estimates", "details", "reliability"])).decode())  # and its detail
     names = {k[0] for k in sm}
     missing = [n for n in CONTRACT if n not in names]
     assert not missing, missing

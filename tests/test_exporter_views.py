@@ -43,7 +43,7 @@ def test_before_the_first_round_the_round_part_is_empty():
                                                                      "duplicates": {}, "orphans": 1})
     fresh = AgentMetrics(lambda: live, clock=lambda: 100.0)
     text = fresh.render().decode()
-    assert RoundPart.build(RoundView(), fresh.budget).text.decode() in text
+    assert RoundPart.build(RoundView(), fresh.budget).render(None, now=100.0).decode() in text
     assert 'calmon_events_total{model="m",type="labeled"} 3.0' in text and "calmon_join_orphan_outcomes_total 1.0" \
         in text and "calmon_evaluations_total 0.0" in text and "calmon_ready 1.0" in text
 

@@ -241,7 +241,7 @@ def ref_metrics(st: dict[str, Any], budget: SeriesBudget) -> tuple[bytes, tuple[
     fixed = rounds._fixed(RoundView(**st))
     text = [f.text() for f in fixed]
     series = sum(len(f.lines) for f in fixed)
-    for tier, name, head in order.order:
+    for tier, name, head in sorted(order.order, key=lambda o: rounds.TIERS.index(o[0])):  # served by tier
         if name == rounds.AGE:
             continue
         text.append(head)
@@ -250,7 +250,7 @@ def ref_metrics(st: dict[str, Any], budget: SeriesBudget) -> tuple[bytes, tuple[
                 lines = [f"{name}{{{lab}}} {floatToGoString(_number(v))}\n" for f, lab, v in out if f == name]
                 series += len(lines)
                 text.extend(lines)
-    age_labels = tuple((k, at) for m, k, at in ages if "tests" in kept[m] and rounds.AGE in families)
+    age_labels = tuple((k, at) for m, k, at in ages if "details" in kept[m] and rounds.AGE in families)
     return "".join(text).encode(), age_labels, dropped, series + len(age_labels)
 
 

@@ -233,7 +233,7 @@ class Agent:
         # / is rendered once per published round (and at most every evaluation period), like /metrics
         self.pages = StatusPages(self.status, lambda: self.published, max_age=max(1.0, self.cfg.evaluation.every))
         endpoints = Endpoints(self.render_metrics, self.healthy, self.is_ready, self.status, render_status,
-                              pages=self.pages.serve)
+                              pages=self.pages.serve, metrics_collect=self.metrics.render)
         return start_exporter(self.cfg.exporter, endpoints)
 
     def render_metrics(self) -> bytes:

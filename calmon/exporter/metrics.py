@@ -11,7 +11,10 @@ counter where the checkpoint left it instead of resetting it.  ``/metrics`` has 
   evaluation-latency histogram, test ages) is read at scrape time through ``state_fn``, a
   :class:`~calmon.exporter.views.LiveView` copied under the state lock in O(models + sources).
 
-Both parts are read from the typed views of :mod:`calmon.exporter.views`, by attribute.
+Both parts are read from the typed views of :mod:`calmon.exporter.views`, by attribute.  A plain
+``/metrics`` serves the live part and the round part's default tiers (headline gauges, tester p-values and
+decisions); ``/metrics?collect[]=TIER`` serves the named tiers of the round part alone -- estimates, tester
+details, reliability diagrams -- for a second, slower scrape job (see :mod:`calmon.exporter.rounds`).
 
 Label cardinality is bounded upstream: models by ``limits.max_models`` (the decoder rejects
 events of further models with reason ``too_many_models``), segments by the per-model
@@ -24,14 +27,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from calmon.exporter.rounds import WINDOW_GAUGES, RoundPart, SeriesBudget, as_number
+from calmon.exporter.rounds import TIERS, WINDOW_GAUGES, RoundPart, SeriesBudget, as_number
 from calmon.exporter.views import LiveView, RoundView
 
 __all__ = ["WINDOW_GAUGES", "AgentCollector", "AgentMetrics", "SeriesBudget"]
@@ -227,10 +230,22 @@ class AgentMetrics:
             self.collector.dropped = {r: (n, old.get(r, (0, 0))[1] + n) for r, n in part.dropped.items()}
             self._round = part
 
-    def render(self) -> bytes:
-        """The Prometheus text exposition of every metric."""
-        live = generate_latest(self.registry)
+    def render(self, collect: Sequence[str] | None = None) -> bytes:
+        """The Prometheus text exposition: every live family and the round's default tiers, or (``collect``, the
+        ``collect[]`` of ``/metrics?collect[]=...``) the named tiers of the round alone.
+
+        Raises
+        ------
+        ValueError
+            A name of ``collect`` is not a tier (:data:`calmon.exporter.rounds.TIERS`).
+        """
+        if collect is not None:
+            unknown = sorted(set(collect) - set(TIERS))
+            if unknown:
+                raise ValueError(f"unknown collect[] {', '.join(unknown)}: one of {', '.join(TIERS)}")
         part = self._round
         if part is None:  # before the first round
             part = RoundPart.build(RoundView(), self.budget)
-        return live + part.text + part.ages(self.clock())
+        if collect is not None:
+            return part.render(collect, self.clock())
+        return generate_latest(self.registry) + part.render(None, self.clock())

@@ -6,18 +6,27 @@ label-free estimates, reliability diagrams, alerts, calibrators, scheduler count
 ``prometheus_client``) once, by :meth:`RoundPart.build`, and served as cached bytes; a scrape
 adds only the live counters (:mod:`calmon.exporter.metrics`) and the test ages.
 
+Tiers and where they are served
+-------------------------------
+Per-window series fall in tiers, kept in this order: ``core`` (events and the metric gauges, 8 per window),
+``tests`` (per tester: p-value and rejected), ``estimates`` (the window's predictions and the label-free
+estimates: ``headline`` -- the point estimates, the accuracy interval, the accuracy estimation error and the
+score drift, 12 -- or ``full``, up to 30), ``details`` (per tester: statistic, insufficient data, age),
+``reliability`` (3 x ``evaluation.reliability_bins``, 60 by default).
+
+A plain ``/metrics`` serves the live part, the round's fixed families and the tiers of :data:`DEFAULT_COLLECT`
+(``core`` and ``tests``: what the dashboard's time series and the alert rules read, 14 series a window with
+three testers); ``/metrics?collect[]=estimates&collect[]=details&collect[]=reliability`` serves the named tiers
+alone -- the shipped Prometheus configuration scrapes them as a second job (``calmon-detail``) every minute, the
+round's period.  This is node_exporter's ``collect[]``: an operator drops or slows a job instead of losing the
+whole export, and the main scrape stays small (about 3 MB at 200 models x 3 rings x 4 windows).
+
 Series budget
 -------------
-Per-window series fall in tiers, kept in this order: ``core`` (events and metric gauges, ~9 per
-window), ``tests`` (per tester, in this order: p-value, age, rejected, insufficient, statistic),
-``estimates`` (label-free: ``headline`` -- the point estimates, the accuracy interval, the accuracy
-estimation error and the score drift, 12 -- or ``full``, up to 30), ``reliability`` (3 x
-``evaluation.reliability_bins``, 60 by default).
-
 * **Per window** (``exporter.max_series_per_window``, 40 in the agent's configuration): a
-  (model, segment, window) keeps ``core``, ``tests`` and ``estimates``, in order, while they fit;
+  (model, segment, window) keeps ``core``, ``tests``, ``estimates`` and ``details``, in order, while they fit;
   a tier that does not fit is dropped whole for that window, and so is every tier after it.  With
-  the default three testers and headline estimates a window has 9 + 15 + 12 = 36 series.
+  the default three testers and headline estimates a window has 8 + 6 + 13 + 9 = 36 series.
 * **Reliability diagrams** are outside the per-window cap: ``exporter.reliability`` chooses the
   windows whose diagram is exported (``all``, ``none`` or a comma-separated list of window names;
   the agent's ``longest`` is resolved by the configuration to the longest configured window).
@@ -37,9 +46,9 @@ Examples
 >>> ev = {"model": "m", "segment": "all", "window": "1h", "n": 5, "metrics": {"ece": 0.1},
 ...       "tests": {"tcal": {"statistic": 0.0, "p_value": 0.5, "decision": "calibrated", "evaluated_at": 100.0}}}
 >>> part = RoundPart.build(RoundView(evaluations=[ev]), SeriesBudget())
->>> 'calmon_ece{model="m",segment="all",window="1h"} 0.1' in part.text.decode()
+>>> 'calmon_ece{model="m",segment="all",window="1h"} 0.1' in part.render(None, now=130.0).decode()
 True
->>> part.ages(now=130.0).decode().splitlines()[-1]
+>>> part.render(["details"], now=130.0).decode().splitlines()[-1]
 'calmon_test_age_seconds{model="m",segment="all",test="tcal",window="1h"} 30.0'
 """
 
@@ -55,7 +64,7 @@ from prometheus_client.utils import floatToGoString
 from calmon.evaluate.types import Evaluation
 from calmon.exporter.views import RoundView
 
-__all__ = ["TIERS", "WINDOW_GAUGES", "RoundPart", "SeriesBudget", "as_number"]
+__all__ = ["DEFAULT_COLLECT", "TIERS", "WINDOW_GAUGES", "RoundPart", "SeriesBudget", "as_number"]
 
 #: Evaluation metrics exported per (model, segment, window): metric name -> key in ``evaluation["metrics"]``.
 WINDOW_GAUGES: dict[str, tuple[str, str]] = {
@@ -74,7 +83,10 @@ ESTIMATED = ("accuracy", "precision", "recall", "base_rate", "brier", "log_loss"
 #: estimated-performance plot: the point estimates of the others are kept, their bounds are in ``/api/status``).
 HEADLINE = "accuracy"
 ESTIMATE_SETS = ("headline", "full", "none")
-TIERS = ("core", "tests", "estimates", "reliability")
+TIERS = ("core", "tests", "estimates", "details", "reliability")
+#: The tiers a plain ``/metrics`` serves (with the live part and the round's fixed families); the others are
+#: served at ``/metrics?collect[]=TIER`` (a second scrape job, as node_exporter's ``collect[]``).
+DEFAULT_COLLECT = ("core", "tests")
 AGE = "calmon_test_age_seconds"
 REL_EVENTS, REL_SCORE, REL_OUTCOME = (f"calmon_reliability_{k}" for k in ("events", "mean_score", "mean_outcome"))
 WIN = ("model", "segment", "window")
@@ -244,10 +256,21 @@ def _families(sink: _Sink) -> dict[str, _Family]:
         n = f"calmon_reliability_{k}"
         fams[n] = _Family(n, f"Reliability diagram: {k.replace('_', ' ')} per bin")
     for name, fam in fams.items():
-        tier = ("tests" if name.startswith("calmon_test_") else "reliability" if "reliability" in name
-                else "estimates" if any(s in name for s in ("estimat", "drift")) else "core")
-        sink.family(tier, fam)
+        sink.family(_tier(name), fam)
     return fams
+
+
+def _tier(name: str) -> str:
+    """The tier of a per-window family (module docstring)."""
+    if name in ("calmon_test_p_value", "calmon_test_rejected"):
+        return "tests"
+    if name.startswith("calmon_test_"):
+        return "details"
+    if "reliability" in name:
+        return "reliability"
+    if any(s in name for s in ("estimat", "drift")) or name == "calmon_window_predictions":
+        return "estimates"
+    return "core"
 
 
 _GAUGES = tuple((name, fld) for name, (fld, _) in WINDOW_GAUGES.items())
@@ -273,28 +296,29 @@ def _window(sink: _Sink, e: Evaluation, budget: SeriesBudget, ages: list[tuple[s
         v = metrics.get(fld)
         if v is not None:
             core.append((name, key, v))
-    if "predictions" in e:
-        core.append(("calmon_window_predictions", key, e["predictions"]))
     tests: _Pending = []
+    details: _Pending = []
     my_ages: list[tuple[str, str, float]] = []
     for test, r in sorted(e.get("tests", {}).items()):
         if not isinstance(r, dict) or "decision" not in r:
             continue
         k = f'{ms},test="{_esc(test)}",{wl}'
         decision = r.get("decision")
-        tests.append(("calmon_test_statistic", k, r.get("statistic")))
         tests.append(("calmon_test_p_value", k, r.get("p_value")))
         tests.append(("calmon_test_rejected", k, 1.0 if decision == "miscalibrated" else 0.0))
-        tests.append(("calmon_test_insufficient_data", k, 1.0 if decision == "insufficient data" else 0.0))
+        details.append(("calmon_test_statistic", k, r.get("statistic")))
+        details.append(("calmon_test_insufficient_data", k, 1.0 if decision == "insufficient data" else 0.0))
         if r.get("evaluated_at") is not None:
-            tests.append((AGE, k, 0.0))  # counted here, rendered per scrape
+            details.append((AGE, k, 0.0))  # counted here, rendered per scrape
             my_ages.append((model, k, float(r["evaluated_at"])))
     estimates = _estimates(e, key, budget.estimates)
+    if "predictions" in e:
+        estimates.insert(0, ("calmon_window_predictions", key, e["predictions"]))
     # the per-window cap: tiers in order while they fit; the first that does not ends the window's export
     tiers = sink.tiers(model)
     cap = budget.max_series_per_window
     used = 0
-    for tier, pending in (("core", core), ("tests", tests), ("estimates", estimates)):
+    for tier, pending in (("core", core), ("tests", tests), ("estimates", estimates), ("details", details)):
         if cap is not None and used + len(pending) > cap:
             cap = used  # nothing after a dropped tier either: the tiers stay in order
             dropped["window_cap"] += len(pending)
@@ -303,7 +327,7 @@ def _window(sink: _Sink, e: Evaluation, budget: SeriesBudget, ages: list[tuple[s
         rows = tiers[tier]
         for name, labels, v in pending:
             rows[name].append((labels, v))
-        if tier == "tests":
+        if tier == "details":
             ages.extend(my_ages)
     if budget.reliability_for(e["window"]) and e.get("reliability"):
         sink.defer(model, key, e["reliability"])
@@ -385,12 +409,28 @@ def _keep(sink: _Sink, budget: SeriesBudget, dropped: dict[str, int]) -> tuple[d
 
 @dataclass(frozen=True)
 class RoundPart:
-    """The rendered per-round families, and the test ages' labels for the live part."""
+    """The rendered per-round families: the fixed ones, each tier's, and the test ages' labels for the live part."""
 
-    text: bytes
+    fixed: bytes = b""
+    tiers: Mapping[str, bytes] = field(default_factory=dict)
     age_labels: tuple[tuple[str, float], ...] = ()
     dropped: Mapping[str, int] = field(default_factory=dict)
     series: int = 0
+
+    @property
+    def text(self) -> bytes:
+        """Every family of the round (the fixed ones, then every tier's), test ages aside."""
+        return self.fixed + b"".join(self.tiers.get(t, b"") for t in TIERS)
+
+    def render(self, collect: Sequence[str] | None, now: float) -> bytes:
+        """The plain ``/metrics`` round part (``collect`` None: the fixed families and :data:`DEFAULT_COLLECT`), or
+        the tiers named by ``collect`` alone (``/metrics?collect[]=...``); the test ages with ``details``."""
+        names = DEFAULT_COLLECT if collect is None else collect
+        out = [self.fixed] if collect is None else []
+        out += [self.tiers.get(t, b"") for t in TIERS if t in names]
+        if "details" in names:
+            out.append(self.ages(now))
+        return b"".join(out)
 
     @classmethod
     def build(cls, view: RoundView, budget: SeriesBudget) -> RoundPart:
@@ -405,21 +445,22 @@ class RoundPart:
         kept, families = _keep(sink, budget, dropped)
         _reliability(sink, kept, families)
         fixed = _fixed(view)
-        out = [f.text() for f in fixed]
         series = sum(len(f.lines) for f in fixed)
+        out: dict[str, list[str]] = {t: [] for t in TIERS}
         for tier, name, head in sink.order:
             if name == AGE:
                 continue
-            out.append(head)
+            out[tier].append(head)
             if name not in families:
                 continue
             for model, tiers in sink.rows.items():
                 if tier in kept[model]:
                     rows = tiers[tier][name]
                     series += len(rows)
-                    out.extend(_lines(name, rows))
-        age_labels = tuple((k, at) for m, k, at in ages if "tests" in kept[m] and AGE in families)
-        return cls("".join(out).encode(), age_labels, dropped, series + len(age_labels))
+                    out[tier].extend(_lines(name, rows))
+        age_labels = tuple((k, at) for m, k, at in ages if "details" in kept[m] and AGE in families)
+        return cls("".join(f.text() for f in fixed).encode(), {t: "".join(v).encode() for t, v in out.items()},
+                   age_labels, dropped, series + len(age_labels))
 
     def ages(self, now: float) -> bytes:
         """``calmon_test_age_seconds``: now minus each result's ``evaluated_at`` (rendered per scrape)."""

@@ -39,8 +39,9 @@ from grafana_foundation_sdk.models.prometheus import PromQueryFormat
 
 DS = dm.DataSourceRef(type_val="prometheus", uid="${datasource}")
 SEL = 'model=~"$model",segment=~"$segment",window=~"$window"'
-#: The reliability diagrams: only the windows whose bins /metrics exports (``exporter.reliability``, by default the
-#: longest configured window); the variable ``diagram_window`` lists them, so no panel asks for bins that are not there.
+#: The reliability diagrams: only the windows whose bins are exported (``exporter.reliability``, by default the
+#: longest configured window) -- at /metrics?collect[]=reliability, the shipped second scrape job ``calmon-detail``;
+#: the variable ``diagram_window`` lists them, so no panel asks for bins that are not there.
 RSEL = 'model="$model",segment="$segment",window="$diagram_window"'
 RMSEL = 'model=~"$model",segment=~"$segment",window=~"$diagram_window"'
 LEG = "{{model}} {{segment}} {{window}}"
@@ -222,9 +223,11 @@ def over_time(d: db.Dashboard) -> db.Dashboard:
               LEG)], unit="percentunit",
            desc="Event-weighted mean of (mean score - observed frequency) over the reliability bins: above 0 the "
                 "scores are too high on average, below 0 too low. Over-confidence can have zero bias: read the "
-                "gap per bin below. Only for the windows whose diagram /metrics exports (the variable 'Diagram "
-                "window', set by exporter.reliability); every window's diagram is on the status page."),
-        ts("Test statistics", [q(f"calmon_test_statistic{{{SEL}}}", "{{test}} {{model}} {{segment}} {{window}}")]),
+                "gap per bin below. Only for the windows whose diagram is exported (scrape job calmon-detail; the "
+                "variable 'Diagram window', set by exporter.reliability); every window's diagram is on the status "
+                "page."),
+        ts("Test statistics", [q(f"calmon_test_statistic{{{SEL}}}", "{{test}} {{model}} {{segment}} {{window}}")],
+           desc="calmon_test_statistic per tester (scrape job calmon-detail, /metrics?collect[]=details)."),
         ts("Events in window", [q(f"calmon_window_events{{{SEL}}}", LEG)]),
     ]:
         d = d.with_panel(p)
@@ -239,8 +242,9 @@ def reliability(d: db.Dashboard) -> db.Dashboard:
                     q(f"calmon_reliability_events{{{RSEL}}}", ref="C", instant=True, fmt="table")], 8, 9,
                    "Per score bin (lower edge): observed frequency beside mean score. A calibrated model has "
                    "equal bars. Binary: observed above the score = scores too low there; an over-confident "
-                   "model has low-score bins above and high-score bins below. Windows: those whose diagram "
-                   "/metrics exports (exporter.reliability, by default the longest configured window); every "
+                   "model has low-score bins above and high-score bins below. Windows: those whose diagram is "
+                   "exported (exporter.reliability, by default the longest configured window; scrape job "
+                   "calmon-detail, /metrics?collect[]=reliability); every "
                    "window's diagram is on the agent's status page and in /api/status.")
            .repeat("diagram_window").repeat_direction("h").max_per_row(4)
            .transformations([MERGE, _organize(
