@@ -156,8 +156,10 @@ def _define(base: Any) -> Any:
     from kafka import errors
     from kafka.consumer.fetcher import IsolationLevel
 
-    class ValueRecords(base):  # type: ignore[misc,valid-type]
+    class ValueRecords(base):
         """``Fetcher.PartitionRecords`` yielding ``(offset, value)`` tuples (see the module docstring)."""
+
+        next_fetch_offset: int  # set by kafka-python's __init__
 
         def _maybe_skip_record(self, record: tuple[int, bytes | None]) -> bool:
             # records of a batch before the fetch offset (a fetch from the middle of a compressed batch)
