@@ -69,29 +69,37 @@ def batch_values(buf: bytes, pos: int, count: int) -> list[bytes | None]:
     append = out.append
     end_all = len(buf)
     for _ in range(count):
-        b = buf[pos]  # Length: one byte below 64 (zigzag), else the general decoder
+        # Length: a record of 32..8191 bytes has a two-byte varint; one- and two-byte cases inline (zigzag)
+        b = buf[pos]
         if b < 0x80:
             length, pos = (b >> 1) ^ -(b & 1), pos + 1
+        elif buf[pos + 1] < 0x80:
+            z = (b & 0x7F) | (buf[pos + 1] << 7)
+            length, pos = (z >> 1) ^ -(z & 1), pos + 2
         else:
             length, pos = _varint(buf, pos)
         end = pos + length
+        if length < 0 or end > end_all:
+            raise ValueError(f"record length {length} overruns the batch at byte {pos}")
         p = pos + 1  # Attributes: one byte (int8, unused)
-        while buf[p] & 0x80:  # TimestampDelta: skipped
+        while buf[p] > 0x7F:  # TimestampDelta: skipped
             p += 1
-        p += 1
-        while buf[p] & 0x80:  # OffsetDelta: implied by the batch (see the module docstring)
+        p += 2
+        while buf[p - 1] > 0x7F:  # OffsetDelta: implied by the batch (see the module docstring)
             p += 1
-        p += 1
         b = buf[p]  # KeyLength, then the key: skipped
         if b < 0x80:
-            klen, p = (b >> 1) ^ -(b & 1), p + 1
+            p += 1 if b & 1 else 1 + (b >> 1)
         else:
             klen, p = _varint(buf, p)
-        if klen > 0:
-            p += klen
+            if klen > 0:
+                p += klen
         b = buf[p]  # ValueLength, then the value
         if b < 0x80:
             vlen, p = (b >> 1) ^ -(b & 1), p + 1
+        elif buf[p + 1] < 0x80:
+            z = (b & 0x7F) | (buf[p + 1] << 7)
+            vlen, p = (z >> 1) ^ -(z & 1), p + 2
         else:
             vlen, p = _varint(buf, p)
         if vlen >= 0:
@@ -100,8 +108,6 @@ def batch_values(buf: bytes, pos: int, count: int) -> list[bytes | None]:
             append(buf[p:p + vlen])
         else:
             append(None)
-        if end > end_all or length < 0:
-            raise ValueError(f"record length {length} overruns the batch at byte {pos}")
         pos = end
     if pos != end_all:
         raise ValueError(f"{end_all - pos} unconsumed bytes after all records consumed")
