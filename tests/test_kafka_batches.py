@@ -251,17 +251,6 @@ def test_confluent_adapter_cuts_a_consume_into_runs_without_a_record_object():
     assert str(RunOrigins(f.runs)) == str(["a/0@5", "a/0@6", "b/0@0", "b/0@1", "a/1@9", "a/1@12", "a/0@7"])
 
 
-def test_confluent_fetch_defaults_are_calmons_unless_the_user_sets_them():
-    cfg = ConfluentKafkaSource("h:1", "t", None).consumer_config()
-    assert cfg["fetch.message.max.bytes"] == 8 << 20 and cfg["queued.min.messages"] == 262144
-    own = ConfluentKafkaSource("h:1", "t", None, client={"max.partition.fetch.bytes": 1 << 20,
-                                                          "queued.min.messages": 1000}).consumer_config()
-    assert "fetch.message.max.bytes" not in own and own["max.partition.fetch.bytes"] == 1 << 20
-    assert own["queued.min.messages"] == 1000
-    capped = ConfluentKafkaSource("h:1", "t", None, client={"fetch.max.bytes": 1 << 21}).consumer_config()
-    assert capped["fetch.message.max.bytes"] == 1 << 21  # librdkafka refuses a partition fetch above the total
-
-
 # ---------------------------------------------------------------------------------------------- with a broker
 @pytest.fixture(scope="module")
 def broker():

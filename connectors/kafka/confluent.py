@@ -80,41 +80,6 @@ def message_meta(msg: Any) -> RecordMeta:
     return RecordMeta(ts if tt and ts >= 0 else None, msg.key(), header_tuple(h) if h else ())
 
 
-#: Per-partition fetch size calmon asks librdkafka for (its default: 1 MB), as kafka-python's
-#: ``max_partition_fetch_bytes`` (docs/kafka.md, "Client settings").
-FETCH_PARTITION_BYTES = 8 << 20
-#: Records librdkafka prefetches per partition before it stops fetching (its default: 100,000): four batches.
-QUEUED_MIN_MESSAGES = 262144
-
-
-def fetch_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
-    """calmon's fetch defaults for librdkafka, minus what ``options`` set (either name of the partition fetch size).
-
-    Larger fetches mean fewer fetch requests for the same records: about a fifth less CPU per record in the client
-    and the broker on the benchmark (``docs/kafka.md``).  The partition fetch size never exceeds a user's
-    ``fetch.max.bytes`` (librdkafka refuses a configuration where it does).
-
-    Examples
-    --------
-    >>> fetch_defaults({})
-    {'fetch.message.max.bytes': 8388608, 'queued.min.messages': 262144}
-    >>> fetch_defaults({"max.partition.fetch.bytes": 1048576, "queued.min.messages": 10})
-    {}
-    >>> fetch_defaults({"fetch.max.bytes": 4194304})
-    {'fetch.message.max.bytes': 4194304, 'queued.min.messages': 262144}
-    """
-    out: dict[str, Any] = {}
-    if "fetch.message.max.bytes" not in options and "max.partition.fetch.bytes" not in options:
-        try:
-            cap = int(options.get("fetch.max.bytes", FETCH_PARTITION_BYTES))
-        except (TypeError, ValueError):  # librdkafka reports the bad value itself when the consumer is created
-            cap = FETCH_PARTITION_BYTES
-        out["fetch.message.max.bytes"] = min(FETCH_PARTITION_BYTES, cap)
-    if "queued.min.messages" not in options:
-        out["queued.min.messages"] = QUEUED_MIN_MESSAGES
-    return out
-
-
 class ConfluentConsumer:
     """:class:`~connectors.kafka.clients.ConsumerClient` on ``confluent_kafka.Consumer``.
 
@@ -154,7 +119,6 @@ class ConfluentConsumer:
             "reconnect.backoff.max.ms": 5000,
             "client.id": f"calmon-{s.name}",
             "error_cb": self._on_error,
-            **fetch_defaults(s.options),
         }
         cfg.update(s.options)
         cfg.update(
