@@ -20,6 +20,7 @@ kafka-python's own iterator.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -120,15 +121,10 @@ def _base() -> Any:
     return Fetcher.PartitionRecords
 
 
-_CLASS: Any = None
-
-
+@functools.cache
 def value_records_class() -> Any:
-    """:class:`ValueRecords`, defined on first use (it subclasses a kafka-python class: no import before)."""
-    global _CLASS  # noqa: PLW0603 - one class per process, made once
-    if _CLASS is None:
-        _CLASS = _define(_base())
-    return _CLASS
+    """``ValueRecords``, defined once on first use (it subclasses a kafka-python class: no import before)."""
+    return _define(_base())
 
 
 def supported() -> bool:
