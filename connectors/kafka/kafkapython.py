@@ -79,6 +79,8 @@ class ConsumerRecordLike(Protocol):
 
 _VALUE = operator.attrgetter("value")
 _OFFSET = operator.attrgetter("offset")
+_FIRST = operator.itemgetter(0)
+_SECOND = operator.itemgetter(1)
 
 
 def _ktp(tp: TP) -> Any:
@@ -125,6 +127,8 @@ class KafkaPythonConsumer:
     def __init__(self, settings: ConsumerSettings) -> None:
         self.settings = settings
         self._consumer: Any = None
+        #: ``poll`` returns ``(offset, value)`` tuples (:mod:`connectors.kafka.valuerecords`), not ConsumerRecords.
+        self.raw_values = False
 
     @staticmethod
     def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -165,6 +169,10 @@ class KafkaPythonConsumer:
                 self._consumer = KafkaConsumer(**cfg)
             except (TypeError, ValueError, KafkaConfigurationError) as exc:
                 raise KafkaConfigError(str(exc)) from exc
+        if not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
+            from connectors.kafka.valuerecords import install
+
+            self.raw_values = install(self._consumer)
         try:
             with mapped("subscribe"):
                 self._subscribe(handler)
@@ -187,14 +195,20 @@ class KafkaPythonConsumer:
         handler.on_assigned(tps)
 
     def poll(self, max_records: int, timeout: float) -> Fetched:
-        """One ``KafkaConsumer.poll``: its ``ConsumerRecord`` s reduced to their values, one run per partition.
+        """One ``KafkaConsumer.poll``: its records reduced to their values, one run per partition.
 
-        kafka-python builds a ``ConsumerRecord`` per record itself (there is no lower-level batch API); the
-        adapter keeps nothing per record but the value.
+        Without metadata the fetcher yields ``(offset, value)`` tuples (:mod:`connectors.kafka.valuerecords`);
+        with it, kafka-python's ``ConsumerRecord`` s, of which the adapter keeps the value and the metadata.
         """
         with mapped("poll"):
             polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=int(max_records))
         out = Fetched(metas=[] if self.settings.metadata else None)
+        if self.raw_values:
+            for ktp, pairs in polled.items():
+                if pairs:
+                    out.add(TP(ktp.topic, ktp.partition), list(map(_SECOND, pairs)), pairs[0][0], pairs[-1][0],
+                            functools.partial(list, map(_FIRST, pairs)))
+            return out
         for ktp, rs in polled.items():
             if not rs:
                 continue

@@ -80,8 +80,10 @@ class KafkaSource:
     metadata
         Attach each record's timestamp, key and headers to batches (:attr:`connectors.base.Batch.meta`,
         read by schema mappings through ``$timestamp``, ``$key``, ``$headers.NAME``).  Off by default:
-        with it the source reads at about 0.7 (kafka-python) and 0.37 (confluent-kafka) of its rate
-        without, mostly garbage-collector work on one object per record (``benchmarks/bench_kafka.py``).
+        with it the source reads at about 0.37 (confluent-kafka) of its rate without, mostly garbage-collector
+        work on one object per record, and at about a quarter on kafka-python, which then builds its own
+        ``ConsumerRecord`` per record instead of cutting values from the batch (:mod:`connectors.kafka.valuerecords`;
+        ``benchmarks/bench_kafka.py``).
     on_revoke
         Optional callback ``fn(keys: list[str])`` told which partitions were revoked; it may run on the
         consumer's IO thread and must only set flags (e.g. "checkpoint soon").
