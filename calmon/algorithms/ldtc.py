@@ -42,7 +42,7 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
-from calmon.algorithms.ldtc_cdf import CdfLP, ldtc_cdf
+from calmon.algorithms.ldtc_cdf import ldtc_cdf, shared_lp
 from calmon.stats.grid import ScoreGrid
 
 __all__ = ["u_grid", "ldtc_lp", "ldtc_dual_value", "ldtc", "ldtc_grid", "ldtc_tolerant", "theorem4_resolution",
@@ -263,10 +263,11 @@ def ldtc_grid(grid: ScoreGrid, bins: int = 256, u: Any = None) -> dict[str, Any]
     if bins < grid.bins:
         grid = grid.coarsen(bins)
     n = grid.n
-    keep = n > 0
-    n1 = np.clip(grid.sum_y[keep], 0.0, None)
-    n0 = np.clip(n[keep] - grid.sum_y[keep], 0.0, None)
-    out = ldtc_cdf(grid.centers[keep], n1, n0, u_grid(101) if u is None else u)  # = ldtc_lp's value, ~15x faster
+    n1 = np.clip(grid.sum_y, 0.0, None)
+    n0 = np.clip(n - grid.sum_y, 0.0, None)
+    # every cell, empty ones with mass 0: windows on one grid share one LP model (warm-started, ldtc_cdf);
+    # the value is ldtc_lp's on the non-empty cells, 10-50x faster
+    out = ldtc_cdf(grid.centers, n1, n0, u_grid(101) if u is None else u)
     h2 = 0.5 / grid.bins
     lo = max(0.0, out["value"] - out["grid_error"] - h2)
     hi = out["value"] + h2
@@ -436,7 +437,7 @@ def ldtc_null_pvalue(grid: ScoreGrid, *, mc: int = 199, rng: np.random.Generator
     N = np.rint(g.n[keep])
     zbar = np.clip(g.sum_z[keep] / g.n[keep], 0.0, 1.0)
     n1 = np.clip(g.sum_y[keep], 0.0, N)
-    lp = CdfLP(zbar, u_grid(points))
+    lp = shared_lp(zbar, u_grid(points))
     obs = lp.solve(n1, N - n1)
     h = math.floor(alpha * (mc + 1)) + 1
     exceed = done = 0

@@ -26,13 +26,49 @@ Theory Probab. Appl. 18, 784-786 (1973).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
-__all__ = ["CdfLP", "ldtc_cdf"]
+try:  # scipy >= 1.15 ships HiGHS' own Python class: a model kept between solves restarts from its last basis
+    from scipy.optimize._highspy import _core as _hc
+except ImportError:  # pragma: no cover - older scipy: every solve through linprog (same values, slower)
+    _hc = None
+
+__all__ = ["CdfLP", "ldtc_cdf", "shared_lp"]
+
+#: CdfLP models kept per process (:func:`shared_lp`): the tester grids (256 cells x 101-401 points) and the
+#: p-value's coarse cells, whose positions are cell means and so differ per window.
+_SHARED_MAX = 64
+_shared: OrderedDict[tuple[bytes, bytes], CdfLP] = OrderedDict()
+_shared_lock = threading.Lock()
+
+
+def shared_lp(v: np.ndarray, u: np.ndarray) -> CdfLP:
+    """The process's :class:`CdfLP` for points ``v`` and grid ``u`` (built once, least recently used dropped).
+
+    Windows binned on the same grid share one model, so each solve restarts the dual simplex from the
+    previous window's optimal basis -- still dual feasible, since only the right-hand side differs -- and
+    takes a few pivots instead of a solve from scratch.  The value does not depend on the start.
+    """
+    v = np.ascontiguousarray(v, dtype=np.float64)
+    u = np.ascontiguousarray(u, dtype=np.float64)
+    key = (v.tobytes(), u.tobytes())
+    with _shared_lock:
+        lp = _shared.get(key)
+        if lp is not None:
+            _shared.move_to_end(key)
+            return lp
+    lp = CdfLP(v, u)
+    with _shared_lock:
+        _shared[key] = lp
+        while len(_shared) > _SHARED_MAX:
+            _shared.popitem(last=False)
+    return lp
 
 
 class CdfLP:
@@ -80,66 +116,93 @@ class CdfLP:
         vals = np.concatenate([u[jj], -np.ones(k), np.ones(k), 1.0 - u[jj], -np.ones(k), np.ones(k), u, 1.0 - u])
         self.a_eq = sparse.csr_matrix((vals, (rows, cols)), shape=(2 * k + 2, m + 4 * k))
         self.cost = np.concatenate([np.zeros(m), dx, dx, dx, dx])
-        self._blocks: dict[int, sparse.csr_matrix] = {}
+        self._highs: Any = None  # the HiGHS model, built at the first solve
+        self._lock = threading.Lock()  # one solve at a time on the kept model (thread pools share it)
+        # point -> breakpoint indicator (a score at 1 maps to no column)
+        self._to_bp = np.zeros((self.v.size, k))
+        inside = self.v_at < k
+        self._to_bp[np.nonzero(inside)[0], self.v_at[inside]] = 1.0
+
+    def _rhs(self, w1: np.ndarray, w0: np.ndarray) -> np.ndarray:
+        """Right-hand sides for masses ``w1``/``w0`` (rows over the points, each row summing to 1 together)."""
+        f1 = np.cumsum(self._per_breakpoint(w1), axis=1)
+        f0 = np.cumsum(self._per_breakpoint(w0), axis=1)
+        # row k reads S_k - (e+_k - e-_k) = F_1(x_k): e+ - e- = S_k - F_1(x_k), and likewise for the negatives
+        return np.concatenate([f1, f0, w1.sum(axis=1, keepdims=True), w0.sum(axis=1, keepdims=True)], axis=1)
+
+    def _masses(self, n1: Any, n0: Any) -> tuple[np.ndarray, np.ndarray]:
+        n1 = np.atleast_2d(np.asarray(n1, dtype=np.float64))
+        n0 = np.atleast_2d(np.asarray(n0, dtype=np.float64))
+        if n1.shape != n0.shape or n1.shape[1] != self.v.size:
+            raise ValueError(f"need rows of {self.v.size} counts, got {n1.shape} and {n0.shape}")
+        total = n1.sum(axis=1) + n0.sum(axis=1)
+        if not np.all(np.isfinite(total)) or np.any(total <= 0) or np.any(n1 < 0) or np.any(n0 < 0):
+            raise ValueError("outcome counts must be non-negative, finite and not all zero")
+        return n1 / total[:, None], n0 / total[:, None]
 
     def solve_full(self, n1: Any, n0: Any) -> tuple[float, np.ndarray]:
         """dCE^U and the optimal grid masses ``t_u`` for ``n1`` positives and ``n0`` negatives at the points."""
-        n1 = np.asarray(n1, dtype=np.float64).ravel()
-        n0 = np.asarray(n0, dtype=np.float64).ravel()
-        if n1.shape != self.v.shape or n0.shape != self.v.shape:
-            raise ValueError(f"need one count per point ({self.v.size}), got {n1.size} and {n0.size}")
-        total = float(n1.sum() + n0.sum())
-        if not np.isfinite(total) or total <= 0 or np.any(n1 < 0) or np.any(n0 < 0):
-            raise ValueError("outcome counts must be non-negative, finite and not all zero")
-        # a score at 1 is at no breakpoint below 1 (index k): it enters no CDF value, only the totals
-        f1 = np.cumsum(np.bincount(self.v_at, weights=n1 / total, minlength=self.k + 1)[: self.k])
-        f0 = np.cumsum(np.bincount(self.v_at, weights=n0 / total, minlength=self.k + 1)[: self.k])
-        # S_k - e+_k + e-_k = F_1(x_k): the row reads S_k - (e+ - e-) with e+ - e- = S_k - F_1
-        b_eq = np.concatenate([f1, f0, [n1.sum() / total, n0.sum() / total]])
-        res = linprog(self.cost, A_eq=self.a_eq, b_eq=b_eq, bounds=(0.0, None), method="highs")
-        if res.status != 0:
-            raise RuntimeError(f"HiGHS failed on the LDTC LP (CDF form): {res.message}")
-        return max(0.0, float(res.fun)), np.asarray(res.x[: self.m])
+        w1, w0 = self._masses(np.ravel(n1), np.ravel(n0))
+        return self._solve_rhs(self._rhs(w1, w0)[0])
 
     def solve(self, n1: Any, n0: Any) -> float:
         """dCE^U of ``n1`` positives and ``n0`` negatives at the points."""
         return self.solve_full(n1, n0)[0]
 
-    def solve_many(self, n1: np.ndarray, n0: np.ndarray) -> np.ndarray:
-        """dCE^U of every row of ``n1``/``n0`` (shape ``(r, points)``), all in one LP.
+    def solve_many(self, n1: Any, n0: Any) -> np.ndarray:
+        """dCE^U of every row of ``n1``/``n0`` (shape ``(r, points)``): one warm-started re-solve per row."""
+        w1, w0 = self._masses(n1, n0)
+        return np.array([self._solve_rhs(b)[0] for b in self._rhs(w1, w0)])
 
-        The replicates' LPs are independent blocks of one block-diagonal LP: the optimum of the sum is the sum
-        of the optima, and each block's cost at the joint optimum is its own optimum.  One HiGHS call for ``r``
-        small LPs costs ~1/4 of ``r`` calls (scipy's set-up dominates a 16 x 17 problem); presolve is off since
-        it costs more than it saves on these.
-        """
-        n1 = np.atleast_2d(np.asarray(n1, dtype=np.float64))
-        n0 = np.atleast_2d(np.asarray(n0, dtype=np.float64))
-        r = n1.shape[0]
-        if n1.shape != n0.shape or n1.shape[1] != self.v.size:
-            raise ValueError(f"need rows of {self.v.size} counts, got {n1.shape} and {n0.shape}")
-        total = n1.sum(axis=1) + n0.sum(axis=1)
-        if np.any(total <= 0) or np.any(n1 < 0) or np.any(n0 < 0):
-            raise ValueError("outcome counts must be non-negative and not all zero")
-        w1 = n1 / total[:, None]
-        w0 = n0 / total[:, None]
-        f1 = np.cumsum(self._per_breakpoint(w1), axis=1)
-        f0 = np.cumsum(self._per_breakpoint(w0), axis=1)
-        b_eq = np.concatenate([f1, f0, w1.sum(axis=1, keepdims=True), w0.sum(axis=1, keepdims=True)], axis=1)
-        a_eq = self._blocks.get(r)
-        if a_eq is None:
-            a_eq = self._blocks[r] = sparse.block_diag([self.a_eq] * r, format="csr")
-        res = linprog(np.tile(self.cost, r), A_eq=a_eq, b_eq=b_eq.ravel(), bounds=(0.0, None), method="highs",
-                      options={"presolve": False})
+    def _solve_rhs(self, b_eq: np.ndarray) -> tuple[float, np.ndarray]:
+        """Value and ``t`` at right-hand side ``b_eq``: HiGHS from the last basis, else scipy's linprog."""
+        if _hc is not None:
+            with self._lock:
+                got = self._warm(b_eq)
+            if got is not None:
+                return got
+        res = linprog(self.cost, A_eq=self.a_eq, b_eq=b_eq, bounds=(0.0, None), method="highs")
         if res.status != 0:
             raise RuntimeError(f"HiGHS failed on the LDTC LP (CDF form): {res.message}")
-        return np.maximum(0.0, np.asarray(res.x).reshape(r, -1) @ self.cost)
+        return max(0.0, float(res.fun)), np.asarray(res.x[: self.m])
+
+    def _warm(self, b_eq: np.ndarray) -> tuple[float, np.ndarray] | None:
+        """The kept HiGHS model re-solved at ``b_eq`` (``None`` if it does not end optimal: linprog decides)."""
+        if self._highs is None:
+            self._highs = _highs_model(self.a_eq, self.cost)
+        h = self._highs
+        for i, bi in enumerate(b_eq.tolist()):
+            h.changeRowBounds(i, bi, bi)
+        h.run()
+        if h.getModelStatus() != _hc.HighsModelStatus.kOptimal:
+            self._highs = None  # start the next solve from scratch
+            return None
+        value = float(h.getInfo().objective_function_value)
+        return max(0.0, value), np.asarray(h.getSolution().col_value[: self.m])
 
     def _per_breakpoint(self, w: np.ndarray) -> np.ndarray:
         """Masses ``w`` (rows over the points) summed per breakpoint (a score at 1 falls beyond the last)."""
-        out = np.zeros((w.shape[0], self.k + 1))
-        np.add.at(out, (slice(None), self.v_at), w)
-        return out[:, : self.k]
+        return np.asarray(w @ self._to_bp)
+
+
+def _highs_model(a_eq: sparse.csr_matrix, cost: np.ndarray) -> Any:
+    """A quiet HiGHS model of ``min cost x, a_eq x = 0, x >= 0`` (presolve off: it would hide the basis)."""
+    a = a_eq.tocsc()
+    lp = _hc.HighsLp()
+    lp.num_col_, lp.num_row_ = a.shape[1], a.shape[0]
+    lp.col_cost_ = cost
+    lp.col_lower_ = np.zeros(a.shape[1])
+    lp.col_upper_ = np.full(a.shape[1], _hc.kHighsInf)
+    lp.row_lower_ = lp.row_upper_ = np.zeros(a.shape[0])
+    lp.a_matrix_.format_ = _hc.MatrixFormat.kColwise
+    lp.a_matrix_.num_col_, lp.a_matrix_.num_row_ = a.shape[1], a.shape[0]
+    lp.a_matrix_.start_, lp.a_matrix_.index_, lp.a_matrix_.value_ = a.indptr, a.indices, a.data
+    h = _hc._Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("presolve", "off")
+    h.setOptionValue("threads", 1)
+    h.passModel(lp)
+    return h
 
 
 def ldtc_cdf(v: Any, n1: Any, n0: Any, u: Any) -> dict[str, Any]:
@@ -167,7 +230,7 @@ def ldtc_cdf(v: Any, n1: Any, n0: Any, u: Any) -> dict[str, Any]:
     0.0
     """
     u = np.unique(np.asarray(u, dtype=np.float64).ravel())
-    lp = CdfLP(v, u)
+    lp = shared_lp(np.asarray(v, dtype=np.float64).ravel(), u)
     value, t = lp.solve_full(n1, n0)
     with np.errstate(invalid="ignore"):
         mean_y = np.where(t > 1e-12, u, np.nan)
