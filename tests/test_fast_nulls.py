@@ -143,3 +143,18 @@ def test_default_testers_keep_their_level_reduced(name: str) -> None:
         g.update(z, (rng.random(3000) < np.clip(z + 0.05, 0, 1)).astype(float))
         power += run_tester(name, CalibrationData(n=3000, grid=g), mc=1000, seed=rep).decision == "miscalibrated"
     assert power >= 10, power
+
+
+def test_ldtc_result_does_not_depend_on_earlier_solves() -> None:
+    # warm starts begin from whatever basis the last window left: the result must still be a function of the
+    # data and the seed alone (the last bits of an optimum are rounded off)
+    rng = np.random.default_rng(43)
+    grids = []
+    for shift in (0.0, 0.03):
+        z = rng.random(4000)
+        g = ScoreGrid(1024)
+        g.update(z, (rng.random(4000) < np.clip(z + shift, 0, 1)).astype(float))
+        grids.append(CalibrationData(n=4000, grid=g))
+    first = run_tester("ldtc", grids[0], mc=99, seed=1).to_dict()
+    run_tester("ldtc", grids[1], mc=99, seed=1)
+    assert run_tester("ldtc", grids[0], mc=99, seed=1).to_dict() == first

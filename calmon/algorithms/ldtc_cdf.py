@@ -46,6 +46,8 @@ __all__ = ["CdfLP", "ldtc_cdf", "shared_lp"]
 _SHARED_MAX = 64
 _shared: OrderedDict[tuple[bytes, bytes], CdfLP] = OrderedDict()
 _shared_lock = threading.Lock()
+#: Decimals an LP value is rounded to (see :meth:`CdfLP._solve_rhs`).
+_DECIMALS = 12
 
 
 def shared_lp(v: np.ndarray, u: np.ndarray) -> CdfLP:
@@ -155,16 +157,22 @@ class CdfLP:
         return np.array([self._solve_rhs(b)[0] for b in self._rhs(w1, w0)])
 
     def _solve_rhs(self, b_eq: np.ndarray) -> tuple[float, np.ndarray]:
-        """Value and ``t`` at right-hand side ``b_eq``: HiGHS from the last basis, else scipy's linprog."""
+        """Value and ``t`` at right-hand side ``b_eq``: HiGHS from the last basis, else scipy's linprog.
+
+        The value is rounded to 12 decimals: the last bits of an optimum depend on the basis the simplex
+        started from (so on the windows solved before in this process), and a tester's result must be a
+        function of its data and seed.
+        """
+        got = None
         if _hc is not None:
             with self._lock:
                 got = self._warm(b_eq)
-            if got is not None:
-                return got
-        res = linprog(self.cost, A_eq=self.a_eq, b_eq=b_eq, bounds=(0.0, None), method="highs")
-        if res.status != 0:
-            raise RuntimeError(f"HiGHS failed on the LDTC LP (CDF form): {res.message}")
-        return max(0.0, float(res.fun)), np.asarray(res.x[: self.m])
+        if got is None:
+            res = linprog(self.cost, A_eq=self.a_eq, b_eq=b_eq, bounds=(0.0, None), method="highs")
+            if res.status != 0:
+                raise RuntimeError(f"HiGHS failed on the LDTC LP (CDF form): {res.message}")
+            got = float(res.fun), np.asarray(res.x[: self.m])
+        return max(0.0, round(got[0], _DECIMALS)), got[1]
 
     def _warm(self, b_eq: np.ndarray) -> tuple[float, np.ndarray] | None:
         """The kept HiGHS model re-solved at ``b_eq`` (``None`` if it does not end optimal: linprog decides)."""
@@ -177,8 +185,7 @@ class CdfLP:
         if h.getModelStatus() != _hc.HighsModelStatus.kOptimal:
             self._highs = None  # start the next solve from scratch
             return None
-        value = float(h.getInfo().objective_function_value)
-        return max(0.0, value), np.asarray(h.getSolution().col_value[: self.m])
+        return float(h.getInfo().objective_function_value), np.asarray(h.getSolution().col_value[: self.m])
 
     def _per_breakpoint(self, w: np.ndarray) -> np.ndarray:
         """Masses ``w`` (rows over the points) summed per breakpoint (a score at 1 falls beyond the last)."""
