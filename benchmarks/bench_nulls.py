@@ -15,18 +15,22 @@ windows; >= 90 % of the 2,400 windows of 200 models within 3 rounds).
     python -m benchmarks.bench_nulls                          # sizes 300, 3000, 30000; 4 windows each
     python -m benchmarks.bench_nulls --sizes 3000 --windows 2 # quick
     PYTHONPATH=/path/to/old/checkout python -m benchmarks.bench_nulls   # the same figures for another version
+    python -m benchmarks.bench_nulls --pvalues 12   # LDTC null p-values on 12 fixed grids (JSON; compare versions)
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 
 import numpy as np
 
+from calmon.algorithms.ldtc import ldtc_null_pvalue
 from calmon.state.buckets import BucketStats
 from calmon.stats.data import CalibrationData
+from calmon.stats.grid import ScoreGrid
 from calmon.testers import run_tester
 
 TESTERS = ("tcal", "smce", "ldtc")
@@ -43,13 +47,35 @@ def window(n: int, seed: int, temperature: float) -> CalibrationData:
     return b.stats.calibration_data()
 
 
+def ldtc_pvalues(count: int) -> list[list[float]]:
+    """``ldtc_null_pvalue`` (99 draws, curtailed) on ``count`` fixed grids: calibrated and miscalibrated, n 500-20000.
+
+    The same list from two versions means the same statistic, the same draws and the same stopping.
+    """
+    out = []
+    for s in range(count):
+        rng = np.random.default_rng(s)
+        n = (500, 3000, 20000)[s % 3]
+        z = rng.random(n)
+        g = ScoreGrid(1024)
+        g.update(z, (rng.random(n) < z ** (1.0, 1.15, 1.3)[s % 3]).astype(float))
+        r = ldtc_null_pvalue(g, mc=99, rng=np.random.default_rng(s))
+        out.append([round(r["statistic"], 10), r["p_value"], r["mc_draws"]])
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="300,3000,30000", help="events per window")
     ap.add_argument("--windows", type=int, default=4, help="windows per size and kind")
     ap.add_argument("--mc", type=int, default=1000, help="evaluation.mc (default 1000)")
     ap.add_argument("--budget", type=float, default=30.0, help="CPU-s per worker per round (evaluation.budget)")
+    ap.add_argument("--pvalues", type=int, default=0,
+                    help="print (statistic, p-value, draws) of the LDTC null on this many fixed grids and stop")
     args = ap.parse_args(argv)
+    if args.pvalues:
+        print(json.dumps(ldtc_pvalues(args.pvalues)))
+        return 0
     sizes = [int(float(s)) for s in args.sizes.split(",")]
     print("CPU seconds per window (median over windows), rejection share at alpha 0.05")
     print("| kind | n | " + " | ".join(f"{t} s | {t} rej" for t in TESTERS) + " |")
