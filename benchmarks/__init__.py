@@ -11,7 +11,8 @@ Benchmarks (speed, memory): ``bench_agent``, ``bench_models`` (M models, issue #
 ``bench_decode``, ``bench_decoders``, ``bench_fold``, ``bench_join``, ``bench_snapshot``, ``bench_checkpoint``,
 ``bench_revisions`` (against a git revision), ``bench_files``, ``bench_kafka``, ``bench_parquet``, ``bench_cluster``,
 ``bench_metrics``, ``bench_tester_pool``, ``bench_window_base``, ``bench_estimates``, ``bench_verdict``,
-``bench_tcal``, ``bench_tcal_kernel``, ``bench_tcal_screen``, ``bench_smooth``, ``bench_lp``, ``bench_emitter``;
+``bench_tcal``, ``bench_tcal_kernel``, ``bench_tcal_screen``, ``bench_smooth``, ``bench_lp``, ``bench_emitter``,
+``bench_nulls`` (CPU per window of each default tester, issue #35.2);
 ``docs_performance`` rewrites the table of ``docs/performance.md`` from a few of them;
 ``compare_agent_state`` checks that two trees build the same state and dead letters.
 

@@ -8,7 +8,9 @@ U-restricted LDTC is the transport-type LP of Lemma 16::
     s.t. sum_u Pi(u, v, y) = D(v, y)                          for every (v, y) with D(v, y) > 0
          (1 - u) sum_v Pi(u, v, 1) = u sum_v Pi(u, v, 0)      for every u in U
 
-solved with scipy's HiGHS.  Error bounds relative to the raw empirical dCE:
+solved with scipy's HiGHS -- :func:`ldtc_lp` as written (the reference, with its dual), and for binned data
+and the null simulation in the exact equivalent CDF form of :mod:`calmon.algorithms.ldtc_cdf` (``|U| + 4K``
+variables instead of ``2 |V| |U|``; the same optimum, 10-20x faster).  Error bounds relative to the raw empirical dCE:
 
 * grid: ``dCE <= dCE^U <= dCE + s`` with ``s`` the largest gap of ``U`` (Lemma 15, read conservatively:
   an s-spaced grid is an s/2-cover);
@@ -19,9 +21,10 @@ So ``dCE(raw) in [dCE^U - s - h/2, dCE^U + h/2]``.
 
 p-value (:func:`ldtc_null_pvalue`): the statistic is dCE^U of the grid coarsened to a few cells, each at
 its mean score; the null redraws every cell's positives as ``Binomial(N, mean score)`` and re-solves the
-LP (the same LP matrix, new right-hand side).  The rank p-value is exact for that binomial null, whose
-variance ``N zbar (1 - zbar)`` is at least the exact ``sum z (1 - z)`` (conservative, as for smCE).  The
-simulation is curtailed (Besag-Clifford) once the observed value cannot be significant.
+LP (the same LP matrix, new right-hand side; eight replicates per HiGHS call).  The rank p-value is exact
+for that binomial null, whose variance ``N zbar (1 - zbar)`` is at least the exact ``sum z (1 - z)``
+(conservative, as for smCE).  The simulation is curtailed (Besag-Clifford) once the observed value cannot
+be significant.
 
 References
 ----------
@@ -39,11 +42,14 @@ import numpy as np
 from scipy import sparse
 from scipy.optimize import linprog
 
+from calmon.algorithms.ldtc_cdf import ldtc_cdf, shared_lp
 from calmon.stats.grid import ScoreGrid
 
 __all__ = ["u_grid", "ldtc_lp", "ldtc_dual_value", "ldtc", "ldtc_grid", "ldtc_tolerant", "theorem4_resolution",
            "FixedLP", "ldtc_null_pvalue"]
 
+#: Null replicates solved per HiGHS call (:meth:`~calmon.algorithms.ldtc_cdf.CdfLP.solve_many`).
+_NULL_BLOCK = 8
 #: Largest LP accepted (number of variables 2 |V| |U| after dropping empty (v, y) pairs).
 MAX_VARIABLES = 3_000_000
 
@@ -257,10 +263,11 @@ def ldtc_grid(grid: ScoreGrid, bins: int = 256, u: Any = None) -> dict[str, Any]
     if bins < grid.bins:
         grid = grid.coarsen(bins)
     n = grid.n
-    keep = n > 0
-    n1 = np.clip(grid.sum_y[keep], 0.0, None)
-    n0 = np.clip(n[keep] - grid.sum_y[keep], 0.0, None)
-    out = ldtc_lp(grid.centers[keep], n1, n0, u)
+    n1 = np.clip(grid.sum_y, 0.0, None)
+    n0 = np.clip(n - grid.sum_y, 0.0, None)
+    # every cell, empty ones with mass 0: windows on one grid share one LP model (warm-started, ldtc_cdf);
+    # the value is ldtc_lp's on the non-empty cells, 10-50x faster
+    out = ldtc_cdf(grid.centers, n1, n0, u_grid(101) if u is None else u)
     h2 = 0.5 / grid.bins
     lo = max(0.0, out["value"] - out["grid_error"] - h2)
     hi = out["value"] + h2
@@ -430,15 +437,22 @@ def ldtc_null_pvalue(grid: ScoreGrid, *, mc: int = 199, rng: np.random.Generator
     N = np.rint(g.n[keep])
     zbar = np.clip(g.sum_z[keep] / g.n[keep], 0.0, 1.0)
     n1 = np.clip(g.sum_y[keep], 0.0, N)
-    lp = FixedLP(zbar, u_grid(points))
+    lp = shared_lp(zbar, u_grid(points))
     obs = lp.solve(n1, N - n1)
     h = math.floor(alpha * (mc + 1)) + 1
     exceed = done = 0
     tol = 1e-9
+    iN = N.astype(np.int64)
     while done < mc:
-        k = rng.binomial(N.astype(np.int64), zbar).astype(np.float64)
-        exceed += lp.solve(k, N - k) >= obs - tol
-        done += 1
+        # replicates in blocks of _NULL_BLOCK LPs per HiGHS call; taken in order, so the curtailed simulation
+        # stops at the same replicate as one drawn one by one (the rest of the block is discarded)
+        k = rng.binomial(iN, zbar, size=(min(_NULL_BLOCK, mc - done), iN.size)).astype(np.float64)
+        hits = lp.solve_many(k, N - k) >= obs - tol
+        for hit in hits:
+            exceed += int(hit)
+            done += 1
+            if curtail and exceed >= h:
+                break
         if curtail and exceed >= h:
             break
     p = h / done if (exceed >= h and done < mc) else (1.0 + exceed) / (mc + 1.0)
