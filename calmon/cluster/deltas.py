@@ -34,10 +34,10 @@ import numpy as np
 from calmon.cluster.frames import is_frame, pack_frame, unpack_frame
 from calmon.cluster.records import MAX_RECORD, BadRecord
 from calmon.state.buckets import BucketStats, ModelWindows
-from calmon.stats.packed import Packer, Unpacker
 from calmon.state.checkpoint.schema import SchemaError, convert
 from calmon.state.counters import Counters
 from calmon.state.windows import ARCHIVE_TIER
+from calmon.stats.packed import Packer, Unpacker
 
 __all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "check_fits", "FORMAT", "VERSION",
            "READABLE"]
@@ -174,8 +174,8 @@ class Delta:
     late: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": JSON_VERSIONS[-1], "source": self.source, "start": self.start, "end": self.end,
-                "model": self.model, "classes": self.classes, "watermark": self.watermark,
+        return {"format": FORMAT, "version": JSON_VERSIONS[-1], "source": self.source, "start": self.start,
+                "end": self.end, "model": self.model, "classes": self.classes, "watermark": self.watermark,
                 "buckets": [b.to_dict() for b in self.buckets], "events": dict(self.events), "late": self.late}
 
     def to_bytes(self, version: int = VERSION) -> bytes:
@@ -225,8 +225,8 @@ class Delta:
         except ValueError as exc:
             raise DeltaError(f"delta arrays: {exc}", "format") from None
         try:
-            buckets = [DeltaBucket(b.segment, b.tier, _start(b.tier, b.start), BucketStats.from_parts(b.parts, unpacker))
-                       for b in doc.buckets]
+            buckets = [DeltaBucket(b.segment, b.tier, _start(b.tier, b.start),
+                                   BucketStats.from_parts(b.parts, unpacker)) for b in doc.buckets]
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise DeltaError(f"malformed bucket: {type(exc).__name__}: {exc}") from None
         return cls._checked(cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets,
