@@ -86,7 +86,7 @@ class Unpacker:
         if not isinstance(table, list) or not isinstance(data, str):
             raise ValueError("packed document needs an 'arrays' list and a 'data' string")
         try:
-            self._raw = zlib.decompress(base64.b64decode(data, validate=True))
+            self._raw: bytes | memoryview = zlib.decompress(base64.b64decode(data, validate=True))
         except (binascii.Error, ValueError, zlib.error) as exc:
             raise ValueError(f"packed payload is corrupt: {exc}") from None
         entries = _table(table)
