@@ -203,3 +203,67 @@ def test_a_restore_reads_only_its_partition_and_a_missing_chunk_means_replay(mon
         assert bad.counts == {("snapshot", "format"): 1}
         store.producer.close()
         reader.producer.close()
+
+
+def test_snapshots_are_written_off_the_poll_thread_and_off_the_state_lock(tmp_path):
+    """The evaluator's snapshot thread copies each changed model under a short hold of the state lock and
+    writes outside it: while a write is stuck on the broker, the poll thread keeps merging deltas, and the
+    record written is the model as of its copy with the offset processed by then."""
+    import threading
+    import time
+
+    from test_cluster import config, partitioned_deltas, traffic
+
+    from calmon.cluster.evaluate import DeltasInput, evaluate_agent
+    from connectors.base import Batch
+
+    cfg = config(state_dir=str(tmp_path), cluster={"bootstrap_servers": "127.0.0.1:9", "snapshot_every": "1s"})
+    ev = evaluate_agent(cfg).input
+    assert isinstance(ev, DeltasInput)
+    deltas = [d for d in partitioned_deltas(cfg, traffic(600, models=1)[0]) if d.model == "m00"]
+    assert len(deltas) >= 2
+    half = len(deltas) // 2
+
+    class StuckStore:
+        def __init__(self) -> None:
+            self.entered, self.release = threading.Event(), threading.Event()
+            self.calls: list[tuple[str, bool, list[ModelSnapshot], Manifest]] = []
+
+        def write(self, partition, snaps, manifest):
+            free = ev.state.lock.acquire(blocking=False)
+            if free:
+                ev.state.lock.release()
+            self.calls.append((threading.current_thread().name, free, snaps, manifest))
+            self.entered.set()
+            assert self.release.wait(60)
+            return 1
+
+        def forget(self, models):
+            pass
+
+    store = StuckStore()
+    ev._store = store  # type: ignore[assignment]
+    ev.owned = {"calmon-deltas/0"}
+    first = [d.to_bytes() for d in deltas[:half]]
+    ev.ingest(Batch(first, {}, "deltas", [f"calmon-deltas/0@{i}" for i in range(half)]))
+    expected = sums(ev.state.models["m00"])
+    ev.open()  # starts the snapshot thread
+    try:
+        assert store.entered.wait(60), "no snapshot written within 60 s"
+        rest = [d.to_bytes() for d in deltas[half:]]
+        merger = threading.Thread(target=ev.ingest, args=(Batch(rest, {}, "deltas", [
+            f"calmon-deltas/0@{half + i}" for i in range(len(rest))]),))
+        t0 = time.monotonic()
+        merger.start()
+        merger.join(60)
+        assert not merger.is_alive(), "merging waited for the snapshot write"
+        assert time.monotonic() - t0 < 60
+    finally:
+        store.release.set()
+        ev.close()
+    thread, lock_free, snaps, manifest = store.calls[0]
+    assert thread != threading.current_thread().name and lock_free
+    assert [s.model for s in snaps] == ["m00"] and snaps[0].offset == half and manifest == Manifest(half, ("m00",))
+    assert sums(snaps[0].windows) == expected  # the copy, not the model merged further meanwhile
+    assert sums(ev.state.models["m00"]) != expected
+    ev.deltas.close()
