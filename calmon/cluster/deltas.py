@@ -31,6 +31,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
+from calmon.cluster.changes import Pairs
 from calmon.cluster.frames import is_frame, pack_frame, unpack_frame
 from calmon.cluster.records import MAX_RECORD, BadRecord
 from calmon.state.buckets import BucketStats, ModelWindows
@@ -110,6 +111,8 @@ class FrameHeaderDoc(msgspec.Struct):
     late: _Count
     arrays: list[tuple[Literal["<i8", "<f8"], _Dims]]
     buckets: list[FrameBucketDoc]
+    #: references of the range's labeled pairs (event time, score, outcome; :mod:`calmon.cluster.changes`)
+    pairs: tuple[int, int, int] | None = None
 
 
 class DeltaDoc(msgspec.Struct):
@@ -172,6 +175,8 @@ class Delta:
     #: events accepted per kind (``prediction``, ``outcome``, ``labeled``) and labeled events dropped as late
     events: dict[str, int] = field(default_factory=dict)
     late: int = 0
+    #: the range's labeled pairs of this model in record order, for the change detectors (version 3 only)
+    pairs: Pairs | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {"format": FORMAT, "version": JSON_VERSIONS[-1], "source": self.source, "start": self.start,
@@ -196,10 +201,12 @@ class Delta:
         packer = Packer()
         buckets = [(b.segment, b.tier, None if b.tier == ARCHIVE_TIER else b.start, b.bucket.to_parts(packer))
                    for b in self.buckets]
+        pairs = None if self.pairs is None else [packer.put(self.pairs.ts, "<f8"), packer.put(self.pairs.p, "<f8"),
+                                                  packer.put(self.pairs.y, "<f8")]
         table, payload = packer.raw()
         header = {"source": self.source, "start": self.start, "end": self.end, "model": self.model,
                   "classes": self.classes, "watermark": self.watermark, "events": self.events, "late": self.late,
-                  "arrays": table, "buckets": buckets}
+                  "arrays": table, "buckets": buckets, "pairs": pairs}
         return pack_frame(KIND, VERSION, msgspec.json.encode(header), payload, COMPRESS)
 
     @classmethod
@@ -229,8 +236,18 @@ class Delta:
                                    BucketStats.from_parts(b.parts, unpacker)) for b in doc.buckets]
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise DeltaError(f"malformed bucket: {type(exc).__name__}: {exc}") from None
+        pairs = None
+        if doc.pairs is not None:
+            try:
+                pairs = Pairs(*(unpacker.get(ref, "<f8", writable=True) for ref in doc.pairs))
+            except ValueError as exc:
+                raise DeltaError(f"malformed pairs: {exc}") from None
+            try:
+                pairs.check()
+            except ValueError as exc:
+                raise DeltaError(f"pairs: {exc}", "invalid") from None
         return cls._checked(cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets,
-                                {str(k): n for k, n in doc.events.items()}, doc.late))
+                                {str(k): n for k, n in doc.events.items()}, doc.late, pairs))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Delta:
@@ -314,11 +331,13 @@ def _start(tier: int, start: float | None) -> float:
 
 
 def extract_deltas(source: str, start: int, end: int, watermark: float, models: Mapping[str, ModelWindows],
-                   counters: Counters) -> list[Delta]:
-    """One :class:`Delta` per model of ``models`` (fresh rings holding one range) or of ``counters``.
+                   counters: Counters, pairs: Mapping[str, Pairs] | None = None) -> list[Delta]:
+    """One :class:`Delta` per model of ``models`` (fresh rings holding one range) or of ``counters``, with the
+    model's labeled pairs of the range (``pairs``, for the change detectors) if any.
 
     Models with neither buckets nor counted events give no delta.
     """
+    pairs = pairs or {}
     events: dict[str, dict[str, int]] = {}
     for (model, kind), n in counters.events.items():
         if model:
@@ -330,7 +349,7 @@ def extract_deltas(source: str, start: int, end: int, watermark: float, models: 
                                          for tier, key, _version, state in ring.entries()]
         classes = mw.classes if mw is not None else 2
         out.append(Delta(source, start, end, name, classes, watermark, buckets, events.get(name, {}),
-                         counters.late.get(name, 0)))
+                         counters.late.get(name, 0), pairs.get(name)))
     return out
 
 

@@ -32,6 +32,8 @@ from typing import Any
 
 from calmon.agent.inputs import Host
 from calmon.agent.runtime import Agent
+from calmon.cluster.changes import feed as feed_changes
+from calmon.cluster.changes import restore_detector
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
 from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.cluster.ownership import render_ownership
@@ -43,6 +45,7 @@ from calmon.config import Config
 from calmon.formats.jsonio import write_json_atomic
 from calmon.state.agentstate import AgentState
 from calmon.state.buckets import ModelWindows
+from calmon.state.monitors import ChangeMonitor
 from connectors.base import Batch, Source
 from connectors.kafka import KafkaSource
 
@@ -59,12 +62,12 @@ READ_BUDGET = 0.5
 
 
 def evaluate_config(cfg: Config) -> Config:
-    """The agent configuration of an evaluator: no checkpoints (replay restores), no dead letters, no change
-    detectors (deltas carry no event order), at most :data:`DELTA_BATCH` deltas per read."""
+    """The agent configuration of an evaluator: no checkpoints (replay restores), no dead letters, at most
+    :data:`DELTA_BATCH` deltas per read; its change detectors are fed the pairs the deltas carry
+    (:mod:`calmon.cluster.changes`)."""
     return dataclasses.replace(
         cfg, checkpoint=dataclasses.replace(cfg.checkpoint, enabled=False),
         dead_letter=dataclasses.replace(cfg.dead_letter, type="none"),
-        changes=dataclasses.replace(cfg.changes, enabled=False),
         ingest=dataclasses.replace(cfg.ingest, batch_size=min(cfg.ingest.batch_size, DELTA_BATCH)))
 
 
@@ -242,6 +245,8 @@ class DeltasInput:
         self.partition_of[delta.model] = partition
         self.dirty.add(delta.model)
         self.watermarks[delta.model] = max(self.watermarks.get(delta.model, -math.inf), delta.watermark)
+        if delta.pairs is not None:
+            feed_changes(st.changes, delta.model, delta.pairs)
         for kind, n in delta.events.items():
             st.counters.add_events(delta.model, kind, n)
         if delta.late:
@@ -315,6 +320,7 @@ class DeltasInput:
             gone = {m for m, p in self.partition_of.items() if p == key}
             for m in gone:
                 self.state.models.pop(m, None)
+                self.state.changes.detectors.pop(m, None)
                 del self.partition_of[m]
                 self.covers.pop(m, None)
                 self.watermarks.pop(m, None)
@@ -379,6 +385,7 @@ class DeltasInput:
                     st.models[m] = snap.models[m].windows
             for m, s in snap.models.items():
                 st.models[m] = s.windows
+                restore_detector(st.changes, m, s.changes)
                 self.partition_of[m], self.covers[m] = key, s.offset
                 for src, end in s.applied.items():
                     self.applied[(src, m)] = max(end, self.applied.get((src, m), -1))
@@ -414,6 +421,10 @@ class DeltasInput:
         if mw.params != fresh.params or _tiers(mw) != _tiers(fresh):
             return BadRecord("incompatible", f"model {snap.model!r} has parameters {mw.params} and tiers "
                                              f"{mw.tiers[:5]}, configured {fresh.params} and {fresh.tiers[:5]}")
+        try:  # its change detector, restored into a scratch monitor first
+            restore_detector(ChangeMonitor(self.cfg.changes), snap.model, snap.changes)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            return BadRecord("restore", f"change detector of model {snap.model!r}: {type(exc).__name__}: {exc}")
         return None
 
     def _take_snapshots(self) -> dict[str, tuple[list[ModelSnapshot], Manifest]]:
@@ -443,9 +454,10 @@ class DeltasInput:
                 applied = {src: self.applied[(src, m)] for src in self.sources_seen if (src, m) in self.applied}
                 events = {kind: n for kind in ("prediction", "outcome", "labeled")
                           if (n := st.counters.events.get((m, kind), 0))}
+                det = st.changes.detectors.get(m)
                 snap = ModelSnapshot(m, max(self.merged_to.get(key, 0), self.covers.get(m, 0)),
                                      copy_windows(st.models[m]), applied, events, st.counters.late.get(m, 0),
-                                     self.watermarks.get(m, -math.inf))
+                                     self.watermarks.get(m, -math.inf), None if det is None else det.to_dict())
             out.setdefault(key, ([], Manifest(marks[key], tuple(sorted(members[key])))))[0].append(snap)
         return out
 

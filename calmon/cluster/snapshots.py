@@ -62,6 +62,8 @@ class SnapshotDoc(msgspec.Struct):
     late: int
     watermark: float | None
     windows: ModelDoc
+    #: the model's change detector (:meth:`CalibrationChangeDetector.to_dict`), absent before it had one
+    changes: dict[str, Any] | None = None
 
 
 class SnapshotManifestDoc(msgspec.Struct):
@@ -111,6 +113,8 @@ class ModelSnapshot:
     events: dict[str, int] = field(default_factory=dict)
     late: int = 0
     watermark: float = -math.inf
+    #: the model's change detector state (:meth:`CalibrationChangeDetector.to_dict`), None without one
+    changes: dict[str, Any] | None = None
 
     def to_bytes(self) -> bytes:
         """The snapshot's bytes (one record, or chunks of :mod:`calmon.cluster.snapshot_store`); :class:`SnapshotError`
@@ -118,7 +122,7 @@ class ModelSnapshot:
         mw = self.windows
         doc = {"format": FORMAT, "version": VERSION, "model": self.model, "offset": self.offset,
                "applied": self.applied, "events": self.events, "late": self.late,
-               "watermark": self.watermark if math.isfinite(self.watermark) else None,
+               "watermark": self.watermark if math.isfinite(self.watermark) else None, "changes": self.changes,
                "windows": {"name": mw.name, "params": mw.params, "tiers": [list(t) for t in mw.tiers],
                            "segments": mw.segments,
                            "rings": {seg: ring.to_dict(lambda b: b.to_packed()) for seg, ring in mw.rings.items()}}}
@@ -136,7 +140,7 @@ class ModelSnapshot:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise SnapshotError(f"bad snapshot record: {type(exc).__name__}: {exc}", "restore") from None
         return cls(d.model, d.offset, mw, d.applied, d.events, d.late,
-                   -math.inf if d.watermark is None else d.watermark)
+                   -math.inf if d.watermark is None else d.watermark, d.changes)
 
 
 @dataclass(frozen=True)
