@@ -105,3 +105,44 @@ def test_detectors_off_means_no_pairs_in_the_deltas(enabled):
     cfg = config(changes={"enabled": enabled})
     deltas = partitioned_deltas(cfg, drifting(None)[:3000], partitions=PARTITIONS, size=500)
     assert deltas and all(d.pairs is None for d in deltas)
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_a_drift_is_detected_by_a_cluster_on_the_broker(tmp_path):
+    """The same drifting stream through Kafka: one ingest worker and one evaluator (`calmon run --role ...`) on the
+    Tansu broker; the evaluator's ``calmon_change_detected_total`` fires on the signals the single process fires on
+    (and nowhere else) once every record is in."""
+    from kafka_broker import KafkaBroker, require_broker
+    from test_cluster_kafka import TOPIC, Worker, evaluator_client_fix, produce, wait_until, write_config
+
+    require_broker()
+    records = drifting("temperature:0.5")
+    single = single_view(config(), records)
+    hit = {s for s, n in detections(single).items() if n}
+    assert hit
+    with KafkaBroker() as broker:
+        broker.create_topic(TOPIC, partitions=PARTITIONS)
+        produce(broker.bootstrap, records)
+        cfg = write_config(tmp_path / "run", source="kafka", bootstrap=broker.bootstrap, batch_size=1000)
+        evaluator_client_fix(cfg)
+        workers = [Worker(cfg, "ingest", "ingest-0"), Worker(cfg, "evaluate", "evaluate-0")]
+        try:
+            for w in workers:
+                w.wait_serving(120)
+            ev = workers[1]
+
+            def fired() -> set[str]:
+                got = ev.metric("calmon_change_detected_total")
+                return {s for s in detections(single) if got.get(f'{{model="m",signal="{s}"}}', 0) > 0}
+
+            def events() -> float:
+                return sum(v for k, v in ev.metric("calmon_events_total").items() if 'model="m"' in k)
+
+            wait_until(lambda: events() == len(records), 600, "every event merged", workers, events)
+            wait_until(lambda: fired() == hit, 120, f"detections on {sorted(hit)}", workers, fired)
+        finally:
+            for w in workers:
+                w.proc.terminate()
+            for w in workers:
+                w.proc.wait(60)
