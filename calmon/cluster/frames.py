@@ -27,7 +27,7 @@ Examples
 >>> unpack_frame(data[:20], b"D", (3,), lambda header: 8)
 Traceback (most recent call last):
 ...
-calmon.cluster.records.BadRecord: frame of 20 bytes, its header and payload need 33 after the 16-byte prefix
+calmon.cluster.records.BadRecord: frame of 20 bytes, its header and payload need 15 after the 16-byte prefix
 """
 
 from __future__ import annotations
