@@ -1,18 +1,24 @@
-"""On-demand benchmark of the partitioned agent (issue #17): per-stage CPU efficiency and delta traffic.
+"""On-demand benchmark of the partitioned agent (issues #17, #33): per-stage CPU efficiency, delta traffic, scaling.
 
-Two measurements:
+One command prints a table (and the JSON of every figure):
 
 1. **compute** (no broker, interleaved rounds, min and median): records per CPU-second of
 
-   * the single-process agent's ingestion (decode, join, bin: :class:`calmon.state.ingest.Ingestor`),
+   * the single-process agent's ingestion (decode, join, bin: :class:`calmon.state.ingest.Ingestor`) *including*
+     folding every bucket's pending events (the single process does it before its first evaluation; the ingest
+     stage does it when it encodes its deltas, so leaving it out would flatter the single process),
    * the ingest stage's work per range (the same, into fresh rings, plus building and encoding one delta
      per model: :meth:`calmon.cluster.partition.PartitionIngest.apply`, :meth:`Delta.to_bytes`),
-   * the evaluate stage's work (decoding and merging those deltas, :func:`merge_delta`), per *input* record;
+   * the evaluate stage's work (decoding and merging those deltas, :func:`merge_delta`), per *input* record,
+   * the two stages together (``n / (ingest + evaluate CPU seconds)``, the goal of #33.3: >= 0.6 of single);
 
-   each stage with the delta format 1 (every array of a bucket packed on its own, the baseline) and 2 (packed
-   buckets, :meth:`BucketStats.to_packed`), and the delta bytes (and delta records) per input record at the
-   given range size.
-2. **cluster** (``--cluster``, needs the Tansu broker): the end-to-end scenario of
+   each stage with the delta format 2 (JSON, packed buckets; the baseline) and 3 (binary frames), and the delta
+   bytes per input record at the given range size (``--range``, 20,000 by default).
+2. **scaling** (``--workers 1,2,4``): that many processes, each running the ingest stage's compute on its share
+   of ``--partitions`` (12) partitions at once; records per second per worker against one worker's.  No broker:
+   it measures whether the stage's own work scales across processes on this machine (it cannot beyond its cores:
+   ``os.cpu_count()`` is printed; see ``docs/cluster.md`` for the extrapolation to a cluster).
+3. **cluster** (``--cluster``, needs the Tansu broker): the end-to-end scenario of
    ``tests/test_cluster_kafka.py`` (3 ingest + 2 evaluators, one of each SIGKILLed) at ``--events``,
    reporting identical-or-not and the CPU seconds of every worker (from ``/proc``) and of the single-process
    reference run (a file source), so records per CPU-second per stage include the Kafka clients, process start-up
@@ -22,7 +28,7 @@ The traffic and the scenario are the test suite's (``make_traffic``, ``cluster_r
 ``tests/test_cluster_kafka.py``, whose helpers import each other by module name): the measurement runs in a child
 with ``tests/`` on its ``PYTHONPATH``.
 
-    python -m benchmarks.bench_cluster --events 200000 --range 5000 --rounds 3
+    python -m benchmarks.bench_cluster                      # compute + scaling, 140,000 predictions, 3 rounds
     python -m benchmarks.bench_cluster --events 200000 --cluster
 """
 
@@ -30,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import struct
 import subprocess
 import sys
 import time
@@ -59,19 +67,14 @@ def single(cfg, values, batch):
     t0 = time.process_time()
     for i in range(0, len(values), batch):
         ing.ingest(Batch(values[i:i + batch], {}, "events"))
+    for mw in st.models.values():  # fold the pending events, as the first evaluation does
+        for ring in mw.rings.values():
+            for _tier, _key, _version, bucket in ring.entries():
+                _ = bucket.stats
     return time.process_time() - t0
 
 
-def v1_bytes(delta) -> bytes:
-    """A delta in the version-1 format (every array of a bucket packed on its own): the baseline codec."""
-    doc = delta.to_dict()
-    doc["version"] = 1
-    for b, db in zip(doc["buckets"], delta.buckets):
-        b["bucket"] = db.bucket.to_dict()
-    return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
-
-
-def ingest_stage(cfg, records, partitions, size, codec="v2"):
+def ingest_stage(cfg, records, partitions, size, version=3):
     from calmon.cluster.intents import Intent
     from calmon.cluster.partition import PartitionIngest
     from connectors.base import Batch
@@ -81,11 +84,13 @@ def ingest_stage(cfg, records, partitions, size, codec="v2"):
         key = f"events/{p}"
         part = PartitionIngest(cfg, key, "events", None)
         mine = [v for q, _, v in records if q == p]
+        if not mine:
+            continue
         for start in range(0, len(mine), size):
             chunk = mine[start:start + size]
             intent = Intent(key, start, start + len(chunk), 1767225600.0, "w", start, {})
             applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), intent)
-            encoded += [d.to_bytes() if codec == "v2" else v1_bytes(d) for d in applied.deltas]
+            encoded += [d.to_bytes(version) for d in applied.deltas]
             applied.state.to_bytes()
     return time.process_time() - t0, encoded
 
@@ -102,35 +107,129 @@ def evaluate_stage(cfg, encoded):
     return time.process_time() - t0
 
 
+VERSIONS = (2, 3)  #: delta format 2 (JSON, packed buckets: the baseline) and 3 (binary frames), same run
+
+
 def compute(args) -> dict:
     from test_cluster_kafka import make_traffic  # type: ignore[import-not-found, unused-ignore]  # tests/ on PYTHONPATH
 
     cfg = config()
     records, _ = make_traffic(args.events, seed=args.seed, partitions=args.partitions)
     values = [v for _, _, v in records]
-    codecs = ("v1", "v2")  # delta format 1 (the baseline) and 2 (packed buckets), same run
     rows: dict[str, list[float]] = {"single": []}
-    for c in codecs:
-        rows[f"ingest_{c}"], rows[f"evaluate_{c}"] = [], []
-    encoded: dict[str, list[bytes]] = {}
+    for v in VERSIONS:
+        rows[f"ingest_v{v}"], rows[f"evaluate_v{v}"], rows[f"together_v{v}"] = [], [], []
+    encoded: dict[int, list[bytes]] = {}
+    load = [os.getloadavg()[0]]
     for _ in range(args.rounds):  # interleaved: each round runs every stage once
         rows["single"].append(single(cfg, values, args.range))
-        for c in codecs:
-            t, encoded[c] = ingest_stage(cfg, records, args.partitions, args.range, c)
-            rows[f"ingest_{c}"].append(t)
-            rows[f"evaluate_{c}"].append(evaluate_stage(cfg, encoded[c]))
+        for v in VERSIONS:
+            t, encoded[v] = ingest_stage(cfg, records, args.partitions, args.range, v)
+            e = evaluate_stage(cfg, encoded[v])
+            rows[f"ingest_v{v}"].append(t)
+            rows[f"evaluate_v{v}"].append(e)
+            rows[f"together_v{v}"].append(t + e)
+        load.append(os.getloadavg()[0])
     n = len(records)
     out: dict = {"records": n, "partitions": args.partitions, "range": args.range, "rounds": args.rounds,
-                 "delta_records": len(encoded["v2"])}
-    for c in codecs:
-        out[f"delta_bytes_per_record_{c}"] = sum(map(len, encoded[c])) / n
+                 "delta_records": len(encoded[3]), "load": [min(load), max(load)]}
+    for v in VERSIONS:
+        out[f"delta_bytes_per_record_v{v}"] = sum(map(len, encoded[v])) / n
     for k, ts in rows.items():
         out[f"{k}_records_per_cpu_s_best"] = n / min(ts)
         out[f"{k}_records_per_cpu_s_median"] = n / statistics.median(ts)
         if k != "single":
-            out[f"{k}_vs_single"] = min(rows["single"]) / min(ts)
-            out[f"{k}_ms_per_delta_median"] = 1000 * statistics.median(ts) / len(encoded["v2"])
+            out[f"{k}_vs_single_best"] = min(rows["single"]) / min(ts)
+            out[f"{k}_vs_single_median"] = statistics.median(rows["single"]) / statistics.median(ts)
     return out
+
+
+def _write_records(path: Path, records: list[tuple[int, bytes | None, bytes]]) -> None:
+    """The traffic for the scaling workers: ``<partition u32><length u32><value>`` per record (no pickle)."""
+    with path.open("wb") as f:
+        for p, _key, value in records:
+            f.write(struct.pack("<II", p, len(value)) + value)
+
+
+def _read_records(path: Path) -> list[tuple[int, None, bytes]]:
+    data, out, at = path.read_bytes(), [], 0
+    while at < len(data):
+        p, n = struct.unpack_from("<II", data, at)
+        out.append((p, None, data[at + 8:at + 8 + n]))
+        at += 8 + n
+    return out
+
+
+def _worker(args: tuple[str, int, int, int, int]) -> tuple[int, float, float]:
+    """One scaling worker: the ingest stage's compute over partitions ``p % workers == index`` of the traffic;
+    (records, wall seconds, CPU seconds)."""
+    path, partitions, size, workers, index = args
+    cfg = config()
+    mine = [r for r in _read_records(Path(path)) if r[0] % workers == index]
+    ingest_stage(cfg, mine[:200], partitions, size)  # warm: imports and first-call costs are not the stage's
+    t0, c0 = time.perf_counter(), time.process_time()
+    ingest_stage(cfg, mine, partitions, size)
+    return len(mine), time.perf_counter() - t0, time.process_time() - c0
+
+
+def scaling(args) -> dict:
+    """Records per second per worker with 1, 2, 4, ... ingest processes at once (interleaved rounds)."""
+    import multiprocessing
+    import tempfile
+
+    from test_cluster_kafka import make_traffic  # type: ignore[import-not-found, unused-ignore]
+
+    records, _ = make_traffic(args.events, seed=args.seed, partitions=args.partitions)
+    path = Path(tempfile.mkdtemp(prefix="calmon-bench-cluster-")) / "records.bin"
+    _write_records(path, records)
+    counts = [int(w) for w in args.workers.split(",") if w]
+    per_worker: dict[int, list[float]] = {w: [] for w in counts}
+    load = [os.getloadavg()[0]]
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no state shared with this process
+    try:
+        for _ in range(args.rounds):
+            for w in counts:
+                with ctx.Pool(w) as pool:
+                    done = pool.map(_worker, [(str(path), args.partitions, args.range, w, i) for i in range(w)])
+                per_worker[w].append(statistics.mean(n / wall for n, wall, _cpu in done))
+            load.append(os.getloadavg()[0])
+    finally:
+        path.unlink()
+        path.parent.rmdir()
+    one = per_worker[counts[0]]
+    out: dict = {"cpus": os.cpu_count(), "scaling_load": [min(load), max(load)]}
+    for w in counts:
+        out[f"workers_{w}_records_per_s_per_worker_best"] = max(per_worker[w])
+        out[f"workers_{w}_records_per_s_per_worker_median"] = statistics.median(per_worker[w])
+        out[f"workers_{w}_vs_one_best"] = max(per_worker[w]) / max(one)
+        out[f"workers_{w}_vs_one_median"] = statistics.median(per_worker[w]) / statistics.median(one)
+    return out
+
+
+def table(res: dict) -> str:
+    """The figures as a Markdown table (ratios against the single process, min over rounds = best)."""
+    lines = [f"records {res['records']}, {res['partitions']} partitions, ranges of {res['range']} records, "
+             f"{res['rounds']} interleaved rounds, load {res['load'][0]:.1f}-{res['load'][1]:.1f}",
+             "", "| row | records/CPU-s best | median | vs single best | median | delta bytes/record |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    for k in ["single", *(f"{s}_v{v}" for v in VERSIONS for s in ("ingest", "evaluate", "together"))]:
+        ratio = ("", "") if k == "single" else (f"{res[f'{k}_vs_single_best']:.2f}",
+                                                f"{res[f'{k}_vs_single_median']:.2f}")
+        size = f"{res[f'delta_bytes_per_record_{k[-2:]}']:.1f}" if k.startswith("ingest") else ""
+        lines.append(f"| {k} | {res[f'{k}_records_per_cpu_s_best']:,.0f} | {res[f'{k}_records_per_cpu_s_median']:,.0f}"
+                     f" | {ratio[0]} | {ratio[1]} | {size} |")
+    if "cpus" in res:
+        lines += ["", f"scaling: ingest-stage processes at once on {res['cpus']} CPUs (no broker), load "
+                      f"{res['scaling_load'][0]:.1f}-{res['scaling_load'][1]:.1f}",
+                  "", "| workers | records/s per worker best | median | vs one worker best | median |",
+                  "| ---: | ---: | ---: | ---: | ---: |"]
+        for w in sorted(int(k.split("_")[1]) for k in res if k.startswith("workers_") and k.endswith("_best")
+                        and "records" in k):
+            p = f"workers_{w}_"
+            lines.append(f"| {w} | {res[p + 'records_per_s_per_worker_best']:,.0f} | "
+                         f"{res[p + 'records_per_s_per_worker_median']:,.0f} | {res[p + 'vs_one_best']:.2f} | "
+                         f"{res[p + 'vs_one_median']:.2f} |")
+    return "\n".join(lines)
 
 
 def cluster(args) -> dict:
@@ -172,16 +271,24 @@ def cluster(args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--events", type=int, default=100_000, help="predictions (plus outcomes, ~1%% malformed)")
-    ap.add_argument("--partitions", type=int, default=6)
-    ap.add_argument("--range", type=int, default=5000, help="records per range (ingest.batch_size)")
+    ap.add_argument("--events", type=int, default=140_000, help="predictions (plus outcomes, ~1%% malformed)")
+    ap.add_argument("--partitions", type=int, default=12)
+    ap.add_argument("--range", type=int, default=20_000, help="records per range (ingest.batch_size)")
+    ap.add_argument("--workers", default="1,2,4", help="ingest processes at once for the scaling rows ('' = none)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cluster", action="store_true", help="run the broker scenario instead")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:  # the tests' helpers are importable here (tests/ on PYTHONPATH)
-        print(json.dumps(cluster(args) if args.cluster else compute(args), indent=2), flush=True)
+        if args.cluster:
+            print(json.dumps(cluster(args), indent=2), flush=True)
+            return 0
+        res = compute(args)
+        if args.workers:
+            res.update(scaling(args))
+        print(json.dumps(res, indent=2), flush=True)
+        print(table(res), flush=True)
         return 0
     given = sys.argv[1:] if argv is None else argv
     return subprocess.run(module_cmd("benchmarks.bench_cluster", "--child", *given), env=child_env(tests=True),

@@ -191,8 +191,10 @@ def test_bench_parquet(capfd: pytest.CaptureFixture[str]) -> None:
 
 @pytest.mark.slow
 def test_bench_cluster_compute(capfd: pytest.CaptureFixture[str]) -> None:
-    out = _run(capfd, "bench_cluster", "--events", "300", "--partitions", "2", "--range", "200", "--rounds", "1")
-    _has(out, '"delta_bytes_per_record_v2"', '"ingest_v2_vs_single"', '"evaluate_v1_records_per_cpu_s_best"')
+    out = _run(capfd, "bench_cluster", "--events", "300", "--partitions", "2", "--range", "200", "--rounds", "1",
+               "--workers", "1,2")
+    _has(out, '"delta_bytes_per_record_v3"', '"together_v3_vs_single_best"', '"evaluate_v2_records_per_cpu_s_best"',
+         "| together_v3 |", "| 2 |")
 
 
 @pytest.mark.slow

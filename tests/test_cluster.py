@@ -83,7 +83,7 @@ def test_delta_codec_round_trip_and_errors():
         back = Delta.from_bytes(d.to_bytes())
         assert back.to_bytes() == d.to_bytes()
         assert (back.source, back.start, back.end, back.model) == (d.source, d.start, d.end, d.model)
-    good = json.loads(deltas[0].to_bytes())
+    good = json.loads(deltas[0].to_bytes(2))
     for bad, why in [(b"nope", "not JSON"), (b'{"format": "x"}', "not a calmon.delta"),
                      (json.dumps({**good, "version": 99}).encode(), "version 99"),
                      (json.dumps({k: v for k, v in good.items() if k != "end"}).encode(), "missing field 'end'"),
@@ -92,34 +92,70 @@ def test_delta_codec_round_trip_and_errors():
             Delta.from_bytes(bad)
 
 
-def test_version_1_deltas_are_still_read_and_version_2_packs_the_buckets():
+def test_a_bad_binary_delta_is_refused_with_its_reason():
+    """Version-3 frames are decoded bounded: every damaged field is a :class:`DeltaError` with a reason of
+    ``records.REASONS``, never another exception, and a payload cannot inflate past what its table declares."""
+    import struct
+    import zlib
+
+    from calmon.cluster.records import REASONS
+    cfg = config()
+    records, _ = traffic(300, models=2)
+    d = max(partitioned_deltas(cfg, records), key=lambda d: len(d.buckets))
+    good = d.to_bytes()
+    h, p = struct.unpack_from("<II", good, 8)
+    header = json.loads(good[16:16 + h])
+
+    def frame(header_doc, payload, flags=1, version=3):
+        hb = json.dumps(header_doc).encode()
+        return struct.pack("<4sBBHII", b"\x00CMD", version, flags, 0, len(hb), len(payload)) + hb + payload
+
+    raw = zlib.decompress(good[16 + h:])
+    bomb = zlib.compress(b"\x00" * (64 << 20), 9)  # 64 MB of zeros in ~64 KB
+    cases = [(good[:10], "format"), (good[:-1], "format"), (good + b"x", "format"),
+             (b"\x00CMX" + good[4:], "format"), (good[:4] + b"\x07" + good[5:], "version"),
+             (good[:16] + b"\xff" + good[17:], "not_json"),
+             (frame({**header, "model": 7}, raw, 0), "schema"),
+             (frame({**header, "arrays": header["arrays"][:-1]}, raw, 0), "format"),
+             (frame(header, raw[:-8], 0), "format"), (frame(header, bomb), "format"),
+             (frame({**header, "arrays": [["<i8", [1 << 20, 1 << 20]]]}, b""), "too_large"),
+             (frame({**header, "end": header["start"]}, raw, 0), "invalid"),
+             (frame({**header, "buckets": [[b[0], b[1], b[2], {}] for b in header["buckets"]]}, raw, 0), "schema")]
+    for bad, reason in cases:
+        with pytest.raises(DeltaError) as info:
+            Delta.from_bytes(bad)
+        assert info.value.reason == reason and reason in REASONS, (reason, str(info.value))
+    assert Delta.from_bytes(frame(header, raw, 0)).to_bytes() == good  # uncompressed payloads are read too
+
+
+def test_version_1_and_2_deltas_are_still_read_and_version_3_is_binary():
     """Deltas already in the topic when the evaluators are upgraded (version 1: every array of a bucket packed on
-    its own) merge to the same windows as the packed version 2, which is smaller."""
+    its own; version 2: packed bucket documents) merge to the same windows as the binary version 3, which is the
+    smallest."""
     from calmon.cluster.deltas import VERSION
     cfg = config()
     records, _ = traffic(600, models=2)
     deltas = partitioned_deltas(cfg, records)
-    assert VERSION == 2
-    v1 = []
-    for d in deltas:
-        doc = json.loads(d.to_bytes())
+    assert VERSION == 3
+    v1, v2 = [d.to_bytes(1) for d in deltas], [d.to_bytes(2) for d in deltas]
+    for one, two in zip(v1, v2):
+        doc = json.loads(two)
         assert doc["version"] == 2 and all(b["bucket"]["version"] == 2 and "data" in b["bucket"]
                                            for b in doc["buckets"])
-        doc["version"] = 1
-        for b, db in zip(doc["buckets"], d.buckets):
-            b["bucket"] = db.bucket.to_dict()
-        v1.append(json.dumps(doc, separators=(",", ":")).encode())
-    assert sum(map(len, v1)) > sum(len(d.to_bytes()) for d in deltas)
+        assert json.loads(one)["version"] == 1
+    v3 = [d.to_bytes() for d in deltas]
+    assert all(v[:4] == b"\x00CMD" and v[4] == 3 for v in v3)
+    assert sum(map(len, v1)) > sum(map(len, v2)) > sum(map(len, v3))
     states = []
-    for values in (v1, [d.to_bytes() for d in deltas]):
+    for values in (v1, v2, v3):
         st = AgentState(stage_config(cfg))
         for value in values:
             d = Delta.from_bytes(value)
             merge_delta(st.windows_of(d.model, d.classes), d)
         states.append(st.models)
     wm = max(d.watermark for d in deltas) + 1
-    a, b = normalized(states[0], wm), normalized(states[1], wm)
-    assert a == b and len(a) == 2
+    a, b, c = (normalized(s, wm) for s in states)
+    assert a == b == c and len(a) == 2
     assert a == normalized(reference_models(cfg, records), wm)
 
 

@@ -4,7 +4,10 @@ A delta is the binned statistics that one range ``[start, end)`` of one input pa
 model: for each (segment, tier, bucket start) of the model's event-time rings, the
 :class:`~calmon.state.buckets.BucketStats` of exactly those events (its *packed* JSON document,
 :meth:`~calmon.state.buckets.BucketStats.to_packed`: the arrays in one zlib payload; no pickle), plus
-the partition's watermark after the range and the event counts.  The ingest stage builds it by
+the partition's watermark after the range and the event counts.  On the topic it is a binary frame
+(version 3, :mod:`calmon.cluster.frames`): the small fields and an arrays table as JSON, then the changed
+cells of every bucket as raw little-endian arrays -- no base64, no JSON string per bucket, one optional
+zlib pass per record.  Versions 1 and 2 (JSON documents) are still read.  The ingest stage builds it by
 applying the range to *fresh* rings at the partition's watermark, so a bucket of tier ``t`` holds events
 that were too old for every finer tier at that watermark.
 
@@ -28,22 +31,33 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from calmon.cluster.records import MAX_RECORD
+from calmon.cluster.changes import Pairs
+from calmon.cluster.frames import is_frame, pack_frame, unpack_frame
+from calmon.cluster.records import MAX_RECORD, BadRecord
 from calmon.state.buckets import BucketStats, ModelWindows
 from calmon.state.checkpoint.schema import SchemaError, convert
 from calmon.state.counters import Counters
 from calmon.state.windows import ARCHIVE_TIER
+from calmon.stats.packed import Packer, Unpacker
 
 __all__ = ["Delta", "DeltaBucket", "DeltaError", "extract_deltas", "merge_delta", "check_fits", "FORMAT", "VERSION",
            "READABLE"]
 
 FORMAT = "calmon.delta"
-#: Version written: 2 = bucket documents packed (:meth:`BucketStats.to_packed`), one zlib stream per bucket
-#: instead of one per array (about 4x cheaper to write and read).  Version 1 (every array packed on its own,
-#: :meth:`BucketStats.to_dict`) has the same layout and is still read: deltas already in the topic stay valid.
-VERSION = 2
-#: Versions :meth:`Delta.from_dict` reads.
-READABLE = (1, 2)
+#: Version written: 3 = a binary frame (:mod:`calmon.cluster.frames`) whose arrays are raw little-endian bytes,
+#: one table for all the buckets of the record.  Still read: 2 (JSON, bucket documents packed with
+#: :meth:`BucketStats.to_packed`, one zlib stream per bucket) and 1 (JSON, every array of a bucket packed on its
+#: own, :meth:`BucketStats.to_dict`) -- deltas already in the topic stay valid across an upgrade.
+VERSION = 3
+#: Versions :meth:`Delta.from_bytes` reads.
+READABLE = (1, 2, 3)
+#: Versions that are JSON documents (:meth:`Delta.from_dict`).
+JSON_VERSIONS = (1, 2)
+#: Record kind of a delta frame.
+KIND = b"D"
+#: Whether a version-3 payload is zlib-compressed (level 1): about 3x fewer bytes on the topic for ~15% more CPU
+#: on each side (``python -m benchmarks.bench_cluster``); the broker's own ``compression.type`` may do it instead.
+COMPRESS = True
 #: A time older than every tier's bounds: :meth:`TieredRing.add` puts a bucket given this time in the archive.
 _ARCHIVE_TIME = -1e300
 
@@ -69,6 +83,36 @@ class DeltaBucketDoc(msgspec.Struct):
     tier: Annotated[int, msgspec.Meta(ge=-1)]
     start: float | None
     bucket: dict[str, Any]  #: a ``calmon.bucket`` document, checked by :meth:`BucketStats.from_dict`
+
+
+class FrameBucketDoc(msgspec.Struct, array_like=True):
+    """One bucket of a version-3 header: ``[segment, tier, start, parts]``, ``parts`` the bucket's small fields
+    with references into the record's arrays table (:meth:`BucketStats.to_parts`)."""
+
+    segment: Annotated[str, msgspec.Meta(max_length=128)]
+    tier: Annotated[int, msgspec.Meta(ge=-1)]
+    start: float | None
+    parts: dict[str, Any]
+
+
+_Dims = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_RECORD)]], msgspec.Meta(max_length=4)]
+
+
+class FrameHeaderDoc(msgspec.Struct):
+    """The JSON header of a version-3 delta frame: :class:`DeltaDoc`'s fields and the arrays table."""
+
+    source: Annotated[str, msgspec.Meta(max_length=1000)]
+    start: int
+    end: int
+    model: _Name
+    classes: Annotated[int, msgspec.Meta(ge=2)]
+    watermark: float
+    events: dict[Literal["prediction", "outcome", "labeled"], _Count]
+    late: _Count
+    arrays: list[tuple[Literal["<i8", "<f8"], _Dims]]
+    buckets: list[FrameBucketDoc]
+    #: references of the range's labeled pairs (event time, score, outcome; :mod:`calmon.cluster.changes`)
+    pairs: tuple[int, int, int] | None = None
 
 
 class DeltaDoc(msgspec.Struct):
@@ -131,15 +175,79 @@ class Delta:
     #: events accepted per kind (``prediction``, ``outcome``, ``labeled``) and labeled events dropped as late
     events: dict[str, int] = field(default_factory=dict)
     late: int = 0
+    #: the range's labeled pairs of this model in record order, for the change detectors (version 3 only)
+    pairs: Pairs | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "source": self.source, "start": self.start, "end": self.end,
-                "model": self.model, "classes": self.classes, "watermark": self.watermark,
+        return {"format": FORMAT, "version": JSON_VERSIONS[-1], "source": self.source, "start": self.start,
+                "end": self.end, "model": self.model, "classes": self.classes, "watermark": self.watermark,
                 "buckets": [b.to_dict() for b in self.buckets], "events": dict(self.events), "late": self.late}
 
-    def to_bytes(self) -> bytes:
-        """Compact JSON (the record value on the deltas topic)."""
-        return json.dumps(self.to_dict(), separators=(",", ":"), allow_nan=False).encode()
+    def to_bytes(self, version: int = VERSION) -> bytes:
+        """The record value on the deltas topic: a binary frame (version 3, see the module docstring), or a JSON
+        document of version 2 or 1 as older ingest workers wrote them (tests and benchmarks of the upgrade)."""
+        if version == 3:
+            return self._frame()
+        doc = self.to_dict()
+        if version == 1:
+            doc["version"] = 1
+            for b, db in zip(doc["buckets"], self.buckets):
+                b["bucket"] = db.bucket.to_dict()
+        elif version != 2:
+            raise ValueError(f"delta version {version} cannot be written (1, 2 or 3)")
+        return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
+
+    def _frame(self) -> bytes:
+        packer = Packer()
+        buckets = [(b.segment, b.tier, None if b.tier == ARCHIVE_TIER else b.start, b.bucket.to_parts(packer))
+                   for b in self.buckets]
+        pairs = None if self.pairs is None else [packer.put(self.pairs.ts, "<f8"), packer.put(self.pairs.p, "<f8"),
+                                                  packer.put(self.pairs.y, "<f8")]
+        table, payload = packer.raw()
+        header = {"source": self.source, "start": self.start, "end": self.end, "model": self.model,
+                  "classes": self.classes, "watermark": self.watermark, "events": self.events, "late": self.late,
+                  "arrays": table, "buckets": buckets, "pairs": pairs}
+        return pack_frame(KIND, VERSION, msgspec.json.encode(header), payload, COMPRESS)
+
+    @classmethod
+    def _from_frame(cls, data: bytes) -> Delta:
+        docs: list[FrameHeaderDoc] = []
+
+        def expected(header: bytes) -> int:
+            try:
+                doc = msgspec.json.decode(header, type=FrameHeaderDoc)
+            except msgspec.ValidationError as exc:
+                raise BadRecord("schema", f"delta header: {exc}") from None
+            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+                raise BadRecord("not_json", f"delta header is not JSON: {exc}") from None
+            docs.append(doc)
+            return sum(8 * math.prod(dims) for _, dims in doc.arrays)
+
+        try:
+            frame = unpack_frame(data, KIND, (VERSION,), expected, "delta record")
+            doc = docs[0]
+            unpacker = Unpacker.of([[t, d] for t, d in doc.arrays], frame.payload)
+        except BadRecord as exc:
+            raise DeltaError(str(exc), exc.reason) from None
+        except ValueError as exc:
+            raise DeltaError(f"delta arrays: {exc}", "format") from None
+        try:
+            buckets = [DeltaBucket(b.segment, b.tier, _start(b.tier, b.start),
+                                   BucketStats.from_parts(b.parts, unpacker)) for b in doc.buckets]
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
+            raise DeltaError(f"malformed bucket: {type(exc).__name__}: {exc}") from None
+        pairs = None
+        if doc.pairs is not None:
+            try:
+                pairs = Pairs(*(unpacker.get(ref, "<f8", writable=True) for ref in doc.pairs))
+            except ValueError as exc:
+                raise DeltaError(f"malformed pairs: {exc}") from None
+            try:
+                pairs.check()
+            except ValueError as exc:
+                raise DeltaError(f"pairs: {exc}", "invalid") from None
+        return cls._checked(cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets,
+                                {str(k): n for k, n in doc.events.items()}, doc.late, pairs))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Delta:
@@ -148,6 +256,8 @@ class Delta:
             raise DeltaError("no value (a tombstone)", "format")
         if len(data) > MAX_RECORD:
             raise DeltaError(f"{len(data)} bytes, over the {MAX_RECORD}-byte limit", "too_large")
+        if is_frame(data):
+            return cls._from_frame(data)
         try:
             doc = msgspec.json.decode(data, type=DeltaDoc)  # one pass: parsed and checked
         except msgspec.ValidationError:
@@ -184,41 +294,50 @@ class Delta:
             buckets = [_bucket(b) for b in doc.buckets]
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise DeltaError(f"malformed field: {exc}") from None
-        out = cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets,
-                  {str(k): n for k, n in doc.events.items()}, doc.late)
+        return cls._checked(cls(doc.source, doc.start, doc.end, doc.model, doc.classes, doc.watermark, buckets,
+                                {str(k): n for k, n in doc.events.items()}, doc.late))
+
+    @staticmethod
+    def _checked(out: Delta) -> Delta:
+        """``out`` if its fields make sense (``invalid`` otherwise)."""
         if not 0 <= out.start < out.end:
             raise DeltaError(f"range [{out.start}, {out.end}) is empty or negative", "invalid")
         if not math.isfinite(out.watermark):
             raise DeltaError("watermark must be finite", "invalid")
-        for b in buckets:
+        for b in out.buckets:
             if b.tier != ARCHIVE_TIER and not math.isfinite(b.start):
                 raise DeltaError(f"a bucket of tier {b.tier} starts at {b.start}", "invalid")
         return out
 
 
 def _readable(version: Any) -> None:
-    if type(version) is not int or version not in READABLE:
+    if type(version) is not int or version not in JSON_VERSIONS:
         raise DeltaError(f"version {version!r:.20} is not supported (this calmon reads versions "
                          f"{', '.join(map(str, READABLE))}): upgrade the evaluators before the ingest workers",
                          "version")
 
 
 def _bucket(d: DeltaBucketDoc) -> DeltaBucket:
-    if d.tier == ARCHIVE_TIER:
-        start = math.inf
-    elif d.start is None:
-        raise ValueError(f"a bucket of tier {d.tier} needs a start")
-    else:
-        start = d.start
-    return DeltaBucket(d.segment, d.tier, start, BucketStats.from_dict(d.bucket))
+    return DeltaBucket(d.segment, d.tier, _start(d.tier, d.start), BucketStats.from_dict(d.bucket))
+
+
+def _start(tier: int, start: float | None) -> float:
+    """A bucket's start time (the archive's is infinite; every other tier needs one)."""
+    if tier == ARCHIVE_TIER:
+        return math.inf
+    if start is None:
+        raise ValueError(f"a bucket of tier {tier} needs a start")
+    return start
 
 
 def extract_deltas(source: str, start: int, end: int, watermark: float, models: Mapping[str, ModelWindows],
-                   counters: Counters) -> list[Delta]:
-    """One :class:`Delta` per model of ``models`` (fresh rings holding one range) or of ``counters``.
+                   counters: Counters, pairs: Mapping[str, Pairs] | None = None) -> list[Delta]:
+    """One :class:`Delta` per model of ``models`` (fresh rings holding one range) or of ``counters``, with the
+    model's labeled pairs of the range (``pairs``, for the change detectors) if any.
 
     Models with neither buckets nor counted events give no delta.
     """
+    pairs = pairs or {}
     events: dict[str, dict[str, int]] = {}
     for (model, kind), n in counters.events.items():
         if model:
@@ -230,7 +349,7 @@ def extract_deltas(source: str, start: int, end: int, watermark: float, models: 
                                          for tier, key, _version, state in ring.entries()]
         classes = mw.classes if mw is not None else 2
         out.append(Delta(source, start, end, name, classes, watermark, buckets, events.get(name, {}),
-                         counters.late.get(name, 0)))
+                         counters.late.get(name, 0), pairs.get(name)))
     return out
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -31,16 +32,20 @@ from typing import Any
 
 from calmon.agent.inputs import Host
 from calmon.agent.runtime import Agent
+from calmon.cluster.changes import feed as feed_changes
+from calmon.cluster.changes import restore_detector
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
 from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.cluster.ownership import render_ownership
 from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshot_store import SnapshotStore
+from calmon.cluster.snapshot_writer import SnapshotWriter
 from calmon.cluster.snapshots import Manifest, ModelSnapshot, copy_windows, keep_delta, restore_start
 from calmon.config import Config
 from calmon.formats.jsonio import write_json_atomic
 from calmon.state.agentstate import AgentState
 from calmon.state.buckets import ModelWindows
+from calmon.state.monitors import ChangeMonitor
 from connectors.base import Batch, Source
 from connectors.kafka import KafkaSource
 
@@ -57,12 +62,12 @@ READ_BUDGET = 0.5
 
 
 def evaluate_config(cfg: Config) -> Config:
-    """The agent configuration of an evaluator: no checkpoints (replay restores), no dead letters, no change
-    detectors (deltas carry no event order), at most :data:`DELTA_BATCH` deltas per read."""
+    """The agent configuration of an evaluator: no checkpoints (replay restores), no dead letters, at most
+    :data:`DELTA_BATCH` deltas per read; its change detectors are fed the pairs the deltas carry
+    (:mod:`calmon.cluster.changes`)."""
     return dataclasses.replace(
         cfg, checkpoint=dataclasses.replace(cfg.checkpoint, enabled=False),
         dead_letter=dataclasses.replace(cfg.dead_letter, type="none"),
-        changes=dataclasses.replace(cfg.changes, enabled=False),
         ingest=dataclasses.replace(cfg.ingest, batch_size=min(cfg.ingest.batch_size, DELTA_BATCH)))
 
 
@@ -125,7 +130,14 @@ class DeltasInput:
         self.restored_parts: set[str] = set()
         self.snapshots_written = self.snapshot_bytes = self.snapshot_models_restored = self.deltas_read = 0
         self._store: SnapshotStore | None = None
+        self._store_lock = threading.Lock()
         self._last_snapshot = time.monotonic()
+        #: deltas partition -> one past the last offset processed (merged, dropped or refused), under the state
+        #: lock: a snapshot's offsets come from it, not from the consumer's position (which runs ahead of merging)
+        self.merged_to: dict[str, int] = {}
+        #: input partitions seen (the de-duplication table's sources: a model's entries without a full scan)
+        self.sources_seen: set[str] = set()
+        self.snapshot_writer: SnapshotWriter | None = None
 
     # -- the Input protocol ------------------------------------------------------------------------
     @property
@@ -151,6 +163,10 @@ class DeltasInput:
 
     def open(self) -> None:
         self.sources = [self.deltas]
+        every = self.cfg.cluster.snapshot_every
+        if every > 0 and self.snapshot_writer is None:  # snapshots off the poll thread (snapshot_writer.py)
+            self.snapshot_writer = SnapshotWriter(min(every, 1.0), self._maybe_snapshot)
+            self.snapshot_writer.start()
 
     def poll(self) -> bool:
         """Read and merge one batch of deltas, sized to take about :data:`READ_BUDGET` seconds."""
@@ -159,12 +175,10 @@ class DeltasInput:
         size = max(1, min(self.cfg.ingest.batch_size, int(READ_BUDGET / max(self._per_delta, 1e-6))))
         batch = self.deltas.read(size, self.cfg.ingest.poll_timeout)
         if batch is None or not batch.records:
-            self._maybe_snapshot()
             return False
         t0 = time.monotonic()
         self.ingest(batch, self.deltas)
         self._per_delta = 0.7 * self._per_delta + 0.3 * (time.monotonic() - t0) / len(batch.records)
-        self._maybe_snapshot()
         return True
 
     def ingest(self, batch: Batch, src: Source | None = None) -> None:
@@ -176,7 +190,10 @@ class DeltasInput:
         with self.state.lock:
             for value, origin in zip(batch.records, origins):
                 key, _, offset = origin.rpartition("@")
-                self._apply(value, key, int(offset) if offset.isdigit() else -1)
+                at = int(offset) if offset.isdigit() else -1
+                self._apply(value, key, at)
+                if at >= 0:
+                    self.merged_to[key] = max(self.merged_to.get(key, 0), at + 1)
             c = self.state.counters
             c.batches += 1
             c.add_records(batch.source, len(batch.records))
@@ -186,7 +203,10 @@ class DeltasInput:
         return not self.restoring
 
     def close(self) -> None:
-        """Write what this evaluator owns to ``<state_dir>/`` :data:`DUMP_NAME` (if the agent had opened)."""
+        """Stop the snapshot thread; write what this evaluator owns to ``<state_dir>/`` :data:`DUMP_NAME` (if the
+        agent had opened)."""
+        if self.snapshot_writer is not None:
+            self.snapshot_writer.stop()
         try:
             if self.agent.ready:
                 write_json_atomic(Path(self.cfg.state_dir) / DUMP_NAME, self.owned_state(), indent=None)
@@ -207,6 +227,7 @@ class DeltasInput:
             self.bad.count("delta", BadRecord(exc.reason, str(exc)), where)
             return
         key = (delta.source, delta.model)
+        self.sources_seen.add(delta.source)
         if delta.end <= self.applied.get(key, -1) or not keep_delta(offset, delta.model, self.covers):
             self.dropped_repeats += 1
             return
@@ -224,6 +245,8 @@ class DeltasInput:
         self.partition_of[delta.model] = partition
         self.dirty.add(delta.model)
         self.watermarks[delta.model] = max(self.watermarks.get(delta.model, -math.inf), delta.watermark)
+        if delta.pairs is not None:
+            feed_changes(st.changes, delta.model, delta.pairs)
         for kind, n in delta.events.items():
             st.counters.add_events(delta.model, kind, n)
         if delta.late:
@@ -297,11 +320,13 @@ class DeltasInput:
             gone = {m for m, p in self.partition_of.items() if p == key}
             for m in gone:
                 self.state.models.pop(m, None)
+                self.state.changes.detectors.pop(m, None)
                 del self.partition_of[m]
                 self.covers.pop(m, None)
                 self.watermarks.pop(m, None)
             self.dirty -= gone
             self.restored_parts.discard(key)
+            self.merged_to.pop(key, None)
             c = self.state.counters
             c.events = {k: v for k, v in c.events.items() if k[0] not in gone}
             c.late = {k: v for k, v in c.late.items() if k not in gone}
@@ -309,6 +334,8 @@ class DeltasInput:
         position = self.deltas.position()
         position[key] = 0
         self.deltas.seek(position)
+        if self._store is not None:
+            self._store.forget(gone)
         self.agent.withdraw(gone)
         log.info("evaluate %s: %s revoked, %d models dropped", self.worker, key, len(gone))
 
@@ -317,6 +344,11 @@ class DeltasInput:
         cl = self.cfg.cluster
         if cl.snapshot_every <= 0:
             return None
+        with self._store_lock:  # (the poll thread restores, the snapshot thread writes)
+            return self._open_store()
+
+    def _open_store(self) -> SnapshotStore | None:
+        cl = self.cfg.cluster
         if self._store is None:
             try:
                 ensure_topics(cl.bootstrap_servers, cl.client,
@@ -353,6 +385,7 @@ class DeltasInput:
                     st.models[m] = snap.models[m].windows
             for m, s in snap.models.items():
                 st.models[m] = s.windows
+                restore_detector(st.changes, m, s.changes)
                 self.partition_of[m], self.covers[m] = key, s.offset
                 for src, end in s.applied.items():
                     self.applied[(src, m)] = max(end, self.applied.get((src, m), -1))
@@ -365,6 +398,8 @@ class DeltasInput:
         self.snapshot_models_restored += len(snap.models)
         position = self.deltas.position()
         position[key] = restore_start(snap.manifest, snap.models.values())
+        with st.lock:
+            self.merged_to[key] = position[key]
         self.deltas.seek(position)
         log.info("evaluate %s: %s restored %d model snapshots, replaying from offset %d", self.worker, key,
                  len(snap.models), position[key])
@@ -386,32 +421,44 @@ class DeltasInput:
         if mw.params != fresh.params or _tiers(mw) != _tiers(fresh):
             return BadRecord("incompatible", f"model {snap.model!r} has parameters {mw.params} and tiers "
                                              f"{mw.tiers[:5]}, configured {fresh.params} and {fresh.tiers[:5]}")
+        try:  # its change detector, restored into a scratch monitor first
+            restore_detector(ChangeMonitor(self.cfg.changes), snap.model, snap.changes)
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            return BadRecord("restore", f"change detector of model {snap.model!r}: {type(exc).__name__}: {exc}")
         return None
 
     def _take_snapshots(self) -> dict[str, tuple[list[ModelSnapshot], Manifest]]:
-        """Copies of the changed owned models per deltas partition (under the state lock; encoded outside)."""
+        """Copies of the changed owned models per deltas partition.
+
+        The state lock is held briefly: once to take the dirty set, each partition's membership and its
+        offset ``M`` (all at one instant, which the manifest's promise needs), then once per model to copy its
+        windows with its counters and de-duplication entries and its ``o_m`` (the partition's processed offset
+        at that instant, >= ``M``) -- so merging goes on between two copies, and a model's record is consistent
+        with itself.
+        """
         st = self.state
-        out: dict[str, tuple[list[ModelSnapshot], Manifest]] = {}
         with st.lock:
-            position = self.deltas.position()
-            applied: dict[str, dict[str, int]] = {}
-            for (src, m), end in self.applied.items():
-                applied.setdefault(m, {})[src] = end
-            events: dict[str, dict[str, int]] = {}
-            for (m, kind), n in st.counters.events.items():
-                events.setdefault(m, {})[kind] = n
+            owned = set(self.owned)
+            dirty = sorted(self.dirty)
+            self.dirty.clear()
             members: dict[str, list[str]] = {}
             for m, part in self.partition_of.items():
                 members.setdefault(part, []).append(m)
-            for m in sorted(self.dirty):
+            marks = {key: self.merged_to.get(key, 0) for key in members}
+        out: dict[str, tuple[list[ModelSnapshot], Manifest]] = {}
+        for m in dirty:
+            with st.lock:
                 key = self.partition_of.get(m, "")
-                if key not in self.owned or m not in st.models or key not in position:
+                if key not in owned or key not in marks or m not in st.models:
                     continue
-                snap = ModelSnapshot(m, max(position[key], self.covers.get(m, 0)), copy_windows(st.models[m]),
-                                     applied.get(m, {}), events.get(m, {}), st.counters.late.get(m, 0),
-                                     self.watermarks.get(m, -math.inf))
-                out.setdefault(key, ([], Manifest(position[key], tuple(sorted(members[key])))))[0].append(snap)
-            self.dirty.clear()
+                applied = {src: self.applied[(src, m)] for src in self.sources_seen if (src, m) in self.applied}
+                events = {kind: n for kind in ("prediction", "outcome", "labeled")
+                          if (n := st.counters.events.get((m, kind), 0))}
+                det = st.changes.detectors.get(m)
+                snap = ModelSnapshot(m, max(self.merged_to.get(key, 0), self.covers.get(m, 0)),
+                                     copy_windows(st.models[m]), applied, events, st.counters.late.get(m, 0),
+                                     self.watermarks.get(m, -math.inf), None if det is None else det.to_dict())
+            out.setdefault(key, ([], Manifest(marks[key], tuple(sorted(members[key])))))[0].append(snap)
         return out
 
     def _maybe_snapshot(self, force: bool = False) -> None:
@@ -430,7 +477,8 @@ class DeltasInput:
                 self.snapshots_written += len(snaps)
             except Exception as exc:  # noqa: BLE001 - kafka client errors are not enumerable; retried next round
                 log.warning("evaluate %s: snapshot of %s failed: %s", self.worker, key, exc)
-                self.dirty.update(s.model for s in snaps)
+                with self.state.lock:
+                    self.dirty.update(s.model for s in snaps)
 
     # -- the exit dump -----------------------------------------------------------------------------
     def owned_state(self) -> dict[str, Any]:

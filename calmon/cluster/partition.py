@@ -8,9 +8,9 @@ clock.  So a replay of an intent gives the same deltas, dead letters and next st
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 
+from calmon.cluster.changes import PairRecorder
 from calmon.cluster.deltas import Delta, extract_deltas
 from calmon.cluster.intents import Intent, PartitionState
 from calmon.config import Config
@@ -24,9 +24,9 @@ __all__ = ["PartitionIngest", "Rejects", "Applied", "stage_config"]
 
 
 def stage_config(cfg: Config) -> Config:
-    """The configuration a partition's state runs with: change detectors off (they need one ordered stream
-    per model, which partitions do not give; see ``docs/cluster.md``)."""
-    return dataclasses.replace(cfg, changes=dataclasses.replace(cfg.changes, enabled=False))
+    """The configuration a partition's state runs with (the agent's: its change monitor is a
+    :class:`~calmon.cluster.changes.PairRecorder`, whose pairs the deltas carry to the evaluators)."""
+    return cfg
 
 
 @dataclass
@@ -93,6 +93,8 @@ class PartitionIngest:
     def __init__(self, cfg: Config, key: str, source_name: str, state: PartitionState | None) -> None:
         self.key, self.source_name = key, source_name
         self.st = AgentState(stage_config(cfg))
+        self.pairs = PairRecorder(cfg.changes)
+        self.st.changes = self.pairs
         if state is not None:
             joiner = Joiner.from_dict(state.join, cfg.limits.max_join_bytes)
             joiner.ttl, joiner.max_pending = cfg.join.ttl, cfg.join.max_pending
@@ -159,7 +161,8 @@ class PartitionIngest:
         rejects = Rejects()
         now = intent.now
         Ingestor(st, rejects, lambda: now).ingest(batch, None)
-        deltas = extract_deltas(self.key, intent.start, intent.end, st.joiner.watermark, st.models, st.counters)
+        deltas = extract_deltas(self.key, intent.start, intent.end, st.joiner.watermark, st.models, st.counters,
+                                self.pairs.take())
         counters = st.counters
         st.models, st.counters = {}, Counters()
         self.next = intent.end

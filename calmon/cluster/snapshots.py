@@ -26,14 +26,18 @@ import msgspec
 from calmon.state.buckets import BucketStats, ModelWindows
 from calmon.state.checkpoint.schema import ModelDoc, SchemaError, convert
 
-__all__ = ["FORMAT", "VERSION", "MANIFEST_KEY", "MAX_RECORD", "Manifest", "ModelSnapshot", "SnapshotError",
+__all__ = ["FORMAT", "VERSION", "MANIFEST_KEY", "MAX_RECORD", "MAX_SNAPSHOT", "Manifest", "ModelSnapshot",
+           "SnapshotError",
            "copy_windows", "keep_delta", "restore_start"]
 
 FORMAT = "calmon.snapshot"
 VERSION = 1
 MANIFEST_KEY = b"\x00manifest"
-#: Largest record written (the internal producer's ``max_request_size``); a larger model snapshot is refused.
+#: Largest record value read or written (the internal producer's ``max_request_size``); a model snapshot larger
+#: than :data:`calmon.cluster.snapshot_store.CHUNK` is written as several chunk records.
 MAX_RECORD = 16 << 20
+#: Largest model snapshot (reassembled from its chunks): a bound on what a restore holds in memory at once.
+MAX_SNAPSHOT = 256 << 20
 
 
 class SnapshotError(ValueError):
@@ -58,6 +62,8 @@ class SnapshotDoc(msgspec.Struct):
     late: int
     watermark: float | None
     windows: ModelDoc
+    #: the model's change detector (:meth:`CalibrationChangeDetector.to_dict`), absent before it had one
+    changes: dict[str, Any] | None = None
 
 
 class SnapshotManifestDoc(msgspec.Struct):
@@ -107,20 +113,23 @@ class ModelSnapshot:
     events: dict[str, int] = field(default_factory=dict)
     late: int = 0
     watermark: float = -math.inf
+    #: the model's change detector state (:meth:`CalibrationChangeDetector.to_dict`), None without one
+    changes: dict[str, Any] | None = None
 
     def to_bytes(self) -> bytes:
-        """The record value; :class:`SnapshotError` if it exceeds :data:`MAX_RECORD`."""
+        """The snapshot's bytes (one record, or chunks of :mod:`calmon.cluster.snapshot_store`); :class:`SnapshotError`
+        if it exceeds :data:`MAX_SNAPSHOT`."""
         mw = self.windows
         doc = {"format": FORMAT, "version": VERSION, "model": self.model, "offset": self.offset,
                "applied": self.applied, "events": self.events, "late": self.late,
-               "watermark": self.watermark if math.isfinite(self.watermark) else None,
+               "watermark": self.watermark if math.isfinite(self.watermark) else None, "changes": self.changes,
                "windows": {"name": mw.name, "params": mw.params, "tiers": [list(t) for t in mw.tiers],
                            "segments": mw.segments,
                            "rings": {seg: ring.to_dict(lambda b: b.to_packed()) for seg, ring in mw.rings.items()}}}
         out = json.dumps(doc, separators=(",", ":")).encode()
-        if len(out) > MAX_RECORD:
-            raise SnapshotError(f"snapshot of model {self.model!r} is {len(out)} bytes, over the {MAX_RECORD}-byte "
-                                f"record limit (fewer tiers, bins or segments)", "too_large")
+        if len(out) > MAX_SNAPSHOT:
+            raise SnapshotError(f"snapshot of model {self.model!r} is {len(out)} bytes, over the {MAX_SNAPSHOT}-byte "
+                                f"snapshot limit (fewer tiers, bins or segments)", "too_large")
         return out
 
     @classmethod
@@ -131,7 +140,7 @@ class ModelSnapshot:
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise SnapshotError(f"bad snapshot record: {type(exc).__name__}: {exc}", "restore") from None
         return cls(d.model, d.offset, mw, d.applied, d.events, d.late,
-                   -math.inf if d.watermark is None else d.watermark)
+                   -math.inf if d.watermark is None else d.watermark, d.changes)
 
 
 @dataclass(frozen=True)
@@ -153,8 +162,8 @@ class Manifest:
 
 def _document(data: bytes, into: type[D], what: str) -> tuple[dict[str, Any], D]:
     """A record's document as parsed and as checked against ``into`` (:class:`SnapshotError` naming the field)."""
-    if len(data) > MAX_RECORD:
-        raise SnapshotError(f"snapshot record of {len(data)} bytes, over the {MAX_RECORD}-byte limit", "too_large")
+    if len(data) > MAX_SNAPSHOT:
+        raise SnapshotError(f"snapshot of {len(data)} bytes, over the {MAX_SNAPSHOT}-byte limit", "too_large")
     try:
         d = json.loads(data)  # (as json.dumps wrote it: NaN and Infinity allowed, which msgspec.json refuses)
     except (ValueError, RecursionError) as exc:

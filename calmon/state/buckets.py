@@ -504,6 +504,20 @@ class BucketStats:
                  "pred": self._pred.to_parts(packer)}
         return {"format": FORMAT, "version": PACKED_VERSION, **parts, **packer.finish()}
 
+    def to_parts(self, packer: Packer) -> dict[str, Any]:
+        """The bucket's small fields, its arrays put into ``packer`` (several buckets may share one packer: a
+        binary delta record holds one table for all its buckets); read back by :meth:`from_parts`."""
+        return {"stats": self.stats.to_parts(packer), "rel": self._rel.to_parts(packer),
+                "pred": self._pred.to_parts(packer)}
+
+    @classmethod
+    def from_parts(cls, d: dict[str, Any], unpacker: Unpacker) -> BucketStats:
+        """Rebuild from :meth:`to_parts` output (``ValueError``, ``KeyError`` or ``TypeError`` when damaged)."""
+        out = cls.__new__(cls)
+        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out._decode_parts(d, unpacker)
+        return out
+
     def packed_json(self) -> bytes | None:
         """The packed document's JSON bytes as :meth:`load` kept them, while the bucket was neither read nor
         changed since (else None); a checkpoint writes them as they are."""
@@ -553,7 +567,9 @@ class BucketStats:
         return cls.from_dict(doc)
 
     def _decode(self, d: dict[str, Any]) -> None:
-        unpacker = Unpacker(d)
+        self._decode_parts(d, Unpacker(d))
+
+    def _decode_parts(self, d: dict[str, Any], unpacker: Unpacker) -> None:
         stats = ModelStats.from_parts(d["stats"], unpacker)
         rel, pred = ScoreGrid.from_parts(d["rel"], unpacker), ScoreGrid.from_parts(d["pred"], unpacker)
         self._stats, self._rel, self._pred, self._packed = stats, rel, pred, None

@@ -67,6 +67,11 @@ class Packer:
         raw = b"".join(self._parts)
         return {"arrays": self._table, "data": base64.b64encode(zlib.compress(raw, self.level)).decode("ascii")}
 
+    def raw(self) -> tuple[list[list[Any]], bytes]:
+        """The ``arrays`` table and the arrays' bytes as they are (no compression, no base64): a binary record
+        (:mod:`calmon.cluster.deltas`) carries them in its own framing and reads them with :meth:`Unpacker.of`."""
+        return self._table, b"".join(self._parts)
+
 
 class Unpacker:
     """Read the arrays of a packed document (the payload is decoded once, when constructed).
@@ -81,7 +86,7 @@ class Unpacker:
         if not isinstance(table, list) or not isinstance(data, str):
             raise ValueError("packed document needs an 'arrays' list and a 'data' string")
         try:
-            self._raw = zlib.decompress(base64.b64decode(data, validate=True))
+            self._raw: bytes | memoryview = zlib.decompress(base64.b64decode(data, validate=True))
         except (binascii.Error, ValueError, zlib.error) as exc:
             raise ValueError(f"packed payload is corrupt: {exc}") from None
         entries = _table(table)
@@ -89,6 +94,20 @@ class Unpacker:
         if end != len(self._raw):
             raise ValueError(f"packed payload holds {len(self._raw)} bytes, its arrays need {end}")
         self._entries = entries
+
+    @classmethod
+    def of(cls, table: Any, raw: bytes | memoryview) -> Unpacker:
+        """Read the arrays of ``raw`` (the bytes of :meth:`Packer.raw`) described by ``table``, checking that
+        the table accounts for every byte (``ValueError`` otherwise)."""
+        if not isinstance(table, list):
+            raise ValueError("packed arrays need an 'arrays' list")
+        entries = _table(table)
+        end = entries[-1][3] + 8 * entries[-1][2] if entries else 0
+        if end != len(raw):
+            raise ValueError(f"packed payload holds {len(raw)} bytes, its arrays need {end}")
+        out = cls.__new__(cls)
+        out._raw, out._entries = raw, entries
+        return out
 
     def get(self, ref: Any, dtype: str, shape: tuple[int, ...] | None = None, writable: bool = False) -> np.ndarray:
         """Array ``ref`` (an index from :meth:`Packer.put`), checked against ``dtype`` and ``shape``.

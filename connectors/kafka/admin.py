@@ -6,7 +6,7 @@ Both use kafka-python; errors are mapped to :class:`~connectors.kafka.clients.Ka
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +63,7 @@ def scan_topic(
     visit: Callable[[Any], None],
     *,
     start: Mapping[str, int] | None = None,
+    partitions: Collection[int] | None = None,
     timeout: float = 10.0,
     connect_timeout: float = 2.0,
 ) -> TopicScan:
@@ -71,6 +72,7 @@ def scan_topic(
     ``record`` is kafka-python's ``ConsumerRecord`` (``key``, ``value``, ``headers``, ...).  The scan
     stops when every partition's position reaches the high watermark of the latest fetch, or after
     ``timeout`` seconds (``complete`` is then False).  A topic without partitions scans as complete.
+    ``partitions`` limits the scan to those partition numbers (the others are not fetched at all).
 
     Raises
     ------
@@ -86,7 +88,8 @@ def scan_topic(
                                  **common_options(client, "consumer"))
     try:
         with mapped("read topic"):
-            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+            tps = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())
+                   if partitions is None or p in partitions]
         if not tps:
             return TopicScan({}, True)
         with mapped("read topic"):
