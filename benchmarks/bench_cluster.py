@@ -72,8 +72,8 @@ def v1_bytes(delta) -> bytes:
 
 
 def ingest_stage(cfg, records, partitions, size, codec="v2"):
-    from calmon.cluster.intents import Intent
     from calmon.cluster.partition import PartitionIngest
+    from calmon.cluster.topics import Range
     from connectors.base import Batch
     encoded: list[bytes] = []
     t0 = time.process_time()
@@ -83,8 +83,8 @@ def ingest_stage(cfg, records, partitions, size, codec="v2"):
         mine = [v for q, _, v in records if q == p]
         for start in range(0, len(mine), size):
             chunk = mine[start:start + size]
-            intent = Intent(key, start, start + len(chunk), 1767225600.0, "w", start, {})
-            applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), intent)
+            rng = Range(key, start, start + len(chunk), 1767225600.0, "w")
+            applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), rng)
             encoded += [d.to_bytes() if codec == "v2" else v1_bytes(d) for d in applied.deltas]
             applied.state.to_bytes()
     return time.process_time() - t0, encoded

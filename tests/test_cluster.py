@@ -17,8 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta  # noqa: E402
-from calmon.cluster.intents import Intent, PartitionState  # noqa: E402
 from calmon.cluster.partition import PartitionIngest, stage_config  # noqa: E402
+from calmon.cluster.topics import PartitionState, Range  # noqa: E402
 from calmon.config import ConfigError, build_config  # noqa: E402
 from calmon.state.agentstate import AgentState  # noqa: E402
 from calmon.state.buckets import ModelWindows  # noqa: E402
@@ -62,9 +62,9 @@ def partitioned_deltas(cfg, records, partitions=3, size=137):
         for start in range(0, len(mine), size):
             chunk = mine[start:start + size]
             end = start + len(chunk)
-            intent = Intent(key, start, end, 1767225600.0, "w", start, {})
+            rng = Range(key, start, end, 1767225600.0, "w")
             batch = Batch(chunk, {key: end}, "events", [f"{key}@{start + i}" for i in range(len(chunk))])
-            out += part.apply(batch, intent).deltas
+            out += part.apply(batch, rng).deltas
     return out
 
 
@@ -142,7 +142,7 @@ def test_partitioned_deltas_merged_in_any_order_equal_the_single_process_windows
     assert ring.window_sum(None).count > 0 and any(ring.buckets[1:])
 
 
-def test_replaying_an_intent_after_a_crash_gives_the_same_deltas_dead_letters_and_state():
+def test_reprocessing_a_range_after_a_crash_gives_the_same_deltas_dead_letters_and_state():
     cfg = config()
     records, _ = traffic(800, models=3)
     key = "events/0"
@@ -153,10 +153,10 @@ def test_replaying_an_intent_after_a_crash_gives_the_same_deltas_dead_letters_an
         return Batch(mine[lo:hi], {key: hi}, "events", [f"{key}@{i}" for i in range(lo, hi)])
 
     first = PartitionIngest(cfg, key, "events", None)
-    s1 = first.apply(batch(0, cut), Intent(key, 0, cut, 100.0, "a", 1, {})).state
-    i2 = Intent(key, cut, len(mine), 1767229999.0, "a", 2, {})  # written, then the worker died
+    s1 = first.apply(batch(0, cut), Range(key, 0, cut, 100.0, "a")).state
+    i2 = Range(key, cut, len(mine), 1767229999.0, "a")  # its transaction aborted: the worker died
     run1 = first.apply(batch(cut, len(mine)), i2)
-    # a new owner restores the state at the start of the intent (through its JSON form) and replays it
+    # a new owner restores the committed state at the start of the range (through its JSON form) and cuts the same range
     restored = PartitionState.from_bytes(s1.to_bytes())
     second = PartitionIngest(cfg, key, "events", restored)
     assert second.next == cut
@@ -165,7 +165,7 @@ def test_replaying_an_intent_after_a_crash_gives_the_same_deltas_dead_letters_an
     assert run1.rejects.records == run2.rejects.records and run1.rejects.records[-1] == b"garbage"
     assert run1.state.to_bytes() == run2.state.to_bytes()
     # the event without ts took its source's event time (#31.1: the partition's newest carried time, restored with
-    # the state; neither the wall clock nor the intent's ``now``): same bucket in both runs
+    # the state; neither the wall clock nor the range's ``now``): same bucket in both runs
     newest = max(float(t[1]) for t in (re.search(rb'"ts":([0-9.]+)', v) for v in mine[:-2]) if t is not None)
     lab = [d for d in run1.deltas if d.model == "m00"][0]
     assert any(b.start == np.floor(newest / 60) * 60 and b.tier == 0 for b in lab.buckets)
@@ -189,7 +189,8 @@ def test_evaluator_drops_replayed_ranges(tmp_path):
     origins = [f"calmon-deltas/0@{i}" for i in range(len(once))]
     ev.ingest(Batch(once, {}, "deltas", origins))
     doc_once = {n: mw.to_dict() for n, mw in ev.state.models.items()}
-    # every range again (a replayed intent, a zombie's copy), and an old range after newer ones
+    # every range again (a snapshot restore replaying deltas, an aborted copy a broker let through), and an old
+    # range after newer ones
     again = once + once[:3]
     ev.ingest(Batch(again, {}, "deltas", [f"calmon-deltas/0@{i}" for i in range(len(again))]))
     assert ev.dropped_repeats == len(again)
@@ -312,7 +313,7 @@ def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(capl
     from kafka_broker import free_port
 
     from calmon.cluster.ingest import IngestWorker
-    from calmon.cluster.intents import ClusterError
+    from calmon.cluster.topics import ClusterError
     boot = f"127.0.0.1:{free_port()}"  # nothing listens there
     src = {"name": "events", "type": "kafka", "options": {"bootstrap_servers": boot, "topic": "events"}}
     cfg = config(sources=[src], cluster={"bootstrap_servers": boot})

@@ -226,7 +226,7 @@ def ends(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def count_topic(bootstrap: str, topic: str) -> dict[int, int]:
-    """Records per partition, by reading (Tansu's ListOffsets(latest) undercounts batches)."""
+    """End offset per partition, by reading (Tansu's ListOffsets(latest) undercounts batches)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -241,6 +241,8 @@ def count_topic(bootstrap: str, topic: str) -> dict[int, int]:
             idle = 0 if got else idle + 1
             for tp, rs in got.items():
                 last[tp.partition] = max(last[tp.partition], rs[-1].offset + 1)
+        for tp in tps:  # a transaction's commit marker follows its last record: the end is the high watermark
+            last[tp.partition] = max(last[tp.partition], c.highwater(tp) or 0)
         return last
     finally:
         c.close()
@@ -483,7 +485,7 @@ def main() -> int:
         "trials": len(rows), "identical": sum(r["identical"] for r in rows), "records": len(records),
         "kills": sum(len(r["kills"]) for r in rows), "seconds": [r["seconds"] for r in rows],
         "restore_seconds_max": max((max(r["restore_seconds"].values(), default=0.0) for r in rows), default=None),
-        "replays": sum(r["replays"] for r in rows), "claims_lost": sum(r["claims_lost"] for r in rows)}}),
+        "fenced": sum(r["fenced"] for r in rows), "errors": sum(r["errors"] for r in rows)}}),
         flush=True)
     return 0 if all(r["identical"] for r in rows) else 1
 
@@ -521,36 +523,49 @@ def test_ingest_worker_started_before_its_broker_waits_for_it(tmp_path):
 
 
 @pytest.mark.integration
-def test_intent_log_first_writer_wins_and_states_take_the_largest_offset():
-    """Two workers claim the same range start: both learn the same winner (the first in the log); a later claim
-    at another start is independent; a newly tracking worker learns the winners already in the log."""
+def test_a_new_owner_fences_the_old_one_and_restores_read_only_committed_states():
+    """Two producers of one input partition's transactional id (#33.2): the second ``init_transactions`` fences
+    the first (its next range fails with ``Fenced`` and writes nothing); a range commits its state and the consumed
+    offset together; the restore reads committed states only, waits for a transaction still open, and takes the
+    largest offset."""
     require_broker()
-    from calmon.cluster.intents import Intent, IntentLog, PartitionState, Producer, StateStore, ensure_topics
+    import threading
+
+    from calmon.cluster.topics import PartitionState, StateStore, ensure_topics
+    from calmon.cluster.transactions import Fenced, PartitionProducer
     from calmon.events.decoder import Decoder
     from calmon.state.join import Joiner
     with KafkaBroker() as broker:
         boot = broker.bootstrap
-        ensure_topics(boot, {}, {"intents": (2, {}), "states": (2, {})})
-        logs = [IntentLog(boot, "intents", {}, Producer(boot, {})) for _ in range(2)]
-        for log_ in logs:
-            log_.track({"events/0": 0})
-        a = Intent("events/0", 0, 100, 1.0, "A", 1, {})
-        b = Intent("events/0", 0, 150, 2.0, "B", 1, {})
-        assert logs[0].claim(a) == a
-        assert logs[1].claim(b) == a  # B lost: it must replay A's range [0, 100)
-        c = Intent("events/0", 100, 180, 3.0, "B", 2, {})
-        assert logs[1].claim(c) == c
-        assert logs[0].claim(Intent("events/0", 100, 200, 4.0, "A", 2, {})) == c
-        late = IntentLog(boot, "intents", {}, Producer(boot, {}))
-        late.track({"events/0": 100})
-        assert late.winner("events/0", 100) == c and late.winner("events/0", 0) is None
-        states = StateStore(boot, "states", {}, Producer(boot, {}))
+        ensure_topics(boot, {}, {"deltas": (2, {}), "states": (2, {}), "events": (2, {})})
         join, decoder = Joiner(3600.0, 1000).to_dict(), Decoder().state()  # (a state's documents must be valid)
-        for off in (100, 180, 100):  # a slow zombie may write an older chain point last
-            states.save(PartitionState("events/0", off, join, decoder, "w"))
-        states.save(PartitionState("events/1", 7, join, decoder, "w"))
+
+        def rng(p: PartitionProducer, key: str, off: int) -> None:
+            p.commit_range({"deltas": [(b"m", b"d%d" % off)],
+                            "states": [(key.encode(), PartitionState(key, off, join, decoder, "w").to_bytes())]}, off)
+
+        old = PartitionProducer(boot, {}, "grp", "events/0")
+        rng(old, "events/0", 100)
+        rng(old, "events/0", 180)
+        new = PartitionProducer(boot, {}, "grp", "events/0")  # the partition moved: the old owner is fenced
+        with pytest.raises(Fenced):
+            rng(old, "events/0", 250)
+        rng(new, "events/0", 200)
+        other = PartitionProducer(boot, {}, "grp", "events/1")
+        kp = other.producer
+        kp.begin_transaction()  # a range of another partition still open while the restore reads
+        kp.send("states", key=b"events/1", value=PartitionState("events/1", 7, join, decoder, "w").to_bytes())
+        kp.flush()
+        states = StateStore(boot, "states", {})
+        threading.Timer(1.0, kp.commit_transaction).start()
+        t0 = time.monotonic()
         got = states.load(["events/0", "events/1", "events/2"])
-        assert {k: v.offset for k, v in got.items()} == {"events/0": 180, "events/1": 7}
-        for lg in (*logs, late):
-            lg.close()
+        assert time.monotonic() - t0 >= 0.8  # it waited for the open transaction instead of skipping it
+        assert {k: v.offset for k, v in got.items()} == {"events/0": 200, "events/1": 7}
+        from kafka import KafkaConsumer, TopicPartition
+        c = KafkaConsumer(bootstrap_servers=boot, group_id="grp", enable_auto_commit=False)
+        assert [c.committed(TopicPartition("events", p), timeout_ms=3000) for p in (0, 1)] == [200, None]
+        c.close(autocommit=False)
+        for p in (old, new, other):
+            p.close()
         states.close()

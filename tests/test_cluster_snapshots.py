@@ -96,8 +96,8 @@ def test_merge_rule_and_restore_start():
 @pytest.mark.integration
 def test_snapshot_store_keeps_the_latest_record_per_model_and_partition():
     require_broker()
-    from calmon.cluster.intents import Producer, ensure_topics
     from calmon.cluster.snapshot_store import SnapshotStore
+    from calmon.cluster.topics import Producer, ensure_topics
     with KafkaBroker() as broker:
         boot = broker.bootstrap
         ensure_topics(boot, {}, {"snaps": (2, {"cleanup.policy": "compact"})})

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from calmon.cluster.intents import Producer
 from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshots import MANIFEST_KEY, Manifest, ModelSnapshot, SnapshotError
+from calmon.cluster.topics import Producer
 from connectors.kafka.admin import scan_topic
 
 log = logging.getLogger("calmon.cluster")
