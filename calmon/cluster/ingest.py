@@ -83,6 +83,10 @@ class IngestWorker:
         self.dead_letter: DeadLetterSink | None = None
         #: input partition -> its transactional producer (opened when the partition is restored)
         self.txns: dict[str, PartitionProducer] = {}
+        #: input partitions this worker was fenced from: not restored again until the group assignment changes
+        #: (taking the id back would fence the rightful owner, which would take it back: a ping-pong)
+        self.fenced: set[str] = set()
+        self._assigned: set[str] = set()
         #: input partitions whose next range must first seek the dead-letter sink (just restored)
         self.dlq_seek: dict[str, dict[str, int | str]] = {}
         self.states: StateStore | None = None
@@ -207,6 +211,9 @@ class IngestWorker:
         """Forget partitions no longer assigned (a later owner restores them from the logs)."""
         assert self.source is not None
         assigned = set(self.source.health()["assigned"])
+        if assigned != self._assigned:  # a rebalance: what the group gives us now is ours
+            self._assigned = assigned
+            self.fenced.clear()
         for key in [k for k in self.parts if k not in assigned]:
             self._forget(key)
         self.metrics.owned = sorted(assigned)
@@ -292,10 +299,10 @@ class IngestWorker:
             offsets.append(int(off))
         now = time.monotonic()
         new = sorted(k for k in groups if k not in self.parts)
-        if new:
+        if [k for k in new if k not in self.fenced]:
             assert self.source is not None
             assigned = set(self.source.health()["assigned"])
-            self._restore(sorted(set(new) | (assigned - set(self.parts))))
+            self._restore(sorted((set(new) | (assigned - set(self.parts))) - self.fenced))
         for key, idx in groups.items():
             part = self.parts.get(key)
             if part is None or key in new:
@@ -322,6 +329,7 @@ class IngestWorker:
             log.warning("ingest %s: %s: %s; dropping the partition", self.writer, key, exc)
             self.metrics.fenced += 1
             self._forget(key)
+            self.fenced.add(key)
         except ClusterError as exc:
             # the logs decide: forget the partition; its next record restores it (from the last committed state)
             log.warning("ingest %s: %s: %s; restoring the partition from the state topic", self.writer, key, exc)
@@ -354,8 +362,8 @@ class IngestWorker:
         cl = self.cfg.cluster
         deltas = [(d.model.encode(), d.to_bytes()) for d in applied.deltas]
         state = dataclasses.replace(applied.state, dead_letter=dlq)
-        txn.commit_range({cl.deltas_topic: deltas, cl.state_topic: [(part.key.encode(), state.to_bytes())]},
-                         rng.end)
+        txn.commit_range({cl.deltas_topic: deltas}, rng.end, last={cl.state_topic: [(part.key.encode(),
+                                                                                    state.to_bytes())]})
         self.metrics.completed(part.key, rng, applied, sum(len(v) for _, v in deltas))
 
 

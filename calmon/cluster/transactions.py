@@ -106,8 +106,14 @@ class PartitionProducer:
             self.close()
             raise
 
-    def commit_range(self, records: Mapping[str, list[tuple[bytes, bytes]]], offset: int) -> None:
-        """One transaction: ``records`` (topic -> ``(key, value)``) and the input partition's consumed offset.
+    def commit_range(self, records: Mapping[str, list[tuple[bytes, bytes]]], offset: int,
+                     last: Mapping[str, list[tuple[bytes, bytes]]] | None = None) -> None:
+        """One transaction: ``records`` (topic -> ``(key, value)``), then ``last`` once ``records`` are
+        acknowledged, and the input partition's consumed offset.
+
+        ``last`` is the partition's state: sending it only after the deltas are acknowledged keeps the state of
+        an *aborted* range from being visible without its deltas on a broker that returns aborted records to
+        ``read_committed`` readers (Tansu 0.6 does, see ``docs/cluster.md``); on Kafka it costs one round trip.
 
         Raises
         ------
@@ -125,6 +131,11 @@ class PartitionProducer:
             with _errors(f"transaction of {self.key}"):
                 kp.begin_transaction()
                 futures = [kp.send(t, key=k, value=v) for t, items in records.items() for k, v in items]
+                if last:
+                    kp.flush()
+                    for fut in futures:
+                        fut.get(timeout=0)
+                    futures += [kp.send(t, key=k, value=v) for t, items in last.items() for k, v in items]
                 kp.send_offsets_to_transaction({TopicPartition(topic, int(part)): OffsetAndMetadata(offset, "", -1)},
                                                self.group)
                 kp.commit_transaction()
