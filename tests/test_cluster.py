@@ -219,6 +219,21 @@ def test_evaluator_drops_the_models_of_a_revoked_partition(tmp_path):
     ev.deltas.close()
 
 
+def test_an_evaluator_is_ready_when_only_a_commit_marker_is_left(tmp_path):
+    """#33.2: the deltas of a range end with the transaction's commit marker, which the high watermark counts but no
+    consumer position reaches; a partition restored up to its last record is restored (it used to stay not ready
+    on an idle deltas partition), and one with a record still to read is not."""
+    from types import SimpleNamespace
+
+    ev = evaluator(tmp_path)
+    ev.deltas.close()
+    health = {"assigned": ["calmon-deltas/0", "calmon-deltas/1"], "lag": {"calmon-deltas/0": 1, "calmon-deltas/1": 2}}
+    ev.deltas = SimpleNamespace(health=lambda: health, position=lambda: {"calmon-deltas/0": 10, "calmon-deltas/1": 10})
+    ev.restored_parts = {"calmon-deltas/0", "calmon-deltas/1"}  # (no snapshot store to read)
+    ev._sync_ownership()
+    assert set(ev.restoring) == {"calmon-deltas/1"} and not ev.ready()
+
+
 def test_the_evaluator_is_an_agent_composed_with_a_deltas_input_and_its_collector(tmp_path):
     """No subclass: a plain Agent whose input merges deltas (through Agent.ingest), whose /metrics ends with the
     evaluator's families, whose /readyz waits for the restores, and whose close writes the exit dump."""

@@ -226,7 +226,8 @@ def ends(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def count_topic(bootstrap: str, topic: str) -> dict[int, int]:
-    """End offset per partition, by reading (Tansu's ListOffsets(latest) undercounts batches)."""
+    """One past the last record per partition, by reading (Tansu's ListOffsets(latest) undercounts batches; a
+    transaction's commit marker after the last record is not counted: a consumer's position stops before it)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -241,8 +242,6 @@ def count_topic(bootstrap: str, topic: str) -> dict[int, int]:
             idle = 0 if got else idle + 1
             for tp, rs in got.items():
                 last[tp.partition] = max(last[tp.partition], rs[-1].offset + 1)
-        for tp in tps:  # a transaction's commit marker follows its last record: the end is the high watermark
-            last[tp.partition] = max(last[tp.partition], c.highwater(tp) or 0)
         return last
     finally:
         c.close()

@@ -303,7 +303,10 @@ class DeltasInput:
             if target is None and key in health["lag"]:
                 target = position.get(key, 0) + int(health["lag"][key])
                 self.restoring[key] = (since, target)
-            if target is not None and position.get(key, 0) >= target:
+            # the target comes from the high watermark, which counts the commit marker after a transaction's last
+            # record; the source's position (one past the last record read) stops before it
+            at = position.get(key, 0)
+            if target is not None and (at >= target or (at == target - 1 and int(health["lag"].get(key, 2)) <= 1)):
                 del self.restoring[key]
                 self.restore_seconds = now - since
                 log.info("evaluate %s: %s restored in %.2f s", self.worker, key, self.restore_seconds)
