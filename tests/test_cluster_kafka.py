@@ -478,7 +478,7 @@ def test_cluster_exactly_once_with_kills(tmp_path):
         run = cluster_run(tmp_path, broker, records, np.random.default_rng(0))
     res = check(ref, run, records, n_bad, checked)
     print(json.dumps({**res, "records": len(records), "kills": run["kills"], "seconds": round(run["seconds"], 1),
-                      "snapshots": run["snapshots"]}))
+                      "snapshots": run["snapshots"], "zombie": run["zombie"]}))
     assert res["models"] == MODELS, res
     # snapshots were written, and an evaluator that took over partitions restored from them, reading fewer
     # delta records than a replay of its partitions from the beginning would
