@@ -340,7 +340,7 @@ def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(capl
     assert time.monotonic() - t0 < 30
     retries = [r.getMessage() for r in caplog.records if "cannot start (attempt" in r.getMessage()]
     assert retries and "retrying in" in retries[0]
-    assert not worker.ready() and worker.connect_error and worker.source is None and worker.producer is None
+    assert not worker.ready() and worker.connect_error and worker.source is None and not worker.txns
     stopper = IngestWorker(cfg)
     threading.Timer(0.3, stopper.stop).start()
     assert stopper.open_retrying(timeout=120.0, backoff=(0.1, 0.2)) is False
