@@ -345,3 +345,36 @@ def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(capl
     threading.Timer(0.3, stopper.stop).start()
     assert stopper.open_retrying(timeout=120.0, backoff=(0.1, 0.2)) is False
     assert time.monotonic() - t0 < 60
+
+
+def test_a_restored_partition_seeks_only_a_kafka_dead_letter_sink(tmp_path):
+    """#33.2: after a restore the first rejects are written after seeking the sink to the state's dead-letter
+    position -- a Kafka sink (it skips origins already in the topic), never a file sink (its seek truncates the
+    machine's file, letters of other partitions included); the range then commits in one transaction."""
+    from types import SimpleNamespace
+
+    from calmon.cluster.ingest import IngestWorker
+    from connectors.kafka.deadletter import KafkaDeadLetterSink
+
+    key = "events/0"
+    records, _ = traffic(200, models=2)
+    mine = [v for q, _, v in records if q == 0] + [b"garbage"]
+    for sink in (SimpleNamespace(), KafkaDeadLetterSink("127.0.0.1:9", topic="dlq")):
+        seeks: list[dict] = []
+        commits: list[tuple] = []
+        sink.seek, sink.flush = seeks.append, lambda: None
+        sink.write = lambda *a, **k: None
+        sink.position = lambda: {"dlq/0": 7}
+        worker = IngestWorker(config())
+        worker.dead_letter = sink
+        worker.txns = {key: SimpleNamespace(commit_range=lambda rec, off, last: commits.append((rec, off, last)))}
+        worker.dlq_seek = {key: {"dlq/0": 3}}
+        part = PartitionIngest(config(), key, "events", None)
+        rng = Range(key, 0, len(mine), 1767225600.0, "w")
+        batch = Batch(mine, {key: len(mine)}, "events", [f"{key}@{i}" for i in range(len(mine))])
+        worker._complete(part, part.apply(batch, rng), rng)
+        assert seeks == ([{"dlq/0": 3}] if isinstance(sink, KafkaDeadLetterSink) else [])
+        [(rec, off, last)] = commits
+        state = PartitionState.from_bytes(last["calmon-ingest-state"][0][1])
+        assert off == state.offset == len(mine) and dict(state.dead_letter) == {"dlq/0": 7}
+        assert len(rec["calmon-deltas"]) == 2

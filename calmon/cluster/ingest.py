@@ -41,6 +41,7 @@ from calmon.config import Config
 from calmon.exporter.http import Endpoints, HTTPExporter
 from connectors.base import Batch, DeadLetterSink
 from connectors.kafka import KafkaSource
+from connectors.kafka.deadletter import KafkaDeadLetterSink
 
 log = logging.getLogger("calmon.cluster")
 
@@ -354,7 +355,9 @@ class IngestWorker:
         if self.dead_letter is not None:
             if rej.records:
                 seek = self.dlq_seek.pop(part.key, None)
-                if seek is not None:  # letters a previous owner wrote for these records are not written again
+                # letters a previous owner wrote for these records are not written again; only a Kafka sink skips
+                # by origin (a file sink's seek truncates, and its file is per machine: never sought here)
+                if seek is not None and isinstance(self.dead_letter, KafkaDeadLetterSink):
                     self.dead_letter.seek(seek)
                 self.dead_letter.write(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
                 self.dead_letter.flush()
