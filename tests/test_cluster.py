@@ -290,6 +290,21 @@ def test_run_role_needs_bootstrap_servers(tmp_path):
         assert f"cluster.bootstrap_servers: required by --role {role}" in p.stderr
 
 
+def test_the_removed_intents_topic_key_fails_at_start_with_one_line_saying_why(tmp_path):
+    """#33.2: a configuration of an earlier release naming ``cluster.intents_topic`` is refused (exit 2, one line
+    naming the key and why), not silently ignored and not a generic "unknown key"."""
+    with pytest.raises(ConfigError) as exc:
+        config(cluster={"bootstrap_servers": "k:9092", "intents_topic": "calmon-ingest-intents"})
+    assert str(exc.value).startswith("cluster.intents_topic: removed: the ingest stage now uses Kafka transactions")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"state_dir: {tmp_path}\nsources: [{{path: {tmp_path / 'x.jsonl'}}}]\n"
+                   "cluster: {bootstrap_servers: 'k:9092', intents_topic: calmon-ingest-intents}\n")
+    p = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--role", "ingest"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and "cluster.intents_topic: removed" in p.stderr, p.stderr
+
+
 def test_kubernetes_manifests_of_the_stages_are_consistent(tmp_path):
     """One Deployment per stage with --role, selectors matching their pods, probes, a PodMonitor finding every
     worker, and a ConfigMap that validates for both roles."""
