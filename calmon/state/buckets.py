@@ -27,6 +27,13 @@ allocated as they fill (16 bytes per row, binary).  So a bucket of ``m`` labeled
 ``1.7 kB + 56 (c_fine + c_pred) + 16 min(m, r)`` bytes with ``c <= m`` occupied cells, and at most
 ``6 * 8 * (bins + 15 + 20 + 256) + 16 r`` (67 kB at ``bins = 1024``, ``r = 256``) once its grids are
 full.  Folded events wait as rows (at most :data:`PENDING_CELLS` cells) until the bucket is next read.
+
+Merges wait too (issue #35): a ring rolling its buckets into a coarser tier merges a dozen small buckets into
+each coarser one, a few hundred microseconds apiece whatever they hold -- at thousands of models, most of
+the ingest of a live stream.  :meth:`BucketStats.merge` keeps the merged buckets (at most
+:data:`DEFERRED_MERGES`) and the next read sums them in one pass per grid (:meth:`BucketStats.summed`, bit
+for bit the pairwise merges).  Folds and merges are applied in the order they came: a merge first
+aggregates the folds waiting, a fold first sums the merges waiting.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ ECE_BINS = 15
 PENDING_CELLS = 1024
 #: From this many pending cells a flush sums them with bincount over the combined axis instead of sorting.
 BINCOUNT_CELLS = 512
+#: Merged buckets a bucket keeps before summing them (bounds the memory they hold until the next read).
+DEFERRED_MERGES = 32
 
 #: A bucket's grids: cells of the fine grid, of the ECE grid (and of the class-wise grid per class), the
 #: number of classes and the cells of the reliability grid (:meth:`BucketStats.layout`).
@@ -301,7 +310,7 @@ class BucketStats:
     (3, 1.0)
     """
 
-    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed")
+    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed", "_merges")
 
     def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20, seed: int = 0) -> None:
@@ -313,6 +322,8 @@ class BucketStats:
         #: Folded, not yet aggregated events, in order.
         self._pending: list[Pending] = []
         self._pending_cells = 0
+        #: Merged, not yet summed buckets, in order (never together with pending folds).
+        self._merges: list[BucketStats] = []
         #: A checkpoint's claim on the current content (see :meth:`freeze`), or None.
         self._hold: Hold | None = None
         #: A restored packed document (its JSON bytes) not decoded yet (see :meth:`load`), or None.
@@ -365,6 +376,8 @@ class BucketStats:
         :data:`PENDING_CELLS` are waiting): a fold costs a few array copies whatever the grids.
         """
         self._thaw()
+        if self._merges:  # merged before these events arrived: summed first (the reservoir's order)
+            self._flush()
         keys, sums, rows, view = cells._take(idx)
         if not keys.size:
             return
@@ -384,6 +397,10 @@ class BucketStats:
         """
         if self._packed is not None:
             self._unpack()
+        if self._merges:  # no folds wait meanwhile (see merge and fold)
+            merges, self._merges = self._merges, []
+            out = self.summed(merges)
+            self._stats, self._rel, self._pred = out._stats, out._rel, out._pred
         if not self._pending:
             return
         pending, self._pending, self._pending_cells = self._pending, [], 0
@@ -419,10 +436,14 @@ class BucketStats:
         self.fold(EventCells(self.layout(), None, score, probs), slice(None))
 
     def merge(self, other: BucketStats) -> None:
+        """Add ``other``'s statistics: kept, and summed with the bucket's other merges on the next read
+        (:data:`DEFERRED_MERGES`); ``other`` must not change afterwards (a bucket rolled out of its tier)."""
         self._thaw()
-        self.stats.merge(other.stats)
-        self._rel.merge(other.rel)
-        self._pred.merge(other.pred)
+        if self._pending or self._packed is not None:  # folded before the merge: aggregated first
+            self._flush()
+        self._merges.append(other)
+        if len(self._merges) >= DEFERRED_MERGES:
+            self._flush()
 
     def summed(self, others: Sequence[BucketStats]) -> BucketStats:
         """A new bucket equal to ``self.copy()`` into which ``others`` are merged in turn (:meth:`merge`),
@@ -433,7 +454,7 @@ class BucketStats:
         out._stats = self.stats.summed(stats)
         out._rel = self._rel.summed([o._rel for o in others])
         out._pred = self._pred.summed([o._pred for o in others])
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, None, []
         return out
 
     def read_copy(self) -> BucketStats:
@@ -444,7 +465,7 @@ class BucketStats:
         out._stats = self.stats.copy(sample_only=True)  # folds pending events first (the property)
         out._rel = self._rel.copy()
         out._pred = self._pred.copy()
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, None, []
         return out
 
     def copy(self) -> BucketStats:
@@ -452,7 +473,7 @@ class BucketStats:
         out._stats = self.stats.copy()  # folds pending events first (the property)
         out._rel = self._rel.copy()
         out._pred = self._pred.copy()
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, None, []
         return out
 
     # -- copy-on-write for checkpoints ------------------------------------------------------------
@@ -481,6 +502,7 @@ class BucketStats:
     def nbytes(self) -> int:
         """Bytes of the statistics' arrays (grids as stored, reservoir rows, level sets, pending folds)."""
         pend = sum(k.nbytes + v.nbytes + (0 if r is None else r.nbytes) for _, k, v, r in self._pending)
+        pend += sum(o.nbytes() for o in self._merges)
         if self._packed is not None:  # not decoded yet: its document's bytes
             return len(self._packed) + pend
         return self._stats.nbytes() + self._rel.nbytes() + self._pred.nbytes() + pend
@@ -516,7 +538,7 @@ class BucketStats:
         if d.get("format") != FORMAT:
             raise ValueError("not a calmon bucket document")
         out = cls.__new__(cls)
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, None, []
         version = d.get("version", 1)
         if version == PACKED_VERSION:
             out._decode(d)
@@ -542,7 +564,7 @@ class BucketStats:
         if isinstance(doc, bytes | bytearray):
             if doc.startswith(PACKED_PREFIX):
                 out = cls.__new__(cls)
-                out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, bytes(doc)
+                out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, bytes(doc), []
                 return out
             try:
                 doc = json.loads(doc)
