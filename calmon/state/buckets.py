@@ -33,7 +33,7 @@ each coarser one, a few hundred microseconds apiece whatever they hold -- at tho
 the ingest of a live stream.  :meth:`BucketStats.merge` keeps the merged buckets (at most
 :data:`DEFERRED_MERGES`) and the next read sums them in one pass per grid (:meth:`BucketStats.summed`, bit
 for bit the pairwise merges).  Folds and merges are applied in the order they came: a merge first
-aggregates the folds waiting, a fold first sums the merges waiting.
+are summed after the folds that came before them, and a fold first sums the merges waiting.
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ class BucketStats:
         #: Folded, not yet aggregated events, in order.
         self._pending: list[Pending] = []
         self._pending_cells = 0
-        #: Merged, not yet summed buckets, in order (never together with pending folds).
+        #: Merged, not yet summed buckets, in order (after the pending folds, which came before them).
         self._merges: list[BucketStats] = []
         #: A checkpoint's claim on the current content (see :meth:`freeze`), or None.
         self._hold: Hold | None = None
@@ -397,9 +397,9 @@ class BucketStats:
         """
         if self._packed is not None:
             self._unpack()
-        if self._merges:  # no folds wait meanwhile (see merge and fold)
+        if self._merges:  # the folds that came before them first (a fold after a merge flushes: see fold)
             merges, self._merges = self._merges, []
-            out = self.summed(merges)
+            out = self.summed(merges)  # its read of this bucket aggregates the pending folds
             self._stats, self._rel, self._pred = out._stats, out._rel, out._pred
         if not self._pending:
             return
@@ -439,9 +439,7 @@ class BucketStats:
         """Add ``other``'s statistics: kept, and summed with the bucket's other merges on the next read
         (:data:`DEFERRED_MERGES`); ``other`` must not change afterwards (a bucket rolled out of its tier)."""
         self._thaw()
-        if self._pending or self._packed is not None:  # folded before the merge: aggregated first
-            self._flush()
-        self._merges.append(other)
+        self._merges.append(other)  # after the folds waiting (_flush aggregates those first)
         if len(self._merges) >= DEFERRED_MERGES:
             self._flush()
 
@@ -468,6 +466,18 @@ class BucketStats:
         out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, None, []
         return out
 
+    def blank(self) -> BucketStats:
+        """A new empty bucket of this one's parameters, as the constructor makes it: a copy of an untouched
+        bucket (a ring creates a bucket for most events at thousands of models -- a copy costs half the
+        constructor's validation and allocations).  Call it on a bucket never updated (:meth:`ModelWindows.factory`
+        keeps one)."""
+        out = BucketStats.__new__(BucketStats)
+        out._stats = self._stats.copy()
+        out._rel = self._rel.copy()
+        out._pred = self._pred.copy()
+        out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, None, []
+        return out
+
     def copy(self) -> BucketStats:
         out = BucketStats.__new__(BucketStats)
         out._stats = self.stats.copy()  # folds pending events first (the property)
@@ -485,7 +495,7 @@ class BucketStats:
         :meth:`update_predictions`), ``hold.thaw(self)`` is called once -- the checkpoint then takes a
         copy of the content it claimed, unless it has written it already.
         """
-        if self._pending or self._packed is None:  # a restored bucket still packed is left packed: bytes never change
+        if self._pending or self._merges or self._packed is None:  # a packed restored bucket stays packed
             self._flush()
         self._hold = hold
 
@@ -530,7 +540,7 @@ class BucketStats:
         """The packed document's JSON bytes as :meth:`load` kept them, while the bucket was neither read nor
         changed since (else None); a checkpoint writes them as they are."""
         raw = self._packed  # read once: another thread may decode the bucket meanwhile (never change it)
-        return raw if raw is not None and not self._pending else None
+        return raw if raw is not None and not self._pending and not self._merges else None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BucketStats:
@@ -615,6 +625,9 @@ class ModelWindows:
     1
     """
 
+    #: The pristine bucket :meth:`factory` copies (made on first use; also for instances built without __init__).
+    _blank: BucketStats | None = None
+
     def __init__(self, name: str, classes: int, tiers: Iterable[tuple[float, int]], segments: Iterable[str] = (),
                  bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20) -> None:
@@ -628,7 +641,10 @@ class ModelWindows:
             seg: TieredRing(self.tiers, self.factory) for seg in ["all", *self.segments]}
 
     def factory(self) -> BucketStats:
-        return BucketStats(**self.params)
+        """A new empty bucket: a copy of this model's pristine one (:meth:`BucketStats.blank`)."""
+        if self._blank is None:  # never handed out, so never updated
+            self._blank = BucketStats(**self.params)
+        return self._blank.blank()
 
     def add(self, ts: np.ndarray, segment: np.ndarray, labels: np.ndarray, score: np.ndarray | None,
             probs: np.ndarray | None, watermark: float, predictions: bool = False) -> None:
