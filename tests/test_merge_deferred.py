@@ -86,3 +86,26 @@ def test_ring_roll_merges_once_per_read(monkeypatch: pytest.MonkeyPatch) -> None
     assert len(ring.buckets[1]) >= 1 and calls == {"merge": 0, "summed": 0}
     assert ring.window_sum(None).count == 26
     assert calls["merge"] == 0 and calls["summed"] >= 1
+
+
+def test_model_bytes_measured_again_only_after_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each round publishes every model's bytes: a model whose rings did not change is not walked again."""
+    mw = ModelWindows("m", 2, [(300.0, 12), (3600.0, 24)], segments=["web"], bins=64, reservoir=8)
+    seg = np.array(["web", "app"], dtype=object)
+    mw.add(np.array([1.0, 400.0]), seg, np.array([0, 1]), np.array([0.2, 0.7]), None, 400.0)
+    walked = [0]
+    nbytes = BucketStats.nbytes
+
+    def counted(self: BucketStats) -> int:
+        walked[0] += 1
+        return nbytes(self)
+
+    monkeypatch.setattr(BucketStats, "nbytes", counted)
+    first = mw.nbytes()
+    assert walked[0] > 0
+    walked[0] = 0
+    assert mw.nbytes() == first and walked[0] == 0  # nothing changed: not walked
+    mw.add(np.array([700.0]), seg[:1], np.array([1]), np.array([0.9]), None, 700.0)
+    after = mw.nbytes()
+    assert walked[0] > 0 and after > first
+    assert after == sum(nbytes(b) for ring in mw.rings.values() for tier in ring.buckets for b in tier.values())

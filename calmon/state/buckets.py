@@ -627,6 +627,8 @@ class ModelWindows:
 
     #: The pristine bucket :meth:`factory` copies (made on first use; also for instances built without __init__).
     _blank: BucketStats | None = None
+    #: The rings' (identity, version) at the last :meth:`nbytes` and its result.
+    _nbytes: tuple[tuple[tuple[int, int], ...], int] | None = None
 
     def __init__(self, name: str, classes: int, tiers: Iterable[tuple[float, int]], segments: Iterable[str] = (),
                  bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
@@ -672,6 +674,16 @@ class ModelWindows:
         return {seg: ring.version for seg, ring in self.rings.items()}
 
     def nbytes(self) -> int:
+        """Bytes of the rings' statistics, measured again only when a ring changed since the last call (each round
+        publishes every model's: at thousands of models, most did not change)."""
+        key = tuple((id(ring), ring.version) for ring in self.rings.values())
+        if self._nbytes is not None and self._nbytes[0] == key:
+            return self._nbytes[1]
+        total = self._measure()
+        self._nbytes = (key, total)
+        return total
+
+    def _measure(self) -> int:
         total = 0
         for ring in self.rings.values():
             for tier in ring.buckets:
