@@ -584,9 +584,11 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(child(args.child, args.events, args.seed, args.rounds, args.budget)))
         return 0
     ms = [int(m) for m in args.models.split(",") if m.strip()]
-    order = (([] if 1 in ms else [1]) + ms + [1]) if ms else []  # M = 1 again at the end: the baseline is interleaved
-    loads = [os.getloadavg()[0]]
     rows: dict[int, list[dict[str, Any]]] = load_rows([p for p in args.rows.split(",") if p])
+    order = (([] if 1 in ms else [1]) + ms + [1]) if ms else []  # M = 1 again at the end: the baseline is interleaved
+    if 1 in rows and 1 not in ms:  # the baseline of the rows given (--rows): not measured again
+        order = ms
+    loads = [os.getloadavg()[0]]
     loads += [r["load"] for runs in rows.values() for r in runs if "load" in r]
     failed = []
     for m in order:
