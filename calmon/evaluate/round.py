@@ -231,6 +231,10 @@ class WorkInfo(TypedDict):
 #: refreshed first (issue #35: at thousands of models a third of the windows change every minute, and refreshing
 #: them all took twice the budget -- the round then overran and the expensive testers never got a turn).
 REFRESH_SHARE = 0.5
+#: Whatever the time (a loaded machine stretches every wall-clock share), a round refreshes at least this fraction's
+#: inverse of rounds' worth: ``ceil(changed / REFRESH_ROUNDS)`` windows, so every changed window is refreshed at least
+#: every REFRESH_ROUNDS rounds (the first 3000-model round under load 20 refreshed none within its share).
+REFRESH_ROUNDS = 10
 
 #: A tester call in the pool: its future, the statistics it runs on, the round that started it, its cost key.
 _Job = tuple["Future[JobResult]", Stamp, int, str]
@@ -411,8 +415,9 @@ class Evaluator:
             else:
                 changed.append((e.refreshed if e.base is not None else -1, i, w, e, pred))
         changed.sort(key=lambda c: c[:2])  # least recently refreshed first, then in snapshot order
-        for _, i, w, e, pred in changed:
-            if self.monotonic() > refresh_until:
+        least = -(-len(changed) // REFRESH_ROUNDS)
+        for j, (_, i, w, e, pred) in enumerate(changed):
+            if j >= least and self.monotonic() > refresh_until:
                 self._deferred += 1
                 if e.base is not None:  # its last evaluation, as it was (its testers' stamps are older)
                     kept.append((i, w, e))
