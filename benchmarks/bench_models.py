@@ -542,8 +542,9 @@ def load_rows(paths: list[str]) -> dict[int, list[dict[str, Any]]]:
     return rows
 
 
-def write_docs(block: str, page: str = PAGE) -> None:
-    """Replace the text between the bench's markers of the performance page by ``block``."""
+def write_docs(block: str, page: str | None = None) -> None:
+    """Replace the text between the bench's markers of the performance page (default :data:`PAGE`) by ``block``."""
+    page = page or PAGE
     with open(page) as f:
         text = f.read()
     if BEGIN not in text or END not in text:
