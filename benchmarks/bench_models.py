@@ -57,7 +57,7 @@ COLUMNS = ("models", "rings", "live ev/s", "live ratio", "replay ev/s", "replay 
            "state/ring replay", "round s", "round lock max s (cpu)", "/metrics size / render s", "checkpoint s / bytes",
            "2nd checkpoint s / bytes", "checkpoint lock max s (cpu)", "restore s / peak RSS",
            "windows evaluated per round",
-           "overruns", "peak RSS")
+           "overruns", "peak RSS", "round CPU s", "windows deferred per round", "load")
 
 
 # -- traffic -----------------------------------------------------------------------------------------------------
@@ -272,6 +272,8 @@ def _more(models: int, events: int, seed: int, minute: int) -> MemorySource:
 def _rounds(agent: Any, lock: TimedLock, k: int, traffic: Traffic) -> dict[str, Any]:
     """K rounds, each after a minute of new events of every model (1 % of ``traffic``, at least 1000)."""
     times: list[float] = []
+    cpu: list[float] = []  # the round's thread's CPU seconds (the round runs in this thread)
+    deferred: list[int] = []  # changed windows the round left for the next one (REFRESH_SHARE of the budget)
     counts: dict[str, list[int]] = {t: [] for t in TESTERS}
     unchanged: list[int] = []
     before = agent.sched_info.get("overruns", 0)
@@ -282,11 +284,14 @@ def _rounds(agent: Any, lock: TimedLock, k: int, traffic: Traffic) -> dict[str, 
                                  minute), lock)
         lock.phase = "round"
         since = agent.clock()
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         agent.evaluate_round()
         times.append(time.perf_counter() - t)
+        cpu.append(time.thread_time() - c)
         lock.phase = "status"  # reading the results is not the round's lock hold
-        evs = [e for e in agent.status()["evaluations"] if e.get("window") != "stream"]
+        status = agent.status()
+        deferred.append(int((status.get("agent", {}).get("work") or {}).get("deferred", 0)))
+        evs = [e for e in status["evaluations"] if e.get("window") != "stream"]
         lock.phase = "round"
         windows = len(evs)
         for name in TESTERS:
@@ -295,7 +300,7 @@ def _rounds(agent: Any, lock: TimedLock, k: int, traffic: Traffic) -> dict[str, 
         unchanged.append(sum(1 for k, e in now.items() if not _fresh((e.get("tests") or {}).get("tcal"), since)
                              and _same_window(last.get(k), e)))
         last = now
-    return {"round_s": times, "round_lock": lock.longest.get("round", 0.0),
+    return {"round_s": times, "round_cpu": cpu, "deferred": deferred, "round_lock": lock.longest.get("round", 0.0),
             "round_lock_cpu": lock.longest_cpu.get("round", 0.0), "windows": windows,
             "results": counts, "unchanged": unchanged, "overruns": agent.sched_info.get("overruns", 0) - before}
 
@@ -323,7 +328,7 @@ def _checkpoint(agent: Any, lock: TimedLock) -> tuple[float, int]:
 
 def child(models: int, events: int, seed: int, rounds: int, budget: float = 30.0) -> dict[str, Any]:
     """Every measurement of one M (see the module docstring), as a JSON-able dict."""
-    out: dict[str, Any] = {"models": models, "rings": models * (1 + len(SEGMENTS))}
+    out: dict[str, Any] = {"models": models, "rings": models * (1 + len(SEGMENTS)), "budget": budget}
     with tempfile.TemporaryDirectory(prefix="calmon-bench-models-") as tmp:
         live = MemorySource("live", Traffic("live", models, events, seed).records())
         agent, _ = _open_agent(bench_config(f"{tmp}/live", models, budget), live, timed=False)
@@ -411,6 +416,7 @@ def run_child(models: int, args: argparse.Namespace) -> dict[str, Any] | None:
         print(f"M = {models} failed (exit {res.returncode}):\n{res.stderr[-4000:]}", file=sys.stderr, flush=True)
         return None
     row: dict[str, Any] = last_json(res.stdout)
+    row["load"] = os.getloadavg()[0]  # the 1-minute load average as the child ended (a shared machine)
     # the raw row too, so that an interrupted run still leaves its figures
     print(f"M = {models}: {time.time() - t:.0f} s, load {os.getloadavg()[0]:.1f}: {json.dumps(row)}", file=sys.stderr,
           flush=True)
@@ -450,7 +456,11 @@ def format_row(runs: list[dict[str, Any]], base: dict[str, float]) -> list[str]:
             _cell(col("restore_s"), ".2f") + ("" if all(r["restore_same"] for r in runs) else " (!)")
             + f" / {max(col('restore_rss')) / 2**30:.2f} GB",
             results, str(max(r["overruns"] for r in runs)) + f" of {len(r0['round_s'])}",
-            f"{max(col('peak_rss')) / 2**30:.2f} GB"]
+            f"{max(col('peak_rss')) / 2**30:.2f} GB",
+            _cell([max(r["round_cpu"]) for r in runs if r.get("round_cpu")], ".2f")
+            if any(r.get("round_cpu") for r in runs) else "-",
+            ",".join(str(d) for d in r0.get("deferred") or ()) or "-",
+            "/".join(f"{r['load']:.1f}" for r in runs if "load" in r) or "-"]
 
 
 def baseline(rows: dict[int, list[dict[str, Any]]]) -> dict[str, float]:
@@ -475,9 +485,14 @@ GOALS: tuple[tuple[str, str, Any], ...] = (
     ("peak RSS of the restore", "<= 3 GB", lambda r, b: r["restore_rss"] <= 3e9),
     ("/metrics render", "<= 2 s, <= 20 MB", lambda r, b: r["metrics_s"] <= 2.0 and r["metrics_bytes"] <= 20e6),
     ("T-Cal on every window every round (fresh, or kept on an unchanged window)", "all",
-     lambda r, b: all(f + u == r["windows"] for f, u in zip(r["results"]["tcal"], r.get("unchanged") or
-                                                              [0] * len(r["results"]["tcal"])))),
+     lambda r, b: r["windows"] > 0 and all(
+         f + u == r["windows"] for f, u in zip(r["results"]["tcal"], r.get("unchanged") or
+                                               [0] * len(r["results"]["tcal"])))),
     ("rounds without overrun", "all", lambda r, b: r["overruns"] == 0),
+    # issue #35.3
+    ("live ingest vs M = 1 (issue #35, to 3000 models)", ">= 0.40",
+     lambda r, b: r["live_rate"] / b["live_rate"] >= 0.4),
+    ("round within the budget (wall)", "<= budget", lambda r, b: max(r["round_s"]) <= r.get("budget", 30.0)),
 )
 
 
@@ -501,6 +516,45 @@ def goals(rows: dict[int, list[dict[str, Any]]], base: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+# -- rows kept and the docs' table ----------------------------------------------------------------------------------
+PAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "performance.md")
+BEGIN, END = "<!-- BEGIN benchmarks.bench_models -->", "<!-- END benchmarks.bench_models -->"
+
+
+def load_rows(paths: list[str]) -> dict[int, list[dict[str, Any]]]:
+    """Rows of earlier runs: a ``--save`` file (JSON: M -> runs), or a run's stderr (its ``M = ...: {...}`` lines,
+    which an interrupted run leaves too)."""
+    rows: dict[int, list[dict[str, Any]]] = {}
+    for path in paths:
+        with open(path) as f:
+            text = f.read()
+        if text.lstrip().startswith("{"):
+            for m, runs in json.loads(text).items():
+                rows.setdefault(int(m), []).extend(runs)
+            continue
+        for line in text.splitlines():
+            if line.startswith("M = ") and ": {" in line:
+                head, body = line.split(": {", 1)
+                row = json.loads("{" + body)
+                if "load" not in row and ", load " in head:
+                    row["load"] = float(head.rsplit(", load ", 1)[1])
+                rows.setdefault(int(row["models"]), []).append(row)
+    return rows
+
+
+def write_docs(block: str, page: str | None = None) -> None:
+    """Replace the text between the bench's markers of the performance page (default :data:`PAGE`) by ``block``."""
+    page = page or PAGE
+    with open(page) as f:
+        text = f.read()
+    if BEGIN not in text or END not in text:
+        raise SystemExit(f"{page}: markers {BEGIN} / {END} not found")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(page, "w") as f:
+        f.write(head + BEGIN + "\n" + block.strip() + "\n" + END + tail)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="1,10,100,1000", help="comma-separated model counts M")
@@ -510,6 +564,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--budget", type=float, default=30.0, help="evaluation.budget in seconds (default 30)")
     ap.add_argument("--quick", action="store_true", help="M = 1, 2 with 2e4 events and 1 round (a smoke run)")
+    ap.add_argument("--save", default=None, help="write the rows (JSON: M -> runs) to this file")
+    ap.add_argument("--rows", default="", help="comma-separated --save files or stderr logs of earlier runs: their "
+                    "rows join this run's (--models '' runs nothing: a table of those rows alone)")
+    ap.add_argument("--docs", action="store_true", help="write the table into docs/performance.md (between its "
+                    "benchmarks.bench_models markers)")
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--restore", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -526,10 +585,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.child is not None:
         print(json.dumps(child(args.child, args.events, args.seed, args.rounds, args.budget)))
         return 0
-    ms = [int(m) for m in args.models.split(",")]
-    order = ([] if 1 in ms else [1]) + ms + [1]  # M = 1 again at the end: the baseline is interleaved
+    ms = [int(m) for m in args.models.split(",") if m.strip()]
+    rows: dict[int, list[dict[str, Any]]] = load_rows([p for p in args.rows.split(",") if p])
+    order = (([] if 1 in ms else [1]) + ms + [1]) if ms else []  # M = 1 again at the end: the baseline is interleaved
+    if 1 in rows and 1 not in ms:  # the baseline of the rows given (--rows): not measured again
+        order = ms
     loads = [os.getloadavg()[0]]
-    rows: dict[int, list[dict[str, Any]]] = {}
+    loads += [r["load"] for runs in rows.values() for r in runs if "load" in r]
     failed = []
     for m in order:
         row = run_child(m, args)
@@ -541,14 +603,19 @@ def main(argv: list[str] | None = None) -> int:
     if 1 not in rows:
         print("M = 1 failed: no baseline for the ratios", file=sys.stderr)
         return 1
-    print(f"\nbench_models: {args.events:,} predictions per traffic kind (live-like 1 h with outcomes delayed "
-          f"~{LIVE_DELAY:.0f} s, replay 8 days labeled), {args.rounds} rounds, budget {args.budget:g} s, "
-          f"seed {args.seed}; load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n")
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(rows, f)
+    header = (f"bench_models: {args.events:,} predictions per traffic kind (live-like 1 h with outcomes delayed "
+              f"~{LIVE_DELAY:.0f} s, replay 8 days labeled), {args.rounds} rounds, budget {args.budget:g} s, "
+              f"seed {args.seed}; load average {min(loads):.1f}-{max(loads):.1f} on {os.cpu_count()} CPUs; "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     base = baseline(rows)
-    print(table(rows, base))
-    print()
-    print(goals(rows, base))
+    block = f"{header}\n\n{table(rows, base)}\n\n{goals(rows, base)}\n"
+    print("\n" + block)
+    if args.docs:
+        write_docs(f"Measured by `python -m benchmarks.bench_models {' '.join(sys.argv[1:] if argv is None else argv)}`"
+                   f" ({header}).\n\n{table(rows, base)}\n\n{goals(rows, base)}\n")
     if failed:
         print(f"\nfailed (see stderr): M = {', '.join(map(str, failed))}")
     return 1 if failed else 0

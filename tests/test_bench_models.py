@@ -73,3 +73,31 @@ def test_reduced_run_prints_every_column() -> None:
     goal_rows = [_cells(ln)[0] for ln in lines if ln.startswith("| ") and not _cells(ln)[0].isdigit()]
     assert len([g for g in goal_rows if g in {w for w, _, _ in bench.GOALS}]) == len(bench.GOALS)
     assert "load average" in out.stdout and "memory ceiling" in out.stdout
+
+
+def test_rows_of_earlier_runs_make_the_docs_table(tmp_path: Path) -> None:
+    """``--rows`` reads a run's stderr (its ``M = ...: {...}`` lines) and ``--docs`` writes the table between the
+    page's markers, and only there; without an M = 1 row there is no baseline."""
+    bench = _module()
+    row = {"models": 1, "rings": 3, "budget": 30.0, "live_rate": 1e4, "live_state": 3e5, "replay_rate": 2e4,
+           "replay_state": 6e5, "round_s": [0.5, 0.4], "round_cpu": [0.3, 0.2], "deferred": [0, 0],
+           "round_lock": 0.01, "round_lock_cpu": 0.01, "windows": 12, "results": {t: [12, 12] for t in bench.TESTERS},
+           "unchanged": [0, 0], "overruns": 0, "metrics_s": 0.01, "metrics_bytes": 5e4, "ck1_s": 0.1, "ck1_bytes": 1e6,
+           "ck2_s": 0.05, "ck2_bytes": 1e5, "ck_lock": 0.01, "ck_lock_cpu": 0.01, "restore_s": 0.1,
+           "restore_open_s": 0.2, "restore_rss": 2e8, "restore_same": True, "peak_rss": 3e8}
+    big = {**row, "models": 3000, "rings": 9000, "live_rate": 5e3, "round_s": [40.0, 29.0], "deferred": [9, 3]}
+    log = tmp_path / "err.txt"
+    log.write_text("".join(f"M = {r['models']}: 9 s, load 3.5: {__import__('json').dumps(r)}\n" for r in (row, big)))
+    page = tmp_path / "performance.md"
+    page.write_text(f"# P\n\nabove\n\n{bench.BEGIN}\nold\n{bench.END}\n\nbelow\n")
+    monkey = bench.PAGE
+    try:
+        bench.PAGE = str(page)
+        assert bench.main(["--models", "", "--rows", str(log), "--docs"]) == 0
+    finally:
+        bench.PAGE = monkey
+    text = page.read_text()
+    assert text.startswith("# P\n\nabove\n\n") and text.endswith("\n\nbelow\n") and "\nold\n" not in text
+    table = text.split(bench.BEGIN)[1].split(bench.END)[0]
+    assert "| 3000 | 9000 | 5k | 0.50 |" in table and "| 9,3 | 3.5 |" in table
+    assert "| round within the budget (wall) | <= budget | yes | **no** |" in table

@@ -271,3 +271,46 @@ def test_a_cheap_tester_measured_slow_becomes_a_work_item():
     CALLS.clear()
     res = ev.run(snaps(8, 2), {})  # now scheduled: only what fits 80 % of the budget runs
     assert 0 < CALLS.count("sched_slow") < 8 and res.work["queued"] > 0 and not res.overrun
+
+
+def test_refresh_spread_over_rounds_least_recently_refreshed_first(monkeypatch):
+    """Issue #35: changed windows whose refresh (metrics, estimates, cheap testers) would take more than
+    REFRESH_SHARE of the budget are spread over rounds, least recently refreshed first -- the round stays within
+    its budget and every window is refreshed within ceil(windows / per round) rounds; a round that must be
+    complete refreshes them all."""
+    import calmon.evaluate.round as round_mod
+
+    base = round_mod.window_base
+
+    def slow_base(*a, **k):  # one fake second per window's metrics
+        CLOCK[0] += 1.0
+        return base(*a, **k)
+
+    monkeypatch.setattr(round_mod, "window_base", slow_base)
+    CLOCK[0] = 0.0
+    windows, budget = 20, 10.0
+    ev = evaluator(budget=budget, tests=("sched_fast",))
+    per_round = int(budget * round_mod.REFRESH_SHARE) + 1  # checked before each window
+    refreshed: dict[str, list[int]] = {}
+    for rnd in range(1, 9):
+        t0 = CLOCK[0]
+        res = ev.run(snaps(windows, rnd), {})
+        assert CLOCK[0] - t0 <= budget and not res.overrun
+        assert res.work["deferred"] == windows - min(per_round, windows)
+        models = [e["model"] for e in res.evaluations]
+        assert models == sorted(models)  # published in snapshot order, deferred windows with their last one
+        for k, e in ev.entries.items():
+            if e.refreshed == ev.round:
+                refreshed.setdefault(k[0], []).append(rnd)
+    # every window refreshed, and never two rounds apart more than the rotation allows
+    assert len(refreshed) == windows
+    every = -(-windows // per_round)
+    for rounds in refreshed.values():
+        assert rounds[0] <= every and all(b - a <= every for a, b in zip(rounds, rounds[1:]))
+    res = ev.run(snaps(windows, 99), {}, complete=True)
+    assert res.work["deferred"] == 0 and all(e.refreshed == ev.round for e in ev.entries.values())
+    # a machine so loaded that the share is gone before the first window: still a tenth of them a round
+    CLOCK[0] += 1.0
+    ev.cfg.budget = 1e-9
+    res = ev.run(snaps(windows, 100), {})
+    assert res.work["deferred"] == windows - -(-windows // round_mod.REFRESH_ROUNDS)

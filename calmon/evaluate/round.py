@@ -203,7 +203,7 @@ class RoundResult:
     alert_doc: dict[str, Any] | None = None
     #: What the work-item scheduler did (:class:`WorkInfo`).
     work: WorkInfo = field(default_factory=lambda: WorkInfo(round=0, ran=0, queued=0, in_flight=0, simulations=0,
-                                                            bound_rounds=None, costs={}))
+                                                            bound_rounds=None, costs={}, deferred=0))
 
 
 class WorkInfo(TypedDict):
@@ -221,7 +221,20 @@ class WorkInfo(TypedDict):
     bound_rounds: int | None
     #: Measured seconds per call, per tester.
     costs: dict[str, float]
+    #: Changed windows left for later rounds (the refresh stopped at :data:`REFRESH_SHARE` of the budget): they keep
+    #: their last evaluation and are refreshed first next round.
+    deferred: int
 
+
+#: Share of the budget the refresh of changed windows (metrics, estimates, cheap testers) may use; the windows
+#: still waiting then keep their last evaluation and are refreshed first by the next round, least recently
+#: refreshed first (issue #35: at thousands of models a third of the windows change every minute, and refreshing
+#: them all took twice the budget -- the round then overran and the expensive testers never got a turn).
+REFRESH_SHARE = 0.5
+#: Whatever the time (a loaded machine stretches every wall-clock share), a round refreshes at least this fraction's
+#: inverse of rounds' worth: ``ceil(changed / REFRESH_ROUNDS)`` windows, so every changed window is refreshed at least
+#: every REFRESH_ROUNDS rounds (the first 3000-model round under load 20 refreshed none within its share).
+REFRESH_ROUNDS = 10
 
 #: A tester call in the pool: its future, the statistics it runs on, the round that started it, its cost key.
 _Job = tuple["Future[JobResult]", Stamp, int, str]
@@ -295,6 +308,7 @@ class Evaluator:
         self._live: list[tuple[WindowSnapshot, WindowEntry]] = []
         self._params = {t.name: t.params for t in cfg.tests}
         self._simulations = 0
+        self._deferred = 0
         self._assemble_cost = 0.0  # seconds the last republishing's assembling took
 
     @property
@@ -348,7 +362,9 @@ class Evaluator:
         deadline = t0 + self.cfg.budget
         self.round += 1
         ran = self._harvest()
-        live, overrun = self._refresh_all(snap, deadline)
+        # a round that must be complete (no later round comes) refreshes every changed window, as before #35
+        refresh_until = math.inf if complete else t0 + REFRESH_SHARE * self.cfg.budget
+        live, overrun = self._refresh_all(snap, deadline, refresh_until)
         queued, bound = self._schedule(live, deadline)
         self._wait(t0 + FILL * self.cfg.budget, everything=complete)
         ran += self._harvest()
@@ -369,37 +385,57 @@ class Evaluator:
             cals = self.recalibrator.run(snap, cals)
         duration = self.monotonic() - t0
         work = WorkInfo(round=self.round, ran=ran, queued=queued, in_flight=len(self.inflight),
-                        simulations=self._simulations, bound_rounds=bound, costs=dict(self.costs.seconds))
+                        simulations=self._simulations, bound_rounds=bound, costs=dict(self.costs.seconds),
+                        deferred=self._deferred)
         return RoundResult(evaluations, states, cals, duration, overrun or duration > self.cfg.budget,
                            self.clock(), alerts, alert_doc, work)
 
     # -- the cheap part: every changed window, every round ------------------------------------------
-    def _refresh_all(self, snap: Sequence[WindowSnapshot], deadline: float
+    def _refresh_all(self, snap: Sequence[WindowSnapshot], deadline: float, refresh_until: float = math.inf
                      ) -> tuple[list[tuple[WindowSnapshot, WindowEntry]], bool]:
+        """Refresh the changed windows of ``snap`` -- never refreshed first, then least recently -- until
+        ``refresh_until``; the others keep their last evaluation (a window never evaluated has none yet)."""
         history = {(w.model, w.segment): w.bucket.pred for w in snap if w.window == self.history_window}
         recal = self.recalibrator
         predictors = {m: recal.predictor(m) for m in {w.model for w in snap}} if recal is not None else {}
-        live = []
         overrun = False
         entries: dict[WindowKey, WindowEntry] = {}
         self._inline = {}
         self._simulations = 0
-        for w in snap:
+        self._deferred = 0  # changed windows left for the next round
+        changed: list[tuple[int, int, WindowSnapshot, WindowEntry, Any]] = []
+        kept: list[tuple[int, WindowSnapshot, WindowEntry]] = []  # published in snapshot order
+        for i, w in enumerate(snap):
             key = (w.model, w.segment, w.window)
             e = entries[key] = self.entries.get(key) or WindowEntry()
             pred = predictors.get(w.model)
-            if not e.unchanged(w.stamp, pred):
-                ref = None
-                if (w.model, w.segment) in history and w.window != self.history_window:
-                    ref = history[(w.model, w.segment)] - w.bucket.pred
-                e.base = window_base(w.model, w.segment, w.window, w.bucket, estimation=self.estimation,
-                                     reference=ref, predictor=pred, min_events=self.cfg.min_events)
-                if w.stamp is None or w.stamp != e.stamp:
-                    e.changed_round = self.round
-                e.stamp, e.predictor = w.stamp, pred
-                e.version += 1
+            if e.unchanged(w.stamp, pred):
+                overrun |= self._cheap_testers(w, e, deadline)  # (a result of an earlier stamp: none to run)
+                kept.append((i, w, e))
+            else:
+                changed.append((e.refreshed if e.base is not None else -1, i, w, e, pred))
+        changed.sort(key=lambda c: c[:2])  # least recently refreshed first, then in snapshot order
+        least = -(-len(changed) // REFRESH_ROUNDS)
+        for j, (_, i, w, e, pred) in enumerate(changed):
+            if j >= least and self.monotonic() > refresh_until:
+                self._deferred += 1
+                if e.base is not None:  # its last evaluation, as it was (its testers' stamps are older)
+                    kept.append((i, w, e))
+                continue
+            ref = None
+            if (w.model, w.segment) in history and w.window != self.history_window:
+                ref = history[(w.model, w.segment)] - w.bucket.pred
+            e.base = window_base(w.model, w.segment, w.window, w.bucket, estimation=self.estimation,
+                                 reference=ref, predictor=pred, min_events=self.cfg.min_events)
+            if w.stamp is None or w.stamp != e.stamp:
+                e.changed_round = self.round
+            e.stamp, e.predictor = w.stamp, pred
+            e.version += 1
+            e.refreshed = self.round
             overrun |= self._cheap_testers(w, e, deadline)
-            live.append((w, e))
+            kept.append((i, w, e))
+        kept.sort(key=lambda k: k[0])
+        live = [(w, e) for _, w, e in kept]
         self.entries = entries  # windows that are gone (an evicted model) are forgotten
         for name, (spent, calls) in self._inline.items():
             # one observation per round, the mean call: a rare slow window (T-Cal when no screen decides) does

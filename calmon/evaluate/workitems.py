@@ -86,6 +86,8 @@ class WindowEntry:
     stamp: Stamp = None
     #: Round in which the window's statistics last changed.
     changed_round: int = 0
+    #: Round of the window's last refresh (its ``base``); changed windows are refreshed least recently first.
+    refreshed: int = 0
     #: The evaluation without tester results (metrics, reliability, estimates) at ``stamp``.
     base: dict[str, Any] | None = None
     #: The calibrator the estimates of ``base`` used (a new one recomputes them).

@@ -27,6 +27,13 @@ allocated as they fill (16 bytes per row, binary).  So a bucket of ``m`` labeled
 ``1.7 kB + 56 (c_fine + c_pred) + 16 min(m, r)`` bytes with ``c <= m`` occupied cells, and at most
 ``6 * 8 * (bins + 15 + 20 + 256) + 16 r`` (67 kB at ``bins = 1024``, ``r = 256``) once its grids are
 full.  Folded events wait as rows (at most :data:`PENDING_CELLS` cells) until the bucket is next read.
+
+Merges wait too (issue #35): a ring rolling its buckets into a coarser tier merges a dozen small buckets into
+each coarser one, a few hundred microseconds apiece whatever they hold -- at thousands of models, most of
+the ingest of a live stream.  :meth:`BucketStats.merge` keeps the merged buckets (at most
+:data:`DEFERRED_MERGES`) and the next read sums them in one pass per grid (:meth:`BucketStats.summed`, bit
+for bit the pairwise merges).  Folds and merges are applied in the order they came: a merge first
+are summed after the folds that came before them, and a fold first sums the merges waiting.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ ECE_BINS = 15
 PENDING_CELLS = 1024
 #: From this many pending cells a flush sums them with bincount over the combined axis instead of sorting.
 BINCOUNT_CELLS = 512
+#: Merged buckets a bucket keeps before summing them (bounds the memory they hold until the next read).
+DEFERRED_MERGES = 32
 
 #: A bucket's grids: cells of the fine grid, of the ECE grid (and of the class-wise grid per class), the
 #: number of classes and the cells of the reliability grid (:meth:`BucketStats.layout`).
@@ -301,7 +310,7 @@ class BucketStats:
     (3, 1.0)
     """
 
-    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed")
+    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed", "_merges")
 
     def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20, seed: int = 0) -> None:
@@ -313,6 +322,8 @@ class BucketStats:
         #: Folded, not yet aggregated events, in order.
         self._pending: list[Pending] = []
         self._pending_cells = 0
+        #: Merged, not yet summed buckets, in order (after the pending folds, which came before them).
+        self._merges: list[BucketStats] = []
         #: A checkpoint's claim on the current content (see :meth:`freeze`), or None.
         self._hold: Hold | None = None
         #: A restored packed document (its JSON bytes) not decoded yet (see :meth:`load`), or None.
@@ -365,6 +376,8 @@ class BucketStats:
         :data:`PENDING_CELLS` are waiting): a fold costs a few array copies whatever the grids.
         """
         self._thaw()
+        if self._merges:  # merged before these events arrived: summed first (the reservoir's order)
+            self._flush()
         keys, sums, rows, view = cells._take(idx)
         if not keys.size:
             return
@@ -384,6 +397,10 @@ class BucketStats:
         """
         if self._packed is not None:
             self._unpack()
+        if self._merges:  # the folds that came before them first (a fold after a merge flushes: see fold)
+            merges, self._merges = self._merges, []
+            out = self.summed(merges)  # its read of this bucket aggregates the pending folds
+            self._stats, self._rel, self._pred = out._stats, out._rel, out._pred
         if not self._pending:
             return
         pending, self._pending, self._pending_cells = self._pending, [], 0
@@ -419,40 +436,50 @@ class BucketStats:
         self.fold(EventCells(self.layout(), None, score, probs), slice(None))
 
     def merge(self, other: BucketStats) -> None:
+        """Add ``other``'s statistics: kept, and summed with the bucket's other merges on the next read
+        (:data:`DEFERRED_MERGES`); ``other`` must not change afterwards (a bucket rolled out of its tier)."""
         self._thaw()
-        self.stats.merge(other.stats)
-        self._rel.merge(other.rel)
-        self._pred.merge(other.pred)
+        self._merges.append(other)  # after the folds waiting (_flush aggregates those first)
+        if len(self._merges) >= DEFERRED_MERGES:
+            self._flush()
 
     def summed(self, others: Sequence[BucketStats]) -> BucketStats:
         """A new bucket equal to ``self.copy()`` into which ``others`` are merged in turn (:meth:`merge`),
         bit for bit, in one pass per grid (:meth:`ModelStats.summed`); nothing is changed (pending
         folds are aggregated, as any read does)."""
         stats = [o.stats for o in others]  # aggregates pending folds (the property)
-        out = BucketStats.__new__(BucketStats)
+        out = BucketStats._shell()
         out._stats = self.stats.summed(stats)
         out._rel = self._rel.summed([o._rel for o in others])
         out._pred = self._pred.summed([o._pred for o in others])
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
         return out
 
     def read_copy(self) -> BucketStats:
         """A copy to merge *from* (:meth:`merge`, :meth:`summed`), not to update: as :meth:`copy`, but its
         reservoir keeps the rows and count only (merging never reads a generator, and copying one is
         about a third of a bucket's copy).  The window sums copy their buckets so under the lock."""
-        out = BucketStats.__new__(BucketStats)
+        out = BucketStats._shell()
         out._stats = self.stats.copy(sample_only=True)  # folds pending events first (the property)
         out._rel = self._rel.copy()
         out._pred = self._pred.copy()
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        return out
+
+    def blank(self) -> BucketStats:
+        """A new empty bucket of this one's parameters, as the constructor makes it: a copy of an untouched
+        bucket (a ring creates a bucket for most events at thousands of models -- a copy costs half the
+        constructor's validation and allocations).  Call it on a bucket never updated (:meth:`ModelWindows.factory`
+        keeps one)."""
+        out = BucketStats._shell()
+        out._stats = self._stats.copy()
+        out._rel = self._rel.copy()
+        out._pred = self._pred.copy()
         return out
 
     def copy(self) -> BucketStats:
-        out = BucketStats.__new__(BucketStats)
+        out = BucketStats._shell()
         out._stats = self.stats.copy()  # folds pending events first (the property)
         out._rel = self._rel.copy()
         out._pred = self._pred.copy()
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
         return out
 
     # -- copy-on-write for checkpoints ------------------------------------------------------------
@@ -464,7 +491,7 @@ class BucketStats:
         :meth:`update_predictions`), ``hold.thaw(self)`` is called once -- the checkpoint then takes a
         copy of the content it claimed, unless it has written it already.
         """
-        if self._pending or self._packed is None:  # a restored bucket still packed is left packed: bytes never change
+        if self._pending or self._merges or self._packed is None:  # a packed restored bucket stays packed
             self._flush()
         self._hold = hold
 
@@ -481,6 +508,7 @@ class BucketStats:
     def nbytes(self) -> int:
         """Bytes of the statistics' arrays (grids as stored, reservoir rows, level sets, pending folds)."""
         pend = sum(k.nbytes + v.nbytes + (0 if r is None else r.nbytes) for _, k, v, r in self._pending)
+        pend += sum(o.nbytes() for o in self._merges)
         if self._packed is not None:  # not decoded yet: its document's bytes
             return len(self._packed) + pend
         return self._stats.nbytes() + self._rel.nbytes() + self._pred.nbytes() + pend
@@ -511,10 +539,17 @@ class BucketStats:
                 "pred": self._pred.to_parts(packer)}
 
     @classmethod
+    def _shell(cls) -> BucketStats:
+        """An instance whose transient fields (folds and merges waiting, the packed form) are empty: the one
+        way to make a bucket without ``__init__`` (the readers fill ``_stats``, ``_rel`` and ``_pred``)."""
+        out = cls.__new__(cls)
+        out._pending, out._pending_cells, out._hold, out._packed, out._merges = [], 0, None, None, []
+        return out
+
+    @classmethod
     def from_parts(cls, d: dict[str, Any], unpacker: Unpacker) -> BucketStats:
         """Rebuild from :meth:`to_parts` output (``ValueError``, ``KeyError`` or ``TypeError`` when damaged)."""
-        out = cls.__new__(cls)
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out = cls._shell()
         out._decode_parts(d, unpacker)
         return out
 
@@ -522,15 +557,14 @@ class BucketStats:
         """The packed document's JSON bytes as :meth:`load` kept them, while the bucket was neither read nor
         changed since (else None); a checkpoint writes them as they are."""
         raw = self._packed  # read once: another thread may decode the bucket meanwhile (never change it)
-        return raw if raw is not None and not self._pending else None
+        return raw if raw is not None and not self._pending and not self._merges else None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BucketStats:
         """Rebuild from :meth:`to_dict` or :meth:`to_packed` output."""
         if d.get("format") != FORMAT:
             raise ValueError("not a calmon bucket document")
-        out = cls.__new__(cls)
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out = cls._shell()
         version = d.get("version", 1)
         if version == PACKED_VERSION:
             out._decode(d)
@@ -555,8 +589,8 @@ class BucketStats:
         """
         if isinstance(doc, bytes | bytearray):
             if doc.startswith(PACKED_PREFIX):
-                out = cls.__new__(cls)
-                out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, bytes(doc)
+                out = cls._shell()
+                out._packed = bytes(doc)
                 return out
             try:
                 doc = json.loads(doc)
@@ -609,6 +643,11 @@ class ModelWindows:
     1
     """
 
+    #: The pristine bucket :meth:`factory` copies (made on first use; also for instances built without __init__).
+    _blank: BucketStats | None = None
+    #: The rings' (identity, version) at the last :meth:`nbytes` and its result.
+    _nbytes: tuple[tuple[tuple[int, int], ...], int] | None = None
+
     def __init__(self, name: str, classes: int, tiers: Iterable[tuple[float, int]], segments: Iterable[str] = (),
                  bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20) -> None:
@@ -622,7 +661,10 @@ class ModelWindows:
             seg: TieredRing(self.tiers, self.factory) for seg in ["all", *self.segments]}
 
     def factory(self) -> BucketStats:
-        return BucketStats(**self.params)
+        """A new empty bucket: a copy of this model's pristine one (:meth:`BucketStats.blank`)."""
+        if self._blank is None:  # never handed out, so never updated
+            self._blank = BucketStats(**self.params)
+        return self._blank.blank()
 
     def add(self, ts: np.ndarray, segment: np.ndarray, labels: np.ndarray, score: np.ndarray | None,
             probs: np.ndarray | None, watermark: float, predictions: bool = False) -> None:
@@ -650,6 +692,16 @@ class ModelWindows:
         return {seg: ring.version for seg, ring in self.rings.items()}
 
     def nbytes(self) -> int:
+        """Bytes of the rings' statistics, measured again only when a ring changed since the last call (each round
+        publishes every model's: at thousands of models, most did not change)."""
+        key = tuple((id(ring), ring.version) for ring in self.rings.values())
+        if self._nbytes is not None and self._nbytes[0] == key:
+            return self._nbytes[1]
+        total = self._measure()
+        self._nbytes = (key, total)
+        return total
+
+    def _measure(self) -> int:
         total = 0
         for ring in self.rings.values():
             for tier in ring.buckets:

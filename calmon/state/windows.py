@@ -188,7 +188,10 @@ class TieredRing(Generic[S]):
             return
         bounds = self.bounds()
         for tier in range(len(self.tiers)):
-            stale = sorted(k for k in self.buckets[tier] if k < bounds[tier])
+            held = self.buckets[tier]
+            if not held or min(held) >= bounds[tier]:  # the common case, at C speed (once per ring and batch)
+                continue
+            stale = sorted(k for k in held if k < bounds[tier])
             for key in stale:
                 state = self.buckets[tier].pop(key)
                 del self.bucket_versions[tier][key]

@@ -30,6 +30,7 @@ from test_cluster import config, partitioned_deltas, traffic  # noqa: E402
 from test_cluster_hostile import KEY, evaluator, good_state  # noqa: E402
 
 from calmon.cluster.deltas import Delta, DeltaError  # noqa: E402
+from calmon.cluster.frames import _PREFIX, PREFIX, is_frame  # noqa: E402
 from calmon.cluster.records import REASONS, BadRecord  # noqa: E402
 from calmon.cluster.snapshots import ModelSnapshot, SnapshotError  # noqa: E402
 from calmon.cluster.topics import PartitionState  # noqa: E402
@@ -49,7 +50,7 @@ def genuine() -> dict[str, bytes]:
     delta = partitioned_deltas(config(), records)[0]
     snap = ModelSnapshot("m", 1, ModelWindows("m", 2, [(60, 2)], bins=64))
     return {"state": json.dumps(good_state()).encode(), "delta": delta.to_bytes(),
-            "snapshot": snap.to_bytes()}
+            "delta_json": delta.to_bytes(2), "snapshot": snap.to_bytes()}
 
 
 def _paths(node: Any, prefix: tuple = ()) -> list[tuple]:
@@ -78,6 +79,9 @@ def mutation(draw: st.DrawFn, data: bytes) -> bytes:
             i = draw(st.integers(0, len(buf) - 1))
             buf[i] = draw(st.integers(0, 255))
         return bytes(buf)
+    if is_frame(data):  # a binary delta: the structured mutations edit its JSON header, the payload stays
+        head, header, payload = _split_frame(data)
+        return _join_frame(head, draw(mutation(header)), payload)
     doc = json.loads(data)
     paths = _paths(doc)
     path = draw(st.sampled_from(paths))
@@ -97,9 +101,30 @@ def mutation(draw: st.DrawFn, data: bytes) -> bytes:
     return json.dumps(doc).encode()
 
 
+def _split_frame(data: bytes) -> tuple[tuple[Any, ...], bytes, bytes]:
+    head = _PREFIX.unpack_from(data)
+    h = head[4]
+    return head, data[PREFIX:PREFIX + h], data[PREFIX + h:]
+
+
+def _join_frame(head: tuple[Any, ...], header: bytes, payload: bytes) -> bytes:
+    """A frame around ``header`` whose lengths add up (so that the reader gets past the prefix)."""
+    magic, version, flags, reserved, _h, _p = head
+    return _PREFIX.pack(magic, version, flags, reserved, len(header), len(payload)) + header + payload
+
+
+def forged(delta: bytes, model: str) -> bytes:
+    """A genuine delta (JSON or binary) that names another model."""
+    if is_frame(delta):
+        head, header, payload = _split_frame(delta)
+        return _join_frame(head, json.dumps({**json.loads(header), "model": model}).encode(), payload)
+    return json.dumps({**json.loads(delta), "model": model}).encode()
+
+
 READERS = {
     "state": (lambda b: PartitionState.from_bytes(b, KEY.encode()), (BadRecord,)),
     "delta": (Delta.from_bytes, (DeltaError,)),
+    "delta_json": (Delta.from_bytes, (DeltaError,)),  # version 2, still read from topics written before v3
     "snapshot": (ModelSnapshot.from_bytes, (SnapshotError,)),
 }
 
@@ -122,13 +147,12 @@ def test_a_mutated_internal_record_is_read_or_refused_with_its_reason(genuine, k
 @given(data=st.data())
 def test_the_evaluator_survives_mutated_deltas_and_holds_its_model_cap(tmp_path_factory, genuine, data):
     ev = evaluator(tmp_path_factory.mktemp("ev"), limits={"max_models": 4})
-    base = json.loads(genuine["delta"])
     values: list[bytes] = []
     for i in range(data.draw(st.integers(1, 12))):
         if data.draw(st.booleans()):
-            values.append(json.dumps({**base, "model": f"forged{i}"}).encode())
+            values.append(forged(genuine["delta"], f"forged{i}"))
         else:
-            values.append(data.draw(mutation(genuine["delta"])))
+            values.append(data.draw(mutation(genuine[data.draw(st.sampled_from(["delta", "delta_json"]))])))
     fk.STATS["records"] += len(values)
     ev.ingest(Batch(values, {}, "deltas", [f"calmon-deltas/0@{i}" for i in range(len(values))]))
     assert len(ev.state.models) <= 4
