@@ -35,8 +35,10 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
-__all__ = ["KafkaBroker", "TcpProxy", "broker_binary", "free_port", "require_broker", "wait_for_kafka"]
+__all__ = ["KafkaBroker", "TcpProxy", "broker_binary", "free_port", "require_broker", "source_classes",
+           "wait_for_kafka"]
 
 
 def free_port() -> int:
@@ -370,3 +372,17 @@ class KafkaBroker:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def source_classes() -> list[Any]:
+    """The Kafka source classes this machine can run: kafka-python's always, confluent-kafka's when installed."""
+    from connectors.kafka import ConfluentKafkaSource, KafkaSource
+
+    out: list[Any] = [KafkaSource]
+    try:
+        import confluent_kafka  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        out.append(ConfluentKafkaSource)
+    return out

@@ -25,7 +25,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kafka_broker import KafkaBroker, require_broker  # noqa: E402
+from kafka_broker import KafkaBroker, require_broker, source_classes  # noqa: E402
 
 from calmon.events.decoder import Decoder  # noqa: E402
 from connectors.base import RecordMeta  # noqa: E402
@@ -259,23 +259,13 @@ def broker():
         yield b
 
 
-def _classes() -> list[Any]:
-    out: list[Any] = [KafkaSource]
-    try:
-        import confluent_kafka  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        out.append(ConfluentKafkaSource)
-    return out
-
 
 CLIENT = {KafkaSource: {}, ConfluentKafkaSource: {}}
 POISON = {401, 1234, 2999}  # record numbers sent as garbage; 2999 is the last record of its partition
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("cls", _classes(), ids=lambda c: c.ADAPTER.library)
+@pytest.mark.parametrize("cls", source_classes(), ids=lambda c: c.ADAPTER.library)
 def test_batches_end_mid_partition_poison_records_keep_their_origin_and_restarts_resume_exactly(broker, cls):
     from kafka import KafkaProducer
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kafka_broker import KafkaBroker, require_broker  # noqa: E402
 
-from connectors.kafka import ConfluentKafkaSource, KafkaSource  # noqa: E402
+from connectors.kafka import KafkaSource  # noqa: E402
 from connectors.kafka.valuerecords import HEADER_SIZE, batch_values, supported  # noqa: E402
 
 
@@ -162,16 +162,6 @@ def broker():
     with KafkaBroker() as b:
         yield b
 
-
-def _classes() -> list[Any]:
-    out: list[Any] = [KafkaSource]
-    try:
-        import confluent_kafka  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        out.append(ConfluentKafkaSource)
-    return out
 
 
 def _drain(src: KafkaSource, want: int, max_records: int, seconds: float = 60) -> list[Any]:
