@@ -63,14 +63,15 @@ def test_sigterm_abandons_tester_calls_and_checkpoints(tmp_path: Path) -> None:
                                           "score": float(s), "label": int(v)}) + "\n"
                               for i, (s, v) in enumerate(zip(z, y))))
     cfg = tmp_path / "calmon.yaml"
-    # mc 100,000 without curtailing: one smCE call simulates for minutes -- far longer than any grace period
+    # 100,000 null draws on 1024 cells without curtailing (the tester's default caps them at 199 on 256 cells): one
+    # smCE call simulates for minutes -- far longer than any grace period
     cfg.write_text(f"""
 state_dir: {tmp_path / 'state'}
 sources: [{{name: replay, path: {events}}}]
 models: {{default: {{bins: 4096, reservoir: 20000}}}}
 windows: {{names: [all]}}
 evaluation: {{every: 1s, budget: 10s, mc: 100000, min_events: 10, pool: process, workers: 2,
-             tests: [{{name: tcal}}, {{name: smce, params: {{curtail: false}}}}]}}
+             tests: [{{name: tcal}}, {{name: smce, params: {{curtail: false, null_mc: 100000, null_bins: 1024}}}}]}}
 exporter: {{port: 0}}
 checkpoint: {{every: 1h}}
 """)

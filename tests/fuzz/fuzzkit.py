@@ -254,8 +254,26 @@ def fresh_dir(prefix: str) -> Path:
     return Path(tempfile.mkdtemp(prefix=prefix))
 
 
+def reset_peak_rss() -> bool:
+    """Start measuring this process's peak resident set afresh (Linux: ``clear_refs`` 5 resets ``VmHWM``).
+
+    A pytest-xdist worker runs many modules: its lifetime peak is the largest of any of them, not this suite's.
+    """
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 def rss_mib() -> float:
-    """This process's peak resident set (MiB)."""
+    """This process's peak resident set (MiB) since :func:`reset_peak_rss` (``VmHWM``), else since it started."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     import resource
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 

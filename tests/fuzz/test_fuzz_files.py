@@ -17,6 +17,7 @@ CI runs a few examples (``CALMON_FUZZ_EXAMPLES``, default 12); ``python -m bench
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -61,6 +62,11 @@ def _accounted(r: fk.Replay) -> None:
     assert len(r.dead_letters) == rejected, (len(r.dead_letters), r.counters["rejected"])
     reasons = {d.get("reason") for d in r.dead_letters}
     assert reasons <= set(REASONS), reasons - set(REASONS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _peak_from_here() -> None:
+    fk.reset_peak_rss()  # the bound is this suite's peak, not that of the modules the worker ran before
 
 
 @settings(max_examples=fk.env_examples(12), deadline=None,
