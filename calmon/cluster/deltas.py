@@ -98,8 +98,9 @@ class FrameBucketDoc(msgspec.Struct, array_like=True):
 _Dims = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_RECORD)]], msgspec.Meta(max_length=4)]
 
 
-class FrameHeaderDoc(msgspec.Struct):
-    """The JSON header of a version-3 delta frame: :class:`DeltaDoc`'s fields and the arrays table."""
+class _RangeDoc(msgspec.Struct):
+    """The fields every delta record carries, whatever its version: one range of one input partition for one
+    model (decoded by key, so the subclasses' field order is free)."""
 
     source: Annotated[str, msgspec.Meta(max_length=1000)]
     start: int
@@ -107,29 +108,26 @@ class FrameHeaderDoc(msgspec.Struct):
     model: _Name
     classes: Annotated[int, msgspec.Meta(ge=2)]
     watermark: float
+    #: the event kinds the ingest stage counts (a forged kind would be a new label value)
     events: dict[Literal["prediction", "outcome", "labeled"], _Count]
     late: _Count
+
+
+class FrameHeaderDoc(_RangeDoc):
+    """The JSON header of a version-3 delta frame: the range's fields, the arrays table and the buckets."""
+
     arrays: list[tuple[Literal["<i8", "<f8"], _Dims]]
     buckets: list[FrameBucketDoc]
     #: references of the range's labeled pairs (event time, score, outcome; :mod:`calmon.cluster.changes`)
     pairs: tuple[int, int, int] | None = None
 
 
-class DeltaDoc(msgspec.Struct):
-    """A delta document (:meth:`Delta.to_dict`); keys not listed are allowed."""
+class DeltaDoc(_RangeDoc):
+    """A delta document of version 1 or 2 (:meth:`Delta.to_dict`); keys not listed are allowed."""
 
     format: str
     version: int
-    source: Annotated[str, msgspec.Meta(max_length=1000)]
-    start: int
-    end: int
-    model: _Name
-    classes: Annotated[int, msgspec.Meta(ge=2)]
-    watermark: float
     buckets: list[DeltaBucketDoc]
-    #: the event kinds the ingest stage counts (a forged kind would be a new label value)
-    events: dict[Literal["prediction", "outcome", "labeled"], _Count]
-    late: _Count
 
 
 @dataclass(frozen=True)
