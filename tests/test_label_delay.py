@@ -98,8 +98,8 @@ def test_a_ttl_longer_than_the_delays_says_nothing(tmp_path, caplog):
 
 
 def test_join_ttl_alone_is_enough_lateness_follows():
-    cfg = build_config({"sources": [{"path": "x.jsonl"}], "join": {"ttl": "21h"}}, env={})
-    assert cfg.join.ttl == 21 * 3600 and cfg.windows.allowed_lateness >= cfg.join.ttl
+    cfg = build_config({"sources": [{"path": "x.jsonl"}], "join": {"ttl": "30d"}}, env={})  # beyond the default 7d
+    assert cfg.join.ttl == 30 * 86400 and cfg.windows.allowed_lateness >= cfg.join.ttl
 
 
 def test_the_sketch_is_bounded_and_its_quantiles_never_fall_below_the_truth():
