@@ -278,8 +278,7 @@ class _WindowPart:
             details.append(("calmon_test_statistic", k, r.get("statistic")))
             details.append(("calmon_test_insufficient_data", k, 1.0 if decision == "insufficient data" else 0.0))
             if r.get("evaluated_at") is not None:
-                details.append((AGE, k, 0.0))  # counted here, rendered per scrape
-                my_ages.append((k, float(r["evaluated_at"])))
+                my_ages.append((k, float(r["evaluated_at"])))  # counted with the details, rendered per scrape
         estimates = _estimates(e, key, budget.estimates)
         if "predictions" in e:
             estimates.insert(0, ("calmon_window_predictions", key, e["predictions"]))
@@ -293,19 +292,26 @@ class _WindowPart:
         used = 0
         text = self.text
         for tier, pending in (("core", core), ("tests", tests), ("estimates", estimates), ("details", details)):
-            if cap is not None and used + len(pending) > cap:
+            n = len(pending) + (len(my_ages) if tier == "details" else 0)
+            if cap is not None and used + n > cap:
                 cap = used  # nothing after a dropped tier either: the tiers stay in order
-                self.window_cap += len(pending)
+                self.window_cap += n
                 continue
-            used += len(pending)
-            if not pending:
+            used += n
+            if not n:
                 continue
             counts = self.counts[tier] = {}
             for name, labels, v in pending:
-                counts[name] = counts.get(name, 0) + 1
-                if name != AGE:
-                    text[name] = text.get(name, "") + _line(_HEADS[name], labels, v)
-            if tier == "details":
+                # _line inlined for the common case (a float below 1e6: repr, as prometheus_client writes it)
+                line = (f"{name}{{{labels}}} {v!r}\n" if type(v) is float and -1e6 < v < 1e6
+                        else _line(name + "{", labels, v))
+                prev = text.get(name)
+                if prev is None:
+                    text[name], counts[name] = line, 1
+                else:
+                    text[name], counts[name] = prev + line, counts[name] + 1
+            if tier == "details" and my_ages:
+                counts[AGE] = len(my_ages)
                 self.ages = my_ages
         #: the exported reliability diagram (window labels, points) and its rendered families (on first use)
         self.diagram: tuple[str, Sequence[Mapping[str, Any]]] | None = None
