@@ -43,7 +43,8 @@ data: the generator is seeded by ``evaluation.seed``), so a job identical byte f
 submitted is not run again: it gets that call's result (its future, if still running), with 0 seconds of
 cost.  Windows often hold the same statistics: every window of a model younger than its shortest window
 (``24h``, ``7d`` and ``all`` are one sum for the first day), a model whose traffic stopped, segments equal to
-the whole.  The last :data:`MEMO_JOBS` jobs are remembered by a 128-bit BLAKE2b digest of their JSON; a
+the whole.  The last :data:`MEMO_JOBS` jobs are remembered by a 128-bit BLAKE2b digest of their JSON (for smCE
+and LDTC on a window whose raw sample is incomplete, of the grid they read: :data:`GRID_ONLY`); a
 cancelled or failed call is forgotten (the next identical job runs).  Plugin testers always run.
 
 Examples
@@ -380,7 +381,7 @@ class TesterPool:
             return self._threads.submit(_run, name, data, alpha, mc, seed, dict(params))
         job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
                           "data": encode_data(data)})
-        key = hashlib.blake2b(job.encode(), digest_size=16).digest() if _pure(name) else None
+        key = _memo_key(name, job, data, alpha, mc, seed, params) if _pure(name) else None
         if key is not None and (first := self._recall(key)) is not None:
             return _follow(first)
         out: Future[JobResult] = Future()
@@ -430,6 +431,22 @@ def _pure(name: str) -> bool:
     """Tester ``name`` is a built-in one (its result is a function of its job); a plugin may not be."""
     fn = BUILTIN.get(name)
     return fn is not None and name in TESTERS and TESTERS.get(name) is fn
+
+
+#: Built-in testers that read a window's grid only, unless its raw sample is complete (or it has no grid):
+#: ``smce._estimate``/``ldtc._binned``.  Their identical jobs are recognised by the grid alone -- the windows of
+#: one ring hold one grid but reservoir samples drawn apart.
+GRID_ONLY = frozenset({"smce", "ldtc"})
+
+
+def _memo_key(name: str, job: str, data: CalibrationData, alpha: float, mc: int, seed: int,
+              params: Mapping[str, Any]) -> bytes:
+    """Digest of what the call's result depends on (module docstring, "Identical calls")."""
+    text = job
+    if name in GRID_ONLY and data.grid is not None and not data.raw_is_complete:
+        text = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
+                           "n": int(data.n), "grid": data.grid.to_dict()})
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
 def _follow(first: Future[JobResult]) -> Future[JobResult]:
