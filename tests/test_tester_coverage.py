@@ -197,3 +197,13 @@ def test_between_rounds_the_pool_is_refilled_for_the_rest_of_the_period() -> Non
         GATE.set()
         ev.stop()
         pool.close(wait=False)
+
+
+def test_a_windows_testers_are_taken_together() -> None:
+    """A pass cut short leaves whole windows done: the order puts a window's testers next to each other."""
+    from calmon.evaluate.workitems import Candidate, order
+    cands = [Candidate((f"m{i:02d}", "all", w), t, -1, 0) for i in range(20) for w in ("1h", "24h")
+             for t in ("ldtc", "smce")]
+    got = order(cands)
+    pairs = [(a.key, b.key) for a, b in zip(got[::2], got[1::2])]
+    assert all(a == b for a, b in pairs) and [c.test for c in got[:2]] == ["ldtc", "smce"]

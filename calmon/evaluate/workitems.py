@@ -9,8 +9,8 @@ cheap tester measured slower than ``evaluation.cheap_cost``) are work items:
   last result (the snapshot's stamp differs) and that result is at least ``cadence[tester]``
   rounds old; an unchanged window keeps its last result, with its ``evaluated_at``;
 * **fair** -- candidates are ordered by staleness: no result first, then the oldest result, then
-  (among equals) the window whose statistics changed first, then a fixed hash of the item (no
-  alphabetical favourites);
+  (among equals) the window whose statistics changed first, then a fixed hash of the window (no
+  alphabetical favourites; a window's testers next to each other);
 * **cost-aware** -- the round takes candidates in that order while their measured cost (a moving
   average per tester, :class:`CostModel`) fits what the pool can do before the next round
   (:func:`horizon`) times the workers; an item too large for what is left is passed over for a
@@ -32,9 +32,10 @@ the back of the order.  So every window with enough data gets every configured t
 every ``N = max(cadence, ceil(sum_items c / (C - c_max)))`` rounds (:func:`starvation_bound`;
 ``None`` when ``C <= c_max``: the budget cannot hold one call).  Example (README): 1000 models x 3
 segments x 3 windows, smCE 0.4 s + LDTC 0.6 s per window, budget 30 s on 2 workers: ``C = 48 s``,
-``N = ceil(9000 / 47.4) = 190`` rounds; with the period as horizon (``every`` 60 s) and the
-costs of docs/statistics/fast-nulls.md (smCE 0.042 s, LDTC 0.108 s) ``C = 96 s`` and
-``N = ceil(9000 x 0.075 / 95.9) = 8`` rounds.
+``N = ceil(9000 / 47.4) = 190`` rounds; with the period as horizon (``every`` 60 s, ``C = 96 s``) and
+the costs of docs/statistics/fast-nulls.md (smCE 0.042 s, LDTC 0.108 s a window)
+``N = ceil(9000 x 0.15 / 95.9) = 15`` rounds, 8 where windows share their grid (identical jobs run once,
+:mod:`calmon.evaluate.pool`).
 
 Examples
 --------
@@ -129,8 +130,11 @@ class Candidate:
     #: Round in which the window's statistics last changed.
     changed_round: int
 
-    def priority(self) -> tuple[int, int, int]:
-        return self.last_round, self.changed_round, zlib.crc32("\0".join((*self.key, self.test)).encode())
+    def priority(self) -> tuple[int, int, int, str]:
+        # the hash of the window only, then the tester: a window's testers run together, so a pass that is
+        # cut short leaves windows with every tester rather than every window with some (issue #35 counts the
+        # windows holding a result of every tester)
+        return self.last_round, self.changed_round, zlib.crc32("\0".join(self.key).encode()), self.test
 
 
 class CostModel:
