@@ -323,10 +323,7 @@ class Evaluator:
         with the results that arrived, or ``None`` if none did.  The alert rules judge them in the next round.
 
         Once a result arrived, more are gathered for ``max(SETTLE_GATHER, REPUBLISH_SHARE x republish_cost)``
-        seconds (the caller's cost of publishing the evaluations, plus this method's own assembling).  Then a
-        background pool is given the next candidates of the last round's windows that fit until ``until``
-        (:func:`~calmon.evaluate.workitems.horizon`): the workers do not idle until the next round while
-        windows wait for a tester."""
+        seconds (the caller's cost of publishing the evaluations, plus this method's own assembling)."""
         pending = [job[0] for job in self.inflight.values()]
         while pending and not self._stop.is_set() and not interrupted():
             left = until - self.monotonic()
@@ -343,8 +340,6 @@ class Evaluator:
             pending = list(not_done)
         if not self._harvest():
             return None
-        if self.pool.kind != "inline" and not self._stop.is_set():
-            self._schedule(self._live, until)  # work-conserving: refill the pool for the rest of the period
         t0 = self.monotonic()
         out = [self._assemble(w, e) for w, e in self._live]
         self._assemble_cost = self.monotonic() - t0
