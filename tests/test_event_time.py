@@ -87,16 +87,7 @@ def test_calmon_run_exit_when_done_replays_history_exactly(tmp_path):
     lines = _replay()
     for kind in ("outcome", "unknown-model outcome"):
         lines = _without_ts(lines, kind)
-    src = tmp_path / "events.jsonl"
-    src.write_bytes(b"\n".join(lines) + b"\n")
-    cfg = tmp_path / "calmon.yaml"
-    cfg.write_text(f"state_dir: {tmp_path / 'state'}\nsources: [{{name: f, path: {src}}}]\n"
-                   "exporter: {enabled: false}\nevaluation: {tests: [], min_events: 10}\njoin: {ttl: 30d}\n")
-    results = tmp_path / "results.json"
-    out = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--exit-when-done",
-                          "--results", str(results)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    join = json.loads(results.read_text())["agent"]["join"]
+    join = _calmon_run(tmp_path, lines)["agent"]["join"]
     assert join["joined"] == {"m": N} and join["expired"] == {}
 
 

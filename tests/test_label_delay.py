@@ -42,13 +42,7 @@ def _events(path: Path) -> None:
 
 def _agent(tmp_path: Path, ttl: str) -> Agent:
     _events(tmp_path / "in.jsonl")
-    doc = {"state_dir": str(tmp_path / "state"), "sources": [{"path": str(tmp_path / "in.jsonl")}],
-           "exporter": {"enabled": False}, "evaluation": {"tests": [], "min_events": 10},
-           "ingest": {"exit_when_done": True}, "join": {"ttl": ttl}}
-    agent = Agent(build_config(doc, env={}))
-    agent.open()
-    agent.run()
-    return agent
+    return _run(tmp_path, ttl)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
