@@ -1,8 +1,8 @@
 """The ``calmon`` command line: one subcommand per module in :mod:`calmon.commands`.
 
 A command's module is imported only when that command runs (``calmon check`` pulls in scipy and the testers,
-``calmon report`` matplotlib): ``calmon --version`` imports none of them, and ``calmon --help`` (or no command)
-imports them all to list them. ``tests/test_imports_light.py`` holds the module sets.
+``calmon report`` matplotlib): ``calmon --version``, ``calmon --help``, no command or an unknown one import none of
+them -- the list comes from :data:`calmon.commands.SUMMARIES`. ``tests/test_imports_light.py`` holds the module sets.
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ import sys
 from collections.abc import Sequence
 
 from calmon import __version__
+from calmon.commands import SUMMARIES
 from calmon.formats.extras import MissingExtra
 
 #: Subcommand modules; each exposes ``register(subparsers)`` setting ``func(args) -> int``.
-COMMANDS: tuple[str, ...] = ("run", "demo", "check", "report", "simulate", "fit", "apply", "schema")
+COMMANDS: tuple[str, ...] = tuple(SUMMARIES)
 
 
 class UsageError(ValueError):
@@ -25,16 +26,22 @@ class UsageError(ValueError):
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The parser of ``argv``: with only the command ``argv`` names registered, none for ``--version``, all else.
+    """The parser of ``argv``: the command ``argv`` names registered in full, the others by their summary only.
 
-    ``build_parser()`` (no ``argv``) registers every command.
+    ``build_parser()`` (no ``argv``) registers every command in full, as the reference generator needs.
     """
     parser = argparse.ArgumentParser(prog="calmon", description="Calibration monitor for production ML.")
     parser.add_argument("--version", action="version", version=f"calmon {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for name in _needed(argv):
-        importlib.import_module(f"calmon.commands.{name}").register(sub)
+    full = _needed(argv)
+    for name in COMMANDS:
+        if name in full:
+            importlib.import_module(f"calmon.commands.{name}").register(sub)
+        elif argv is not None and full == ():
+            # Top-level help, no command or an unknown one: argparse lists (or offers) the names with their
+            # summaries and exits before it would parse a command's arguments.
+            sub.add_parser(name, help=SUMMARIES[name], add_help=False)
     return parser
 
 
@@ -45,9 +52,7 @@ def _needed(argv: Sequence[str] | None) -> Sequence[str]:
     first = next((a for a in argv if not a.startswith("-")), None)
     if first in COMMANDS:
         return (first,)
-    if first is None and "--version" in argv and not {"-h", "--help"} & set(argv):
-        return ()  # argparse prints the version and exits before it needs a command
-    return COMMANDS  # help, no command or an unknown one: argparse lists them all
+    return ()  # --version, help, no command or an unknown one: the summaries are enough
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,6 +14,7 @@ import numpy as np
 
 from calmon.calibration.base import Calibrator
 from calmon.calibration.document import load
+from calmon.commands import SUMMARIES
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
 
@@ -21,7 +22,7 @@ FORMATS = ("csv", "jsonl", "npz")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("apply", help="recalibrate a file's predictions with a calibrator document",
+    p = sub.add_parser("apply", help=SUMMARIES["apply"],
                        description="Apply a calibrator (from `calmon fit`) to JSONL events, CSV or NPZ and write the "
                                    "recalibrated predictions with their labels (readable by `calmon check`).")
     p.add_argument("calibrator", help="calibrator document (JSON) written by `calmon fit`")

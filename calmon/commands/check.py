@@ -14,6 +14,7 @@ import numpy as np
 from calmon import __version__
 from calmon.algorithms.ece import reliability, summary
 from calmon.calibration.split import hash_split
+from calmon.commands import SUMMARIES
 from calmon.commands.progress import Steps
 from calmon.evaluate.verdict import summarize
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
@@ -44,7 +45,7 @@ def add_verdict_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="report calibration metrics and tests of a file",
+    p = sub.add_parser("check", help=SUMMARIES["check"],
                        description="Calibration report of JSONL events, CSV or NPZ (use - for standard input).")
     p.add_argument("input", nargs="+", help=INPUTS_HELP)
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the readable report")

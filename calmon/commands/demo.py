@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from calmon.commands import SUMMARIES
+
 if TYPE_CHECKING:
     from calmon.evaluate.types import Evaluation
 #: The demo's configuration (kept identical to config/demo.yaml by tests/test_config.py).
@@ -53,7 +55,7 @@ DEMO_CONFIG: dict[str, Any] = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="run the agent on a simulated stream with an injected calibration drift",
+    p = sub.add_parser("demo", help=SUMMARIES["demo"],
                        description="Run the agent on an embedded simulated stream (no Kafka needed); a "
                                    "calibration drift starts after one minute and the testers catch it.")
     p.add_argument("--port", type=int, default=9464, help="HTTP port of /metrics and the status page "

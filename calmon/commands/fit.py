@@ -13,6 +13,7 @@ from calmon.calibration.base import Calibrator
 from calmon.calibration.metrics import binary_metrics, multiclass_metrics
 from calmon.calibration.registry import CALIBRATORS, make_calibrator
 from calmon.calibration.split import hash_split
+from calmon.commands import SUMMARIES
 from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import check_replaceable, write_json_atomic
 from calmon.offline.inputs import INPUTS_HELP, Dataset, read_inputs
@@ -24,7 +25,7 @@ MAX_FIT_BINS = 100_000
 
 def register(sub: argparse._SubParsersAction) -> None:
     methods = ", ".join(CALIBRATORS.names())
-    p = sub.add_parser("fit", help="fit a recalibration map (Platt, isotonic, scaling-binning, ...) on a labeled file",
+    p = sub.add_parser("fit", help=SUMMARIES["fit"],
                        description="Fit a calibrator on JSONL events, CSV or NPZ and write a versioned JSON "
                                    f"document (methods: {methods}). Binary methods fit the binary score, or "
                                    "the top-label confidence of multiclass data.")

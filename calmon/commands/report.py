@@ -11,6 +11,7 @@ import numpy as np
 
 from calmon.algorithms.smooth import smce_witness
 from calmon.calibration.document import load
+from calmon.commands import SUMMARIES
 from calmon.commands.check import (
     DEFAULT_TESTS,
     Steps,
@@ -33,7 +34,7 @@ MAX_CLASS_PANELS = 10
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("report", help="write an HTML, PNG or SVG calibration report of a file",
+    p = sub.add_parser("report", help=SUMMARIES["report"],
                        description="Reliability diagrams with histogram and bands, the smCE witness, the tests "
                                    "and the verdict, in one self-contained file.")
     p.add_argument("input", nargs="+", help=INPUTS_HELP)

@@ -17,13 +17,14 @@ import signal
 import sys
 from typing import Any
 
+from calmon.commands import SUMMARIES
 from calmon.config import ConfigError, load_config
 
 ROLES = ("all", "ingest", "evaluate")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("run", help="run the monitoring agent with a YAML configuration",
+    p = sub.add_parser("run", help=SUMMARIES["run"],
                        description="Run the agent: ingest events, keep windowed statistics, evaluate on a "
                                    "schedule, serve /metrics. Environment variables CALMON__SECTION__KEY "
                                    "override configuration values.")

@@ -6,13 +6,15 @@ import argparse
 import sys
 from pathlib import Path
 
+from calmon.commands import SUMMARIES
+
 SAMPLE_RECORDS = 2000  # calmon.offline.sample.SAMPLE_RECORDS: the parser imports nothing heavy (lazy imports)
 INPUTS_HELP = ("files (.jsonl, .csv, .parquet, .arrow; compressed too), directories, glob patterns, or - for standard "
                "input; predictions and outcomes may be in different files")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("schema", help="schema mappings for records of your own shape (suggest one)",
+    p = sub.add_parser("schema", help=SUMMARIES["schema"],
                        description="Schema mappings from your record shape to calmon's fields (docs/schemas.md).")
     actions = p.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True

@@ -6,6 +6,7 @@ import argparse
 import math
 import sys
 
+from calmon.commands import SUMMARIES
 from connectors.simulation import SimulationSpec, Simulator
 
 #: ``--classes`` at most: the agent's largest class limit (``limits.max_classes``).
@@ -13,7 +14,7 @@ MAX_CLASSES = 100_000
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("simulate", help="write a synthetic event stream (JSONL) with known miscalibration",
+    p = sub.add_parser("simulate", help=SUMMARIES["simulate"],
                        description="Write a synthetic event stream as JSONL (to standard output by default).")
     p.add_argument("-n", "--events", type=int, default=10000, help="number of predictions (default 10000)")
     p.add_argument("--classes", type=int, default=2, help="2 for binary scores, K > 2 for probabilities")
