@@ -30,6 +30,7 @@ CONTRACT = {
     "calmon_ldtc", "calmon_brier_score", "calmon_accuracy", "calmon_mean_confidence",
     "calmon_reliability_mean_score", "calmon_reliability_mean_outcome", "calmon_reliability_events",
     "calmon_test_statistic", "calmon_test_p_value", "calmon_test_rejected", "calmon_test_insufficient_data",
+    "calmon_verdict_material",
     "calmon_evaluation_duration_seconds_bucket", "calmon_evaluation_duration_seconds_sum",
     "calmon_evaluation_duration_seconds_count", "calmon_evaluations_total",
     "calmon_evaluation_overruns_total",

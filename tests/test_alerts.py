@@ -114,6 +114,31 @@ def test_insufficient_data_and_min_events_freeze_the_state():
     assert eng.evaluate([ev("calibrated")], now=7)[0].state == "resolved"
 
 
+def test_a_rejection_within_the_verdicts_tolerance_does_not_alert_unless_asked():
+    """The verdict said "calibrated within tolerance; no action" while the rule paged: the rule follows it now."""
+    def judged(material: bool | None) -> dict:
+        e = ev("miscalibrated")
+        e["summary"] = {"verdict": "calibrated within tolerance" if material is False else "miscalibrated",
+                        "material": material}
+        return e
+
+    follows = AlertEngine([{"name": "Drift", "kind": "test_rejected", "test": "tcal", "consecutive": 2,
+                            "clear_after": 2}])
+    strict = AlertEngine([{"name": "Drift", "kind": "test_rejected", "test": "tcal", "consecutive": 2,
+                           "clear_after": 2, "ignore_immaterial": False}])
+    got = [(follows.evaluate([judged(m)], now=t)[0].state, strict.evaluate([judged(m)], now=t)[0].state)
+           for t, m in enumerate([False, False, True, True, False, False, None, None])]
+    assert got == [("inactive", "pending"), ("inactive", "firing"), ("pending", "firing"), ("firing", "firing"),
+                   ("firing", "firing"), ("resolved", "firing"), ("pending", "firing"), ("firing", "firing")]
+    # an evaluation without a verdict (older checkpoints, plugins) is judged by the test alone
+    assert follows.evaluate([ev("miscalibrated")], now=9)[0].state == "firing"
+    with pytest.raises(ValueError, match=r"^alerts\[0\]\.ignore_immaterial: only valid for kind 'test_rejected'"):
+        validate_rules([{"name": "x", "kind": "threshold", "metric": "ece", "threshold": 1,
+                         "ignore_immaterial": False}])
+    with pytest.raises(ValueError, match=r"^alerts\[0\]\.ignore_immaterial: expected true or false"):
+        validate_rules([{"name": "x", "kind": "test_rejected", "test": "t", "ignore_immaterial": "no"}])
+
+
 def test_threshold_rules_ops_paths_and_nan():
     eng = AlertEngine([
         {"name": "EceHigh", "kind": "threshold", "metric": "ece", "threshold": 0.05, "min_events": 100},

@@ -106,6 +106,7 @@ def test_promtool_rule_unit_tests():
     ('calmon_ece{window="24h"} > 0.05', 'calmon_ece{window="24h"} > 0.5'),
     ("calmon_window_events{window=\"24h\"} >= 1000", "calmon_window_events{window=\"24h\"} >= 0"),
     ("expr: up{job=\"calmon\"} == 0\n        for: 5m", "expr: up{job=\"calmon\"} == 0\n        for: 1m"),
+    ("calmon_verdict_material == 0", "calmon_verdict_material == 2"),  # the tolerance ignored
 ])
 def test_rule_unit_tests_catch_a_broken_rule(tmp_path, old, new):
     """The promtool unit tests are not vacuous: a mutated rule makes them fail."""

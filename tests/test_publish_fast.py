@@ -196,6 +196,8 @@ def ref_metrics(st: dict[str, Any], budget: SeriesBudget) -> tuple[bytes, tuple[
                 if r.get("evaluated_at") is not None:
                     put((rounds.AGE, lab(test=test), 0.0))
                     ages.append((model, lab(test=test), float(r["evaluated_at"])))
+        if isinstance(e.get("summary"), dict) and e["summary"].get("material") is not None:
+            put(("calmon_verdict_material", lab(), float(bool(e["summary"]["material"]))))
         if "predictions" in e:
             put(("calmon_window_predictions", lab(), e["predictions"]))
         for m, bounds in (e.get("estimated") or {}).items():
@@ -387,6 +389,8 @@ def _evaluation(rng: np.random.Generator, i: int) -> dict[str, Any]:
         ev["estimation_error"] = {"b\"rier": _odd(rng), "accuracy": 0.25}
     if rng.random() < 0.2:
         ev["score_drift"] = {"psi": _odd(rng), "p_value": None}
+    if rng.random() < 0.4:  # the verdict's materiality: act, within tolerance or calibrated, undecided
+        ev["summary"] = {**ev.get("summary", {}), "material": [True, False, None][int(rng.integers(3))]}
     if ev.get("reliability") and rng.random() < 0.3:
         ev["reliability"] = [{**p, "bin": -0.0 if j == 0 else p["bin"], "events": _odd(rng)}
                              for j, p in enumerate(ev["reliability"])]

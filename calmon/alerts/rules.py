@@ -28,7 +28,7 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _ALLOWED_KEYS = {
     "name", "kind", "test", "metric", "op", "threshold", "min_events", "consecutive", "clear_after",
-    "models", "segments", "windows", "severity", "labels", "annotations", "signals", "within",
+    "models", "segments", "windows", "severity", "labels", "annotations", "signals", "within", "ignore_immaterial",
 }
 _SEVERITIES = ("info", "warning", "critical", "page")
 
@@ -59,6 +59,10 @@ class AlertRule:
         Shell-style patterns (``fnmatch``) selecting evaluations.
     severity
         ``severity`` label.
+    ignore_immaterial
+        ``test_rejected``: a rejection the verdict calls immaterial (its ECE interval lies below
+        ``verdict.tolerance.ece``: "calibrated within tolerance; no action") is judged OK, so the alert agrees with
+        the verdict (default); ``false`` alerts on every significant rejection.
     labels, annotations
         Extra labels; annotation templates with ``{model}``, ``{segment}``, ``{window}``,
         ``{value}``, ``{threshold}``, ``{test}``, ``{metric}``, ``{n}``, ``{alert}``, ``{severity}``.
@@ -82,6 +86,7 @@ class AlertRule:
     #: ``change_detected``: signal patterns, and how long (event-time seconds) a detection keeps the alert bad.
     signals: tuple[str, ...] = ("*",)
     within: float = 3600.0
+    ignore_immaterial: bool = True
 
     def applies_to(self, ev: Mapping[str, Any]) -> bool:
         """Change rules judge change judgements (they carry ``changes``), the other kinds window evaluations."""
@@ -114,6 +119,10 @@ class AlertRule:
             decision = res.get("decision")
             if not n_ok or decision not in ("calibrated", "miscalibrated"):
                 return None, value
+            if decision == "miscalibrated" and self.ignore_immaterial:
+                verdict = ev.get("summary")
+                if isinstance(verdict, Mapping) and verdict.get("material") is False:
+                    return False, value  # significant, but within the verdict's tolerance: no action
             return decision == "miscalibrated", value
         value = _lookup(ev, self.metric or "")
         if value is None or not n_ok:
@@ -260,6 +269,11 @@ def _rule(rule: Any, where: str, seen: set[str]) -> AlertRule:
     for k in ("signals", "within"):
         if k in rule and kind != "change_detected":
             raise ValueError(f"{where}.{k}: only valid for kind 'change_detected'")
+    ignore_immaterial = rule.get("ignore_immaterial", True)
+    if "ignore_immaterial" in rule and kind != "test_rejected":
+        raise ValueError(f"{where}.ignore_immaterial: only valid for kind 'test_rejected'")
+    if not isinstance(ignore_immaterial, bool):
+        raise ValueError(f"{where}.ignore_immaterial: expected true or false, got {ignore_immaterial!r}")
     if kind == "test_rejected":
         test, metric, op, threshold = _test_fields(rule, where)
     elif kind == "threshold":
@@ -282,6 +296,7 @@ def _rule(rule: Any, where: str, seen: set[str]) -> AlertRule:
         annotations=_str_map(rule, "annotations", where, False),
         signals=_patterns(rule, "signals", where),
         within=_seconds(rule, "within", where, 3600.0),
+        ignore_immaterial=ignore_immaterial,
     )
 
 

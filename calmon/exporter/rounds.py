@@ -185,6 +185,10 @@ def _line(head: str, labels: str, v: Any) -> str:
     return f"{head}{labels}}} {_fmt(v)}\n"
 
 
+#: The verdict's materiality per window (``calmon_test_rejected`` is per tester and knows no tolerance).
+MATERIAL = "calmon_verdict_material"
+
+
 def _families() -> dict[str, _Family]:
     fams: dict[str, _Family] = {"calmon_window_events": _Family("calmon_window_events", "Labeled events in the window")}
     fams.update({n: _Family(n, doc) for n, (_, doc) in WINDOW_GAUGES.items()})
@@ -193,6 +197,9 @@ def _families() -> dict[str, _Family]:
     for name, doc in (("calmon_test_p_value", "Tester p-value (NaN when it has none)"),
                       (AGE, "Seconds since the tester result was computed"),  # rendered per scrape
                       ("calmon_test_rejected", "1 = miscalibrated"),
+                      (MATERIAL, "1 = the tests reject calibration and the error is material (not within "
+                                 "verdict.tolerance.ece), 0 = calibrated or within tolerance; absent while no "
+                                 "test decides"),
                       ("calmon_test_insufficient_data", "1 = the tester had too little data"),
                       ("calmon_test_statistic", "Tester statistic")):
         fams[name] = _Family(name, doc)
@@ -215,7 +222,7 @@ def _families() -> dict[str, _Family]:
 
 def _tier(name: str) -> str:
     """The tier of a per-window family (module docstring)."""
-    if name in ("calmon_test_p_value", "calmon_test_rejected"):
+    if name in ("calmon_test_p_value", "calmon_test_rejected", MATERIAL):
         return "tests"
     if name.startswith("calmon_test_"):
         return "details"
@@ -279,6 +286,9 @@ class _WindowPart:
             details.append(("calmon_test_insufficient_data", k, 1.0 if decision == "insufficient data" else 0.0))
             if r.get("evaluated_at") is not None:
                 my_ages.append((k, float(r["evaluated_at"])))  # counted with the details, rendered per scrape
+        material = (e.get("summary") or {}).get("material")
+        if material is not None:  # the verdict's "worth acting on" (calmon.evaluate.verdict), one per window
+            tests.append((MATERIAL, key, 1.0 if material else 0.0))
         estimates = _estimates(e, key, budget.estimates)
         if "predictions" in e:
             estimates.insert(0, ("calmon_window_predictions", key, e["predictions"]))
