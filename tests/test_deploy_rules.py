@@ -215,6 +215,7 @@ def test_dashboard_structure_and_required_panels():
     assert gap["repeat"] == "diagram_window" and " - calmon_reliability_mean_score" in gap["targets"][0]["expr"]
     (verdict,) = [p for p in panels_using("calmon_test_rejected", "table") if "Verdict" in p["title"]]
     assert verdict["targets"][0]["expr"].startswith("max by (model, segment, window)")
+    assert "calmon_verdict_material" in verdict["targets"][0]["expr"]  # "within tolerance" is not "MISCALIBRATED"
     parent_rows = [p for p in d["panels"] if p["type"] == "row" and p.get("repeat") == "model"]
     assert parent_rows, "reliability diagrams must repeat per model"
     for metric, kind in [("calmon_ece{", "timeseries"), ("calmon_smce", "timeseries"),
@@ -339,7 +340,8 @@ def default_export(tmp_path: Path) -> dict[str, list[dict[str, str]]]:
             "tests": {t.name: {"statistic": 0.1, "p_value": 0.4, "decision": "calibrated", "evaluated_at": 1.0}
                       for t in cfg.evaluation.tests},
             "estimated": {m: {"value": 0.5, "lo": 0.4, "hi": 0.6} for m in ESTIMATED},
-            "estimation_error": {m: 0.01 for m in ESTIMATED}, "score_drift": {"psi": 0.1, "p_value": 0.5}}
+            "estimation_error": {m: 0.01 for m in ESTIMATED}, "score_drift": {"psi": 0.1, "p_value": 0.5},
+            "summary": {"verdict": "calibrated", "material": False}}  # as summarize() says of these tests
            for w in cfg.windows.names]
     view = RoundView(scheduler={"evaluations": 3, "overruns": 0, "last_timestamp": 1.0}, evaluations=evs,
                      state_bytes={model: 100},
@@ -416,3 +418,29 @@ def test_dashboard_queries_resolve_against_the_default_export(tmp_path):
     for gone in ('calmon_reliability_events{model="fraud",window="1h"}', "calmon_estimated_brier_lower",
                  'calmon_estimation_error{metric="brier"}'):
         assert unresolved(gone, exported), gone
+
+
+def test_dashboard_verdict_table_tells_material_from_within_tolerance(tmp_path):
+    """The verdict table's query, evaluated by Prometheus' own engine (promtool): 0 no test rejects, 1 a material
+    rejection, 2 a rejection within the verdict's tolerance, and the tests alone without calmon_verdict_material."""
+    promtool = require_binary("promtool")
+    panels = all_panels(dashboard()["panels"])
+    (verdict,) = [p for p in panels if p["type"] == "table" and "Verdict" in p["title"]]
+    expr = substitute(verdict["targets"][0]["expr"])
+    series = []
+    for model, rejected, material in (("ok", 0, 0), ("bad", 1, 1), ("small", 1, 0), ("old", 1, None)):
+        for test, r in (("tcal", rejected), ("smce", 0)):
+            series.append({"series": f'calmon_test_rejected{{model="{model}",segment="all",window="1h",'
+                                     f'test="{test}"}}', "values": f"{r}x3"})
+        if material is not None:
+            series.append({"series": f'calmon_verdict_material{{model="{model}",segment="all",window="1h"}}',
+                           "values": f"{material}x3"})
+    expr = expr.replace('model=~"fraud"', 'model=~".*"')
+    want = {"ok": 0, "bad": 1, "small": 2, "old": 1}
+    doc = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": series,
+        "promql_expr_test": [{"expr": expr, "eval_time": "2m", "exp_samples": [
+            {"labels": f'{{model="{m}",segment="all",window="1h"}}', "value": v} for m, v in want.items()]}]}]}
+    (tmp_path / "t.yml").write_text(yaml.safe_dump(doc))
+    res = run([promtool, "test", "rules", str(tmp_path / "t.yml")])
+    assert res.returncode == 0, res.stdout + res.stderr

@@ -157,7 +157,8 @@ def row(title: str, repeat: str | None = None) -> db.Row:
     return r.repeat(repeat) if repeat else r
 
 
-VERDICT = _value_map({"0": "no test rejects", "1": "MISCALIBRATED"}, {"0": "green", "1": "red"})
+VERDICT = _value_map({"0": "no test rejects", "1": "MISCALIBRATED", "2": "within tolerance (no action)"},
+                     {"0": "green", "1": "red", "2": "yellow"})
 
 
 def overview(d: db.Dashboard) -> db.Dashboard:
@@ -184,9 +185,15 @@ def overview(d: db.Dashboard) -> db.Dashboard:
     L.newline()
     d = d.with_panel(table_(
         "Verdict per window: does any test reject calibration?",
-        [q(f"max by ({BY}) (calmon_test_rejected{{{SEL}}})", instant=True, fmt="table")], w=12, h=6,
-        desc="1 = at least one tester rejects calibration at its level (calmon_test_rejected); the status "
-             "page (the link in every calibration alert) says in which direction and in which score ranges.",
+        # 2 where a test rejects but the verdict calls it immaterial (calmon_verdict_material 0); an agent
+        # without that family falls back to the tests alone
+        [q(f"max by ({BY}) (calmon_test_rejected{{{SEL}}}) * on ({BY}) "
+           f"(2 - max by ({BY}) (calmon_verdict_material{{{SEL}}})) "
+           f"or max by ({BY}) (calmon_test_rejected{{{SEL}}})", instant=True, fmt="table")], w=12, h=6,
+        desc="1 = at least one tester rejects calibration at its level (calmon_test_rejected) and the error is "
+             "material; 2 = it rejects, but the ECE interval lies below verdict.tolerance.ece "
+             "(calmon_verdict_material 0). The status page (the link in every calibration alert) says in which "
+             "direction and in which score ranges.",
         transformations=[MERGE, _organize(HIDDEN, rename={"Value": "verdict"})]).mappings([VERDICT]))
     d = d.with_panel(table_("Calibration alerts (firing and pending in the agent)",
                             [q(f"calmon_alert_active{{{SEL}}}", instant=True, fmt="table")], w=12, h=6,
