@@ -262,3 +262,59 @@ def test_pandas_and_polars_dataframes_when_installed() -> None:
     labels[3] = pd.NA
     with pytest.raises(ValueError, match=r"^Input label contains missing values \(first at row 3\)$"):
         calmon.check(pd.DataFrame({"score": rows["score"], "label": labels}))
+
+
+@pytest.mark.parametrize("kind", ["binary", "multiclass"])
+def test_check_of_two_frames_joins_them_as_the_cli_joins_two_files(tmp_path: Path, kind: str,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Predictions and outcomes in two frames (#32 left it out: "join them first"): joined by id as
+    ``calmon check predictions.jsonl outcomes.jsonl`` joins the files -- shuffled outcomes, outcomes with and
+    without model and time, a prediction never labelled, an orphan outcome, a repeated id."""
+    rows = binary_rows(1200) if kind == "binary" else multiclass_rows(1200)
+    n = len(rows["label"])
+    rng = np.random.default_rng(7)
+    ts = 1.76e9 + np.arange(n, dtype=float)
+    order = rng.permutation(n - 1)  # the last prediction gets no outcome
+    out_ids = np.append(rows["id"][order], ["ghost", rows["id"][order[0]]])  # an orphan and a repeated outcome
+    out_labels = np.append(rows["label"][order].astype(int), [1, int(rows["label"][order[0]])])
+    out_ts = np.append(ts[order] + 60.0, [ts[0], ts[order[0]] + 61.0])
+    with_model = rng.uniform(size=len(out_ids)) < 0.5
+    preds, outs = tmp_path / "preds.jsonl", tmp_path / "outs.jsonl"
+    with preds.open("w") as f:
+        for i in range(n):
+            ev: dict[str, Any] = {"type": "prediction", "id": str(rows["id"][i]), "model": "m", "ts": ts[i]}
+            if kind == "binary":
+                ev["score"] = float(rows["score"][i])
+            else:
+                ev["probs"] = [float(v) for v in rows["probs"][i]]
+            f.write(json.dumps(ev) + "\n")
+    with outs.open("w") as f:
+        for i in range(len(out_ids)):
+            ev = {"type": "outcome", "id": str(out_ids[i]), "label": int(out_labels[i]), "ts": out_ts[i]}
+            if with_model[i]:
+                ev["model"] = "m"
+            f.write(json.dumps(ev) + "\n")
+    want = cli_json(capsys, ["check", "--json", str(preds), str(outs), "--mc", "300", "--skip-invalid"])
+    pred_frame: dict[str, Any] = {"id": rows["id"], "model": ["m"] * n, "ts": ts.astype("datetime64[s]")}
+    if kind == "binary":
+        pred_frame["score"] = rows["score"]
+    else:
+        pred_frame.update({f"p{k}": rows["probs"][:, k] for k in range(rows["probs"].shape[1])})
+    out_frame = Frame({"id": out_ids, "label": out_labels, "ts": out_ts,
+                       "model": np.where(with_model, "m", "m")})
+    got = calmon.check(Frame(pred_frame), out_frame, mc=300).to_dict()
+    assert want["n"] == n - 1 and got["n"] == n - 1
+    assert {k: v for k, v in got.items() if k != "input"} == {k: v for k, v in want.items() if k != "input"}
+    # the join's counts: a prediction still waiting; the orphan and the repeat (its prediction already joined)
+    ds = calmon.check(Frame(pred_frame), {"id": out_ids, "label": out_labels}, mc=300).dataset
+    assert (ds.joined, ds.unjoined_predictions, ds.orphan_outcomes) == (n - 1, 1, 2)
+
+
+def test_check_of_two_frames_names_the_frame_row_and_field() -> None:
+    preds = {"id": ["a", "b", "c"], "score": [0.2, 0.9, 0.6]}
+    with pytest.raises(ValueError, match=r"^<outcomes>: row 2: label_range: "):
+        calmon.check(preds, {"id": ["a", "b"], "label": [1, 7]})
+    with pytest.raises(ValueError, match=r"^<predictions>: row 3: out_of_range: score must lie in \[0, 1\]"):
+        calmon.check({"id": ["a", "b", "c"], "score": [0.2, 0.9, 1.6]}, {"id": ["a"], "label": [1]})
+    with pytest.raises(ValueError, match=r"^predictions: data has no column 'id' for id"):
+        calmon.check({"score": [0.2]}, {"id": ["a"], "label": [1]})

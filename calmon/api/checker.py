@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from calmon.api.frame import Column, to_dataset
+from calmon.api.join import joined_dataset
 from calmon.commands import check as check_command
 from calmon.formats.extras import MissingExtra
 from calmon.formats.jsonio import clean
@@ -41,8 +42,9 @@ def command_args(module: Any, name: str, **options: Any) -> argparse.Namespace:
     return args
 
 
-def check(data: Any = None, *, score: Column = None, label: Column = "label", probs: Column = None,
-          id: Column = None, ts: Column = None, model: str | None = None,  # noqa: A002 -- the event field
+def check(data: Any = None, outcomes: Any = None, *, score: Column = None, label: Column = "label",
+          probs: Column = None, id: Column = None, ts: Column = None,  # noqa: A002 -- the event field
+          model: str | None = None,
           tests: str | list[str] | None = None, alpha: float | None = None, mc: int | None = None,
           seed: int | None = None, bins: int | None = None, reliability_bins: int | None = None,
           test_params: Mapping[str, Mapping[str, Any]] | None = None, reference: Any = None,
@@ -53,6 +55,10 @@ def check(data: Any = None, *, score: Column = None, label: Column = "label", pr
     ----------
     data
         A pandas or polars DataFrame, a dict of arrays, a structured array, or ``None`` with arrays below.
+    outcomes
+        The outcomes in a frame of their own (an id and ``label`` column, optional ``ts``, ``model``): ``data``
+        then holds the predictions, and the two are joined by id as ``calmon check predictions outcomes`` joins
+        two files (:mod:`calmon.api.join`); ``id`` defaults to the ``id`` column of both.
     score, label, probs, id, ts
         Columns of ``data`` (names) or arrays: binary ``score`` (P(y = 1)) or multiclass ``probs`` (a column
         of vectors, a list of columns, or an (n, K) array), and ``label`` (0/1 or booleans; class indices for
@@ -96,8 +102,18 @@ def check(data: Any = None, *, score: Column = None, label: Column = "label", pr
     True
     >>> check(df, tests="none").calibrated is None   # metrics only: no verdict
     True
+    >>> preds = {"id": np.arange(2000), "score": p}       # predictions and outcomes in two frames
+    >>> outs = {"id": np.arange(2000)[::-1], "label": df["label"][::-1]}
+    >>> check(preds, outs).metrics == r.metrics           # joined by id
+    True
     """
-    ds = to_dataset(data, score=score, label=label, probs=probs, id=id, ts=ts, model=model, source=source)
+    if outcomes is not None:
+        ds = joined_dataset(data, outcomes, score=score, probs=probs, label=label, id="id" if id is None else id,
+                            ts=ts, model=model)
+        if source is not None:
+            ds.source = source
+    else:
+        ds = to_dataset(data, score=score, label=label, probs=probs, id=id, ts=ts, model=model, source=source)
     names = ",".join(tests) if isinstance(tests, (list, tuple)) else tests
     items = [f"{t}.{k}={json.dumps(v)}" for t, opts in (test_params or {}).items() for k, v in opts.items()]
     args = command_args(check_command, "check", tests=names, alpha=alpha, mc=mc, seed=seed, bins=bins,
