@@ -30,9 +30,10 @@ from a file (``file-agent``, the same records as JSON lines), from memory, and f
 in interleaved rounds, printed with min / median / max rates, each path's rate over the memory-fed agent's
 per round (min and median) and the load average after each round; then the CPU time per record of each path
 (this process with all its threads, the client's included, and the broker's), whose ratio is what the rates'
-ratio tends to when every core is busy::
+ratio tends to when every core is busy. ``--stages`` also splits the reading thread's CPU per record into the
+client library's call, the adapter, the source and ``Agent.ingest`` (docs/kafka.md, "Where a record's CPU goes")::
 
-    python -m benchmarks.bench_kafka --n 1000000 --partitions 3 --repeat 3
+    python -m benchmarks.bench_kafka --n 1000000 --partitions 3 --repeat 3 --stages
 """
 
 from __future__ import annotations
