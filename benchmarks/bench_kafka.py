@@ -30,9 +30,10 @@ from a file (``file-agent``, the same records as JSON lines), from memory, and f
 in interleaved rounds, printed with min / median / max rates, each path's rate over the memory-fed agent's
 per round (min and median) and the load average after each round; then the CPU time per record of each path
 (this process with all its threads, the client's included, and the broker's), whose ratio is what the rates'
-ratio tends to when every core is busy::
+ratio tends to when every core is busy. ``--stages`` also splits the reading thread's CPU per record into the
+client library's call, the adapter, the source and ``Agent.ingest`` (docs/kafka.md, "Where a record's CPU goes")::
 
-    python -m benchmarks.bench_kafka --n 1000000 --partitions 3 --repeat 3
+    python -m benchmarks.bench_kafka --n 1000000 --partitions 3 --repeat 3 --stages
 """
 
 from __future__ import annotations
@@ -77,6 +78,56 @@ class _Clock:
         global LAST_CPU
         LAST_CPU = (time.process_time() - self.c0, _broker_cpu() - self.b0)
         return time.perf_counter() - self.t0
+
+
+class _Stages:
+    """Per-stage timers of the agent's loop on Kafka (``--stages``): CPU of the reading thread (``thread_time``)
+    and wall time of the client's call (``consume()`` / ``KafkaConsumer.poll``), of the adapter around it, of the
+    source around the adapter (its batch: positions, origins) and of ``Agent.ingest``; the process's other threads
+    (the client's) are the process CPU minus the reading thread's."""
+
+    KEYS = ("client call", "adapter", "source", "agent ingest")
+
+    def __init__(self) -> None:
+        self.cpu = dict.fromkeys(self.KEYS, 0.0)
+        self.wall = dict.fromkeys(self.KEYS, 0.0)
+        self.thread = 0.0
+
+    def timed(self, key: str, fn: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            c, w = time.thread_time(), time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cpu[key] += time.thread_time() - c
+                self.wall[key] += time.perf_counter() - w
+        return call
+
+    def exclusive(self) -> dict[str, tuple[float, float]]:
+        """(CPU, wall) seconds of each stage without the stages nested in it."""
+        out, inner = {}, (0.0, 0.0)
+        for key in self.KEYS[:3]:  # client call inside adapter inside source
+            out[key] = (self.cpu[key] - inner[0], self.wall[key] - inner[1])
+            inner = (self.cpu[key], self.wall[key])
+        out["agent ingest"] = (self.cpu["agent ingest"], self.wall["agent ingest"])
+        return out
+
+
+class _TimedClient:
+    """The client library's consumer with its batch call timed (every other attribute passes through)."""
+
+    def __init__(self, client: Any, stages: _Stages) -> None:
+        self._client = client
+        for name in ("consume", "poll"):
+            if hasattr(client, name):
+                setattr(self, name, stages.timed("client call", getattr(client, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+#: Stage timers of the last timed agent loop (``--stages``), with the records read and the process CPU seconds.
+LAST_STAGES: tuple[_Stages, int, float] | None = None
 
 
 FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_interval_ms": 200}
@@ -191,8 +242,10 @@ class _Memory:
         self._records = []
 
 
-def bench_agent(src: Any, n: int) -> tuple[float, int]:
-    """Records/s of ``Agent.ingest`` fed by ``src`` (one model, default configuration, no exporter)."""
+def bench_agent(src: Any, n: int, stages: bool = False) -> tuple[float, int]:
+    """Records/s of ``Agent.ingest`` fed by ``src`` (one model, default configuration, no exporter); ``stages``:
+    time each stage of the loop (:class:`_Stages`, stored in :data:`LAST_STAGES`)."""
+    global LAST_STAGES
     from calmon.agent.runtime import Agent
     from calmon.config import build_config
     with tempfile.TemporaryDirectory() as state_dir:
@@ -207,14 +260,28 @@ def bench_agent(src: Any, n: int) -> tuple[float, int]:
             if b is not None:
                 agent.ingest(b, src)
                 got = len(b.records)
-        clock = _Clock()
+        read, ingest, adapter = src.read, agent.ingest, getattr(src, "_consumer", None)
+        timers = _Stages() if stages else None
+        if timers is not None:
+            read, ingest = timers.timed("source", read), timers.timed("agent ingest", ingest)
+            if adapter is not None:  # a Kafka source: its adapter and the client library's consumer inside it
+                adapter.poll = timers.timed("adapter", adapter.poll)
+                client = adapter._consumer
+                adapter._consumer = _TimedClient(client, timers)
+        clock, thread0, first = _Clock(), time.thread_time(), got
         deadline = time.monotonic() + 600
         while got < n and time.monotonic() < deadline:
-            b = src.read(max_records=cfg.ingest.batch_size, timeout=0.5)
+            b = read(max_records=cfg.ingest.batch_size, timeout=0.5)
             if b is not None:
-                agent.ingest(b, src)
+                ingest(b, src)
                 got += len(b.records)
         dt = clock.stop()
+        if timers is not None:
+            timers.thread = time.thread_time() - thread0
+            LAST_STAGES = (timers, got - first, LAST_CPU[0])
+            if adapter is not None:
+                del adapter.poll
+                adapter._consumer = client
         src.close()
         agent.close()
     return dt, got
@@ -241,6 +308,9 @@ def main(argv: list[str] | None = None) -> int:
         "source-group, source-meta, confluent-raw, confluent-source, confluent-source-group, confluent-source-meta",
     )
     ap.add_argument("--plain", action="store_true", help="records without key and headers")
+    ap.add_argument("--stages", action="store_true",
+                    help="time the agent runs' stages (client call, adapter, source, agent ingest; the reading "
+                    "thread's CPU and the client threads') and print their split per record")
     args = ap.parse_args(argv)
     runs = args.runs.split(",")
     from kafka.record import util as record_util
@@ -259,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             versions = (confluent_kafka.__version__, confluent_kafka.libversion()[0])
             print("confluent-kafka {} (librdkafka {})".format(*versions))
     print(f"{os.cpu_count()} CPUs; load average at start {_load()}")
-    global BROKER_PID
+    global BROKER_PID, LAST_STAGES
     with KafkaBroker() as b, tempfile.TemporaryDirectory() as tmp:
         BROKER_PID = b.proc.pid if b.proc is not None else None
         b.create_topic("bench", partitions=args.partitions)
@@ -272,17 +342,23 @@ def main(argv: list[str] | None = None) -> int:
                 f.writelines(_record(i) + b"\n" for i in range(args.n))
         rows: dict[str, list[tuple[int, float]]] = {run: [] for run in runs}
         cpu: dict[str, list[tuple[int, float, float]]] = {run: [] for run in runs}
+        split: dict[str, list[tuple[_Stages, int, float]]] = {run: [] for run in runs}
         loads: list[str] = []
         for rep in range(args.repeat):
             for run in runs:  # interleaved, so that load from other processes hits every path alike
                 got, dt = one_run(run, b.bootstrap, args, rep, path)
                 rows[run].append((got, dt))
                 cpu[run].append((got, *LAST_CPU))
+                if LAST_STAGES is not None:
+                    split[run].append(LAST_STAGES)
+                    LAST_STAGES = None
                 print(f"  round {rep} {run}: {got} records in {dt:.2f} s ({got / dt:,.0f}/s)", flush=True)
             loads.append(_load())
             print(f"  load average after round {rep}: {loads[-1]}", flush=True)
         print_table(rows, args.n, args.partitions, loads)
         print_cpu(cpu)
+        if args.stages:
+            print_stages(split)
         agent_ratios(rows)
         meta_ratios(rows)
     return 0
@@ -300,11 +376,11 @@ def one_run(run: str, bootstrap: str, args: argparse.Namespace, rep: int, path: 
         src: KafkaSource = ConfluentKafkaSource(bootstrap, "bench", group, client=CF, metadata=run.endswith("meta"))
         dt, got = bench_source(src, n)
     elif run == "agent":
-        dt, got = bench_agent(KafkaSource(bootstrap, "bench", None), n)
+        dt, got = bench_agent(KafkaSource(bootstrap, "bench", None), n, args.stages)
     elif run == "confluent-agent":
-        dt, got = bench_agent(ConfluentKafkaSource(bootstrap, "bench", None, client=CF), n)
+        dt, got = bench_agent(ConfluentKafkaSource(bootstrap, "bench", None, client=CF), n, args.stages)
     elif run == "memory-agent":
-        dt, got = bench_agent(_Memory(n), n)
+        dt, got = bench_agent(_Memory(n), n, args.stages)
     elif run == "file-agent":
         from connectors.files import FileSource
 
@@ -372,6 +448,28 @@ def print_cpu(cpu: dict[str, list[tuple[int, float, float]]]) -> None:
         label = LABELS.get(run, run if run.startswith(("confluent", "memory")) else "kafka-python " + run)
         bound = f"{base_us / (proc + brk):.3f}" if base_us else ""
         print(f"| {label:<36} | {proc:>14.2f} | {brk:>13.2f} | {proc + brk:>6.2f} | {bound:>12} |")
+
+
+def print_stages(split: dict[str, list[tuple[_Stages, int, float]]]) -> None:
+    """Where a record's CPU goes, per agent path (median over rounds, us/record): each stage's CPU on the reading
+    thread, with its wall time in parentheses, then the reading thread's total and the process's other threads."""
+    print("\nStages (--stages; median over rounds, us/record): reading-thread CPU (wall) of each stage, exclusive of "
+          "the stages inside it; 'client threads' = process CPU - reading thread's")
+    cols = (*_Stages.KEYS, "reading thread", "client threads")
+    print("| path | " + " | ".join(cols) + " |")
+    print("|---|" + "---|" * len(cols))
+    for run, res in split.items():
+        if not res:
+            continue
+        cells = []
+        for key in _Stages.KEYS:
+            cpu = statistics.median(1e6 * t.exclusive()[key][0] / g for t, g, _p in res)
+            wall = statistics.median(1e6 * t.exclusive()[key][1] / g for t, g, _p in res)
+            cells.append(f"{cpu:.2f} ({wall:.2f})")
+        cells.append(f"{statistics.median(1e6 * t.thread / g for t, g, _p in res):.2f}")
+        cells.append(f"{statistics.median(1e6 * (p - t.thread) / g for t, g, p in res):.2f}")
+        label = LABELS.get(run, run)
+        print(f"| {label} | " + " | ".join(cells) + " |")
 
 
 def meta_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:

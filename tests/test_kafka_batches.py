@@ -251,6 +251,77 @@ def test_confluent_adapter_cuts_a_consume_into_runs_without_a_record_object():
     assert str(RunOrigins(f.runs)) == str(["a/0@5", "a/0@6", "b/0@0", "b/0@1", "a/1@9", "a/1@12", "a/0@7"])
 
 
+def test_confluent_adapter_per_batch_passes_equal_a_record_by_record_reading():
+    """The adapter's few C-level passes over a consume give what reading record by record gives: the same values
+    (nulls as b""), runs, offsets, origins and next positions; error events are reported and dropped, end of
+    partition silently. 20,000 messages of two topics, interleaved in runs, with offset gaps and nulls."""
+    ck = pytest.importorskip("confluent_kafka")
+    import random
+
+    from connectors.kafka.confluent import ConfluentConsumer
+    from connectors.kafka.partitions import PartitionBook
+
+    rng = random.Random(33)
+    nxt: dict[tuple[str, int], int] = {}
+    got: list[Any] = []
+    while len(got) < 20000:
+        topic, part = rng.choice(["a", "b"]), rng.randrange(3)
+        for _ in range(rng.randrange(1, 400)):
+            off = nxt.get((topic, part), 0) + (rng.randrange(2, 5) if rng.random() < 0.01 else 1)  # gaps
+            nxt[(topic, part)] = off
+            if rng.random() < 0.001:
+                code = ck.KafkaError._PARTITION_EOF if rng.random() < 0.5 else ck.KafkaError._TRANSPORT
+                got.append(ck.Message(topic=topic, partition=part, offset=off, error=ck.KafkaError(code)))
+            else:
+                value = None if rng.random() < 0.01 else f"{topic}{part}@{off}".encode()
+                got.append(ck.Message(topic=topic, partition=part, offset=off, value=value))
+    records = [m for m in got if m.error() is None]
+    transport = sum(1 for m in got if m.error() is not None and m.error().code() == ck.KafkaError._TRANSPORT)
+
+    class Consumer:
+        def consume(self, num_messages: int, timeout: float) -> list[Any]:
+            return got
+
+    errors: list[str] = []
+
+    class Events:
+        def on_error(self, message: str, counted: bool) -> None:
+            errors.append(message)
+
+    c = ConfluentConsumer(ConsumerSettings("h:1", ["a", "b"], None, "s"))
+    c._consumer, c._handler = Consumer(), Events()  # type: ignore[assignment]
+    f = c.poll(len(got), 0.1)
+    assert len(errors) == transport > 0
+    assert f.values == [b"" if m.value() is None else m.value() for m in records]
+    assert list(RunOrigins(f.runs)) == [f"{m.topic()}/{m.partition()}@{m.offset()}" for m in records]
+    # a run is one partition's consecutive messages, and offsets are listed only where they jump
+    assert [(r.start, r.stop) for r in f.runs] == [
+        (i, j) for i, j in _groups([(m.topic(), m.partition()) for m in records])]
+    for r in f.runs:
+        offs = [m.offset() for m in records[r.start:r.stop]]
+        assert r.first == offs[0] and r.last == offs[-1]
+        assert (r.offsets is None) == (offs == list(range(offs[0], offs[-1] + 1)))
+    # the book's positions after the batch: each partition's last offset + 1, as per-record tracking gives
+    book = PartitionBook()
+    tps = sorted({r.tp for r in f.runs})
+    book.assign(tps)
+    book.positioned(tps)
+    expected: dict[str, int] = {}
+    for m in records:
+        expected[f"{m.topic()}/{m.partition()}"] = m.offset() + 1
+    assert book.take(f, origins=False).position == expected
+
+
+def _groups(keys: list[Any]) -> list[tuple[int, int]]:
+    """``(start, stop)`` of each run of equal consecutive keys."""
+    out, start = [], 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            out.append((start, i))
+            start = i
+    return out
+
+
 def test_confluent_prefetches_four_batches_unless_the_user_says_otherwise():
     from connectors.kafka.confluent import ConfluentConsumer
 

@@ -8,10 +8,8 @@ with an "erroneous state" error).  ``client`` options are librdkafka properties 
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
-import operator
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
@@ -26,6 +24,7 @@ from connectors.kafka.clients import (
     KafkaConfigError,
     header_tuple,
 )
+from connectors.kafka.origins import Run
 from connectors.kafka.positions import TP
 from connectors.kafka.settings import check_librdkafka
 
@@ -205,35 +204,47 @@ class ConfluentConsumer:
             log.debug("kafka source %s: unassign failed: %s", self.settings.name, exc)
 
     def poll(self, max_records: int, timeout: float) -> Fetched:
-        """One ``consume(num_messages=max_records)``: values read with one C call per record, partitions cut into
-        runs with numpy, offsets read at each run's ends (all of them only where a run is not contiguous)."""
-        from confluent_kafka import KafkaError, Message
+        """One ``consume(num_messages=max_records)`` turned into a :class:`Fetched` by a few C-level passes.
+
+        Per record, only C work: one pass for errors (``any``: an error is a truthy ``KafkaError``, a record's is
+        None), one for the values, one for the partitions (numpy cuts them into runs); the values list becomes the
+        batch as it is (nulls replaced only if the one scan finds one). Offsets are read at each run's two ends, all
+        of them only where a run is not contiguous.
+        """
+        from confluent_kafka import Message
 
         try:
             msgs = self._consumer.consume(num_messages=int(max_records), timeout=timeout)
         except _errors() as exc:
             raise KafkaClientError(repr(exc)) from exc
+        if msgs and any(map(Message.error, msgs)):  # rare: error events (not records) between the records
+            msgs = self._drop_errors(msgs)
         if not msgs:
             return Fetched(metas=[] if self.settings.metadata else None)
-        errors = list(map(Message.error, msgs))
-        # rare: error events (not records) between the records; ``is not``, as a KafkaError cannot be compared
-        # with None by ``==`` (list.count(None) raises)
-        if any(map(operator.is_not, errors, itertools.repeat(None))):
-            for err in errors:
-                if err is not None and err.code() != KafkaError._PARTITION_EOF and self._handler is not None:
-                    self._handler.on_error(str(err), counted=True)
-            msgs = [m for m, err in zip(msgs, errors) if err is None]
-        out = Fetched(metas=[message_meta(m) for m in msgs] if self.settings.metadata else None)
-        if not msgs:
-            return out
-        values = list(map(Message.value, msgs))
+        raw: list[bytes | None] = list(map(Message.value, msgs))
+        # null values (tombstones) are empty records to the decoder; one scan of the batch finds them
+        values = cast("list[bytes]", raw) if None not in raw else [b"" if v is None else v for v in raw]
+        runs = []
         for start, stop in _runs(msgs, len(self.settings.topics) > 1):
             head, tail = msgs[start], msgs[stop - 1]
-            part = msgs[start:stop]
-            out.add(TP(head.topic(), head.partition()), values[start:stop] if len(values) != stop - start else values,
-                    head.offset(), tail.offset(), functools.partial(_offsets, part))
+            first, last = head.offset(), tail.offset()
+            runs.append(Run(TP(head.topic(), head.partition()), start, stop, first,
+                            None if last - first == stop - start - 1 else _offsets(msgs[start:stop])))
         self._connected = True
-        return out
+        return Fetched(values, runs, [message_meta(m) for m in msgs] if self.settings.metadata else None)
+
+    def _drop_errors(self, msgs: list[Any]) -> list[Any]:
+        """Report the error events of a consume (end of partition is not an error) and keep its records."""
+        from confluent_kafka import KafkaError
+
+        kept = []
+        for m in msgs:
+            err = m.error()
+            if err is None:
+                kept.append(m)
+            elif err.code() != KafkaError._PARTITION_EOF and self._handler is not None:
+                self._handler.on_error(str(err), counted=True)
+        return kept
 
     def committed(self, tps: list[TP], timeout: float) -> dict[TP, int]:
         try:
