@@ -134,7 +134,8 @@ def test_bench_decode_against_a_baseline(capfd: pytest.CaptureFixture[str]) -> N
 
 def test_bench_ingest_and_fold(capfd: pytest.CaptureFixture[str]) -> None:
     out = _run(capfd, "bench_ingest", "--models", "1", "--events", "500", "--rounds", "1")
-    _has(out, "| tree | models | ev/s | live ratio (medians) | wall s | decode s |", "| current | 1 |")
+    _has(out, "| tree | models | ev/s | live ratio (medians) | CPU ratio (medians) | wall s | CPU s | decode s |",
+         "| current | 1 |")
     out = _run(capfd, "bench_fold", "--models", "2", "--events", "500", "--rounds", "1", "--repeat", "1")
     _has(out, "fold replay, M=2", "current   fold", "current   cpu", "current   state digests ['")
 
