@@ -419,6 +419,7 @@ class TesterPool:
             if first is not None:
                 _follow(first, out)
                 return None
+        inner: Future[Any]
         if self.kind == "thread":
             inner = ex.submit(_run, name, data, alpha, mc, seed, params)
         else:
