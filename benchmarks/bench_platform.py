@@ -17,7 +17,9 @@ live-like: predictions, each followed by its outcome after an exponential delay 
 An observer thread scrapes ``/metrics`` every ``--scrape`` seconds (once plain, once with ``Accept-Encoding:
 gzip``: the bytes and seconds of a scrape) and reads ``/api/status``: the share of windows with data (``n`` > 0)
 holding a result (a decision other than ``error``, with ``evaluated_at``) of **every** configured tester, at
-``--within`` seconds after the backfill was ingested; and the rounds that overran in the last minute of the run.
+``--within`` seconds after the backfill was ingested, with the CPU seconds the agent's process and its tester
+workers got meanwhile (``cpu_within``, printed to stderr: on a shared machine, what coverage could be bought); and
+the rounds that overran in the last minute of the run.
 The table shows M = 1 and each M, measured in the same run, and which goal each M meets:
 
     nice -n 10 python -m benchmarks.bench_platform                  # M = 200 (about 9 minutes)
@@ -169,12 +171,15 @@ class Observer:
                 return
         t0 = time.time()
         self.out["backfill_end"] = t0
+        cpu0 = cpu_seconds()
         coverage_done = False
         while time.time() < self.end - 0.5 and not self.agent.stopping:
             self.scrape()
             self.overruns.append((time.time(), int(self.agent.sched_info.get("overruns", 0))))
             if not coverage_done and time.time() - t0 >= self.within:
                 self.out.update(coverage(self.agent))
+                cpu = cpu_seconds()
+                self.out["cpu_within"] = {k: round(cpu[k] - cpu0[k], 1) for k in cpu}
                 coverage_done = True
             nxt = min(time.time() + self.scrape_every, t0 + self.within if not coverage_done else self.end)
             time.sleep(max(0.05, min(nxt, self.end - 0.5) - time.time()))
@@ -202,6 +207,30 @@ class Observer:
                 f[1] += len(line) + 1
         self.scrapes.append((took, len(body), gz, sum(n for n, _ in fams.values())))
         self.out["families"] = dict(sorted(fams.items(), key=lambda kv: -kv[1][1])[:8])  # series, bytes
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU seconds so far of this process (the agent: ingestion, rounds, HTTP) and of its child processes that
+    are still running (the tester workers), read from ``/proc`` (Linux; zeros elsewhere)."""
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    me, kids = 0.0, 0.0
+    try:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:  # ended meanwhile
+                continue
+            used = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+            if int(entry) == os.getpid():
+                me = used
+            elif int(fields[1]) == os.getpid():  # ppid
+                kids += used
+    except OSError:
+        pass
+    return {"agent": me, "workers": kids}
 
 
 def _state_bytes(agent: Any) -> int:
@@ -279,6 +308,9 @@ def run_child(models: int, args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     row: dict[str, Any] = last_json(res.stdout)
     print(f"M = {models}: load {os.getloadavg()[0]:.1f}: {json.dumps(row)}", file=sys.stderr, flush=True)
+    if "cpu_within" in row:  # where the time went until the coverage was read
+        print(f"M = {models}: CPU seconds from the backfill's end to the coverage ({args.within:g} s): "
+              f"{row['cpu_within']}", file=sys.stderr, flush=True)
     return row
 
 

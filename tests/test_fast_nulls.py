@@ -158,3 +158,30 @@ def test_ldtc_result_does_not_depend_on_earlier_solves() -> None:
     first = run_tester("ldtc", grids[0], mc=99, seed=1).to_dict()
     run_tester("ldtc", grids[1], mc=99, seed=1)
     assert run_tester("ldtc", grids[0], mc=99, seed=1).to_dict() == first
+
+
+def test_ldtc_estimate_is_solved_at_its_sampling_scale_and_the_test_is_unchanged() -> None:
+    """#35.2 a: under the p-value rule the estimate's LP follows 1/sqrt(n) (64 x 26 at n = 900, 128 x 51 at
+    n = 3000, Theorem 4's 256 x 121 at n = 20000), its bounds still hold the raw dCE, and the p-value, null
+    statistic and decision are those of the fine LP (``error_scale=0``, the tester before the change)."""
+    rng = np.random.default_rng(44)
+    for n, want, old in ((900, (64, 26), 101), (3000, (128, 51), 101), (20000, (256, 121), 121)):
+        for shift in (0.0, 0.06):
+            z = rng.random(n)
+            y = (rng.random(n) < np.clip(z + shift, 0, 1)).astype(float)
+            g = ScoreGrid(1024)
+            g.update(z, y)
+            data = CalibrationData(n=n, grid=g)
+            got = run_tester("ldtc", data, mc=1000, seed=3).to_dict()
+            fine = run_tester("ldtc", data, mc=1000, seed=3, error_scale=0.0).to_dict()
+            assert (got["bins"], got["u_points"]) == want and (fine["bins"], fine["u_points"]) == (256, old)
+            assert got["error_bound"] <= 1.0 / np.sqrt(n) + 1e-12
+            for key in ("p_value", "null_statistic", "decision", "mc"):
+                assert got[key] == fine[key], key
+            assert run_tester("ldtc", data, mc=1000, seed=3).to_dict() == got  # a function of data and seed
+            # the raw dCE lies in the bounds of the full 1024-cell, 101-point LP: the two intervals meet
+            lo, hi = ldtc_grid(g, bins=1024, u=u_grid(101))["bounds"]
+            assert got["bounds"][0] - 1e-9 <= hi and lo <= got["bounds"][1] + 1e-9
+    # Theorem 4's rule (eps1 given) keeps its own resolution
+    exp = run_tester("ldtc", CalibrationData(n=n, grid=g), mc=1000, seed=3, eps1=0.05).to_dict()
+    assert (exp["bins"], exp["u_points"]) == (256, 121)

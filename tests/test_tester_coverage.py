@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from calmon.config import EvaluationConfig, TesterConfig
-from calmon.evaluate.pool import TesterPool
+from calmon.evaluate.pool import READY, TesterPool
 from calmon.evaluate.round import Evaluator
 from calmon.evaluate.workitems import CostModel, horizon, starvation_bound
 from calmon.state.agentstate import WindowSnapshot
@@ -143,9 +143,11 @@ def _drain(ev: Evaluator) -> None:
         time.sleep(0.01)
 
 
-def test_a_background_pool_gets_the_period_and_every_window_within_the_bound() -> None:
+def test_a_background_pool_gets_the_period_and_every_window_within_the_bound(monkeypatch) -> None:
     """Budget 5 s, every 20 s, one worker, 1 s a call: 16 calls a round (80 % of the period), not 4 (of the
-    budget); 40 windows changing every round each get the tester at least every ceil(40 / 15) = 3 rounds."""
+    budget); 40 windows changing every round each get the tester at least every ceil(40 / 15) = 3 rounds.
+    (Without the reserve, which only adds calls: the bound counts the planned ones.)"""
+    monkeypatch.setattr("calmon.evaluate.round.RESERVE", 0.0)
     assert horizon(5.0, 20.0, background=True) == 20.0 and horizon(5.0, 20.0, background=False) == 5.0
     pool = TesterPool("thread", workers=1)
     ev = _evaluator(pool)
@@ -184,3 +186,57 @@ def test_a_windows_testers_are_taken_together() -> None:
     got = order(cands)
     pairs = [(a.key, b.key) for a, b in zip(got[::2], got[1::2])]
     assert all(a == b for a, b in pairs) and [c.test for c in got[:2]] == ["ldtc", "smce"]
+
+
+def test_the_reserve_keeps_the_workers_fed_and_is_withdrawn_unstarted_by_the_next_round() -> None:
+    """#35.2 c: with 1 s estimated a call and room for 16 in the period, a background pool gets every one of 40
+    candidates queued (16 planned + the reserve); the next round withdraws the ones never started -- nothing is
+    recorded for them, none of them runs -- and queues its own.  Before: 16 a round, the worker idle once its
+    calls were done early."""
+    pool = TesterPool("thread", workers=1)
+    ev = _evaluator(pool)
+    windows = 40
+    try:
+        CLOCK[0] = 20.0
+        CALLS.clear()
+        GATE.clear()  # nothing finishes: the one worker holds its first call, one more waits in the executor
+        ev.run(_snaps(windows, 1), {})
+        assert len(ev.inflight) == windows  # every candidate queued, not 16
+        CLOCK[0] = 40.0
+        res = ev.run(_snaps(windows, 2), {})
+        started = [k for k, job in ev.inflight.items() if job[2] == 1]
+        assert len(started) == READY  # only the calls the executor had taken stay from round 1
+        assert res.work["ran"] == 0 and len(ev.inflight) == windows  # the withdrawn windows queued again, on round 2
+        GATE.set()
+        _drain(ev)
+        assert len(CALLS) == windows  # each window's call ran once: no withdrawn call ran
+        evs = ev.settle(CLOCK[0] + 1.0)
+        assert evs is not None and all(e["tests"].get("cov_slow") for e in evs)
+    finally:
+        GATE.set()
+        ev.stop()
+        pool.close(wait=False)
+
+
+def test_a_queued_job_is_encoded_only_when_a_worker_takes_it(monkeypatch) -> None:
+    """What the reserve costs the round's thread: a queue entry, no JSON (the job is encoded when it starts)."""
+    import calmon.evaluate.pool as pool_mod
+    encoded = []
+    real = pool_mod.encode_data
+    monkeypatch.setattr(pool_mod, "encode_data", lambda d: encoded.append(d.n) or real(d))
+    pool = TesterPool("thread", workers=1)
+    try:
+        GATE.clear()
+        kw = dict(alpha=0.05, mc=9, seed=0, params={})
+        # the gated plugin holds the one worker; then built-in jobs (encoded for the worker and compared by digest)
+        futs = [pool.submit("cov_slow", _grid_window(0, n=300), **kw)]
+        futs += [pool.submit("smce", _grid_window(s, n=300 + s), **kw) for s in range(1, 12)]
+        assert len(encoded) <= READY  # the executor's two; ten wait unencoded
+        assert pool.withdraw() == 12 - READY
+        assert all(f.cancelled() for f in futs[READY:]) and not any(f.cancelled() for f in futs[:READY])
+        GATE.set()
+        assert all(f.result(timeout=60).doc["decision"] != "error" for f in futs[:READY])
+        assert len(encoded) <= READY
+    finally:
+        GATE.set()
+        pool.close()

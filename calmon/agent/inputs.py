@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from calmon.agent.build import build_source
 from calmon.config import Config
@@ -29,7 +29,7 @@ from connectors.base import Batch, ByteLagReporting, LagReporting, Source
 
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["Host", "Input", "MetricsCollector", "SourcesInput"]
+__all__ = ["BacklogReporting", "Host", "Input", "MetricsCollector", "SourcesInput"]
 
 
 class Host(Protocol):
@@ -85,6 +85,16 @@ class Input(Protocol):
         """The agent is closing: last work on a whole state (nothing by default)."""
 
 
+@runtime_checkable
+class BacklogReporting(Protocol):
+    """An input that tells whether it has read its backlog (the first round waits for it, see
+    :mod:`calmon.agent.scheduler`); an input without it is taken as caught up at its first empty poll."""
+
+    def caught_up(self) -> bool:
+        """The last poll read less than a full batch from every source: what was waiting has been read."""
+        ...
+
+
 class MetricsCollector(Protocol):
     """Families an agent appends to its ``/metrics`` (called at each scrape, on an HTTP thread)."""
 
@@ -108,6 +118,7 @@ class SourcesInput:
         self.sources: list[Source] = []
         self.ingestor: Ingestor | None = None
         self._agent: Host | None = None
+        self._full = True  # the last poll read a full batch from some source (none yet: not caught up)
 
     @property
     def agent(self) -> Host:
@@ -129,7 +140,7 @@ class SourcesInput:
     def poll(self) -> bool:
         """Read and ingest at most one batch per source; True if anything was read."""
         ing = self.agent.cfg.ingest
-        got = False
+        got = full = False
         timeout = ing.poll_timeout / max(1, len(self.sources))
         for src in self.sources:
             if src.exhausted:
@@ -138,7 +149,13 @@ class SourcesInput:
             if batch is not None and batch.records:
                 self.ingest(batch, src)
                 got = True
+                full |= len(batch.records) >= ing.batch_size
+        self._full = full
         return got
+
+    def caught_up(self) -> bool:
+        """No source gave a full batch at the last poll (:class:`BacklogReporting`)."""
+        return not self._full
 
     def ingest(self, batch: Batch, src: Source | None = None) -> None:
         """Decode, join and bin one batch (see :class:`~calmon.state.ingest.Ingestor`)."""

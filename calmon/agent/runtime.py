@@ -58,7 +58,7 @@ from calmon.agent.build import (
     build_publishers,
     start_exporter,
 )
-from calmon.agent.inputs import Input, MetricsCollector, SourcesInput
+from calmon.agent.inputs import BacklogReporting, Input, MetricsCollector, SourcesInput
 from calmon.agent.scheduler import Scheduler
 from calmon.agent.views import (
     Published,
@@ -170,6 +170,7 @@ class Agent:
         self.http: HTTPExporter | None = None
         self.pages: StatusPages | None = None  # the cached status pages, with the exporter
         self.scheduler: Scheduler | None = None
+        self._caught_up = False  # the ingestion has read its backlog once (the first round then comes at once)
         self.evaluator: Evaluator | None = None
         self.pool: TesterPool | None = None
         self._ingest_thread: threading.Thread | None = None
@@ -335,6 +336,10 @@ class Agent:
         try:
             while not self._stop.is_set() and time.monotonic() < deadline:
                 got = self.poll_once()
+                if not self._caught_up and self._input_caught_up(got):
+                    self._caught_up = True
+                    if self.scheduler is not None:
+                        self.scheduler.caught_up()  # the first round now, on the whole backlog
                 self._checkpoint_done()
                 if (self.cfg.checkpoint.enabled and time.monotonic() - last_ck >= self.cfg.checkpoint.every
                         and time.monotonic() >= self._checkpoint_retry_at and self.checkpoint(wait=False)):
@@ -354,6 +359,10 @@ class Agent:
         if self._signalled is not None:
             self._log_stop()
         return 0
+
+    def _input_caught_up(self, got: bool) -> bool:
+        """The backlog is read: the input says so, or (an input that cannot tell) a poll read nothing."""
+        return self.input.caught_up() if isinstance(self.input, BacklogReporting) else not got
 
     def finish_input(self) -> None:
         """Every read-once source is exhausted: expire the join, evaluate now and wait for the round."""

@@ -5,6 +5,15 @@ a snapshot of the windows taken under the state lock, then :mod:`calmon.evaluate
 that private copy, so ingestion never waits for a tester).  This module only owns the timing:
 periodic rounds, an immediate round on :meth:`Scheduler.trigger`, and waiting for a round.
 
+The first round
+---------------
+The first round comes as soon as the ingestion has read its backlog (:meth:`Scheduler.caught_up`, called by the
+ingestion thread once a poll reads less than a full batch from every source), and at the latest one period
+after the start.  So an agent started on an hour of backfill publishes its first evaluations when that hour is
+in, not up to a period later (issue #35: at 200 models the testers' pool lost a third of its first three
+minutes waiting), and a round is never started on a half-read backlog unless a whole period went by reading it.
+Only the first round moves: later ones keep the period, counted from the start of the one before.
+
 Shutdown
 --------
 The thread is a daemon (a forgotten scheduler never keeps a process alive), but a daemon
@@ -37,8 +46,8 @@ class Scheduler:
     round_fn
         Runs one round (``round_fn() -> None``); the runtime's ``evaluate_round``.
     every
-        Seconds between the starts of rounds (the first round comes one period after the start,
-        or at once when :meth:`trigger` is called).
+        Seconds between the starts of rounds (the first round comes one period after the start, or
+        earlier: when :meth:`caught_up` or :meth:`trigger` is called).
 
     Examples
     --------
@@ -63,6 +72,7 @@ class Scheduler:
         self._wake = threading.Event()
         self._done = threading.Condition()
         self.rounds = 0
+        self._began = False  # a round has started (caught_up moves only the first)
         self.thread = threading.Thread(target=self._loop, name="calmon-scheduler", daemon=True)
 
     def start(self) -> Scheduler:
@@ -72,6 +82,14 @@ class Scheduler:
     def trigger(self) -> None:
         """Run a round now (e.g. when a read-once source is exhausted)."""
         self._wake.set()
+
+    def caught_up(self) -> None:
+        """The ingestion has read its backlog: the first round comes now if none has started (module docstring).
+
+        Cheap and idempotent: the ingestion thread may call it after every poll."""
+        if not self._began:
+            self._began = True
+            self._wake.set()
 
     def wait_round(self, after: int, timeout: float, cancel: threading.Event | None = None) -> bool:
         """Wait until more than ``after`` rounds have completed (or ``cancel`` is set, or ``timeout``)."""
@@ -123,6 +141,7 @@ class Scheduler:
             if self._stop.is_set():
                 return
             self._wake.clear()
+            self._began = True
             next_at = self.next_at = time.monotonic() + self.every
             try:
                 self.round_fn()

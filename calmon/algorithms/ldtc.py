@@ -46,7 +46,7 @@ from calmon.algorithms.ldtc_cdf import ldtc_cdf, shared_lp
 from calmon.stats.grid import ScoreGrid
 
 __all__ = ["u_grid", "ldtc_lp", "ldtc_dual_value", "ldtc", "ldtc_grid", "ldtc_tolerant", "theorem4_resolution",
-           "FixedLP", "ldtc_null_pvalue"]
+           "sample_resolution", "FixedLP", "ldtc_null_pvalue"]
 
 #: Null replicates solved per HiGHS call (:meth:`~calmon.algorithms.ldtc_cdf.CdfLP.solve_many`).
 _NULL_BLOCK = 8
@@ -345,6 +345,53 @@ def theorem4_resolution(alpha_t: float, fine_bins: int, min_bins: int, max_bins:
     while b < max_bins and 0.5 / b > alpha_t / 6.0 and fine_bins % (2 * b) == 0:
         b *= 2
     return min(b, fine_bins), m
+
+
+def sample_resolution(n: int, fine_bins: int, bins: int, points: int, scale: float = 1.0, min_bins: int = 64
+                      ) -> tuple[int, int]:
+    """LP resolution of a dCE *estimate*: the coarsest one whose error bound stays within the sampling scale.
+
+    The empirical dCE of ``n`` samples is itself known to about ``1/sqrt(n)`` (Theorem 4 of Hu, Tian, Yang 2024
+    needs ``n >= C / alpha^2`` to resolve a gap ``alpha``), so resolving its binned value more finely than that
+    costs LP time without adding information.  Starting from ``(bins, points)`` (the finest used), cells and
+    u-grid spacing are halved together -- ``(256, 101) -> (128, 51) -> (64, 26)`` -- while the estimate's
+    deterministic error bound ``(s + h) / 2`` (grid gap ``s``, cell width ``h``: :func:`ldtc_grid`'s
+    ``error_bound``) stays at most ``scale / sqrt(n)`` and the cells at least ``min_bins``.  The LP's cost falls
+    about threefold a step (``benchmarks/bench_nulls.py``).
+
+    Parameters
+    ----------
+    n
+        Number of samples.
+    fine_bins
+        Cells of the data's grid (the result divides it).
+    bins, points
+        The finest resolution (cells dividing ``fine_bins``, u-grid points).
+    scale
+        Multiple of ``1/sqrt(n)`` the error bound may reach (``0``: always ``(bins, points)``).
+    min_bins
+        Fewest cells.
+
+    Returns
+    -------
+    tuple
+        ``(cells, u_points)``.
+
+    Examples
+    --------
+    >>> sample_resolution(900, 4096, 256, 101), sample_resolution(3000, 4096, 256, 101)
+    ((64, 26), (128, 51))
+    >>> sample_resolution(20000, 4096, 256, 101), sample_resolution(900, 4096, 256, 101, scale=0.0)
+    ((256, 101), (256, 101))
+    """
+    b, m = min(bins, fine_bins), int(points)
+    limit = scale / math.sqrt(max(n, 1))
+    while b // 2 >= min_bins and m > 3 and fine_bins % (b // 2) == 0:
+        nb, nm = b // 2, (m - 1) // 2 + 1
+        if (1.0 / (nm - 1) + 1.0 / nb) / 2.0 > limit:
+            break
+        b, m = nb, nm
+    return b, m
 
 
 class FixedLP:

@@ -40,12 +40,14 @@ Identical calls
 ---------------
 A built-in tester's result is a function of its job alone (tester, ``alpha``, ``mc``, seed, parameters and the
 data: the generator is seeded by ``evaluation.seed``), so a job identical byte for byte to one already
-submitted is not run again: it gets that call's result (its future, if still running), with 0 seconds of
-cost.  Windows often hold the same statistics: every window of a model younger than its shortest window
-(``24h``, ``7d`` and ``all`` are one sum for the first day), a model whose traffic stopped, segments equal to
-the whole.  The last :data:`MEMO_JOBS` jobs are remembered by a 128-bit BLAKE2b digest of their JSON (for smCE
-and LDTC on a window whose raw sample is incomplete, of the grid they read: :data:`GRID_ONLY`); a
-cancelled or failed call is forgotten (the next identical job runs).  Plugin testers always run.
+started is not run again: it gets that call's result (its future, if still running), with 0 seconds of
+cost.  Jobs are encoded and compared when a worker is about to take them (:meth:`TesterPool.submit` only
+queues them), so a job withdrawn before it started (:meth:`TesterPool.withdraw`) cost nothing.  Windows often
+hold the same statistics: every window of a model younger than its shortest window (``24h``, ``7d`` and
+``all`` are one sum for the first day), a model whose traffic stopped, segments equal to the whole.  The last
+:data:`MEMO_JOBS` jobs are remembered by a 128-bit BLAKE2b digest of their JSON (for smCE and LDTC on a window
+whose raw sample is incomplete, of the grid they read: :data:`GRID_ONLY`); a cancelled or failed call is
+forgotten (the next identical job runs).  Plugin testers always run.
 
 Examples
 --------
@@ -236,14 +238,15 @@ class _Queue:
         self.executor = make()
         self._limit = limit
         self._lock = threading.Lock()
-        self._heap: list[tuple[int, int, str, Callable[[Executor], Future[Any]], Future[JobResult]]] = []
+        self._heap: list[tuple[int, int, str, Callable[[Executor], Future[Any] | None], Future[JobResult]]] = []
         self._seq = itertools.count()
         self._running = 0
         self._closed = False
         self._worked = False  # a job finished on the current executor
         self._started: set[Future[JobResult]] = set()  # the callers' futures of the jobs handed to the executor
 
-    def put(self, priority: int, name: str, start: Callable[[Executor], Future[Any]], out: Future[JobResult]) -> None:
+    def put(self, priority: int, name: str, start: Callable[[Executor], Future[Any] | None],
+            out: Future[JobResult]) -> None:
         with self._lock:
             heapq.heappush(self._heap, (priority, next(self._seq), name, start, out))
         self._pump()
@@ -264,12 +267,15 @@ class _Queue:
                 self._finished(None, pump=False)
                 _settle(out, JobResult(clean(TestResult.failed(name, exc).to_dict()), 0.0))
                 continue
+            if inner is None:  # answered without a worker (an identical job's result)
+                self._finished(None, pump=False)
+                continue
             with self._lock:
                 self._started.add(out)
             out.add_done_callback(self._forget)
             inner.add_done_callback(self._finished)
 
-    def _start(self, start: Callable[[Executor], Future[Any]]) -> Future[Any]:
+    def _start(self, start: Callable[[Executor], Future[Any] | None]) -> Future[Any] | None:
         ex = self.executor
         try:
             return start(ex)
@@ -297,6 +303,16 @@ class _Queue:
                 self._worked = True
         if pump:
             self._pump()  # runs in the executor's callback thread: starting a job there is what it is for
+
+    def withdraw(self, priority: int) -> int:
+        """Cancel the jobs of ``priority`` still waiting (never started); returns how many."""
+        with self._lock:
+            gone = [job for job in self._heap if job[0] == priority]
+            self._heap = [job for job in self._heap if job[0] != priority]
+            heapq.heapify(self._heap)
+        for *_, out in gone:
+            out.cancel()
+        return len(gone)
 
     def close(self, wait: bool, abandon: bool = False) -> int:
         """Start nothing more: jobs still waiting are cancelled; with ``wait``, return once the running
@@ -379,36 +395,60 @@ class TesterPool:
             return fut
         if self._threads is not None and name not in BUILTIN:
             return self._threads.submit(_run, name, data, alpha, mc, seed, dict(params))
-        job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
-                          "data": encode_data(data)})
-        key = _memo_key(name, job, data, alpha, mc, seed, params) if _pure(name) else None
-        if key is not None and (first := self._recall(key)) is not None:
-            return _follow(first)
         out: Future[JobResult] = Future()
-        if self.kind == "thread":
-            args = (name, data, alpha, mc, seed, dict(params))
-            self._queue.put(priority, name, lambda ex: _chained(ex.submit(_run, *args), out, name), out)
-        else:
-            self._queue.put(priority, name, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
+        args = (name, data, alpha, mc, seed, dict(params))
+        self._queue.put(priority, name, lambda ex: self._start_job(ex, out, *args), out)
+        return out
+
+    def _start_job(self, ex: Executor, out: Future[JobResult], name: str, data: CalibrationData, alpha: float,
+                   mc: int, seed: int, params: dict[str, Any]) -> Future[Any] | None:
+        """Start a job the queue took (in the thread that freed its slot: a worker's callback, or the submitter
+        for the first few): encode it, and answer it from an identical earlier job if there is one (``None``).
+
+        Encoding here, not in :meth:`submit`, is what makes a queued job cheap: a job withdrawn before it starts
+        (:meth:`withdraw`) was never encoded, so a round may queue more than it expects to run."""
+        pure = _pure(name)
+        job = ""
+        if pure or self.kind != "thread":  # (a thread runs a plugin on the data itself: nothing to encode)
+            job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(params),
+                              "data": encode_data(data)})
+        key = _memo_key(name, job, data, alpha, mc, seed, params) if pure else None
         if key is not None:
+            with self._memo_lock:
+                first = self._recall(key)
+            if first is not None:
+                _follow(first, out)
+                return None
+        inner: Future[Any]
+        if self.kind == "thread":
+            inner = ex.submit(_run, name, data, alpha, mc, seed, params)
+        else:
+            inner = ex.submit(run_job, job)
+        if key is not None:  # remembered once it runs (a broken executor's retry must not find itself)
             with self._memo_lock:
                 self._memo[key] = out
                 while len(self._memo) > MEMO_JOBS:
                     self._memo.popitem(last=False)
-        return out
+        return _chained(inner, out, name)
+
+    def withdraw(self, priority: int = BACKGROUND) -> int:
+        """Cancel the jobs of ``priority`` that have not started (their futures are cancelled, nothing is
+        recorded for them); returns how many.  A round withdraws the reserve the last round queued
+        (:mod:`calmon.evaluate.workitems`) and queues afresh, on its own snapshot."""
+        return 0 if self._queue is None else self._queue.withdraw(priority)
 
     def _recall(self, key: bytes) -> Future[JobResult] | None:
-        """The call of an identical earlier job, unless it was cancelled or failed (then forgotten)."""
-        with self._memo_lock:
-            first = self._memo.get(key)
-            if first is None:
-                return None
-            if first.cancelled() or (first.done() and first.result().doc.get("decision") == "error"):
-                del self._memo[key]
-                return None
-            self._memo.move_to_end(key)
-            self.shared += 1
-            return first
+        """The call of an identical earlier job, unless it was cancelled or failed (then forgotten); under
+        ``_memo_lock``."""
+        first = self._memo.get(key)
+        if first is None:
+            return None
+        if first.cancelled() or (first.done() and first.result().doc.get("decision") == "error"):
+            del self._memo[key]
+            return None
+        self._memo.move_to_end(key)
+        self.shared += 1
+        return first
 
     def close(self, wait: bool = True, *, abandon: bool = False) -> int:
         """Start no new job; with ``wait``, return once the jobs in flight have finished; with ``abandon``
@@ -449,17 +489,14 @@ def _memo_key(name: str, job: str, data: CalibrationData, alpha: float, mc: int,
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
-def _follow(first: Future[JobResult]) -> Future[JobResult]:
-    """A new future with ``first``'s result (0 seconds: nothing more ran), cancelled if ``first`` is."""
-    out: Future[JobResult] = Future()
-
+def _follow(first: Future[JobResult], out: Future[JobResult]) -> None:
+    """``out`` gets ``first``'s result (0 seconds: nothing more ran), and is cancelled if ``first`` is."""
     def done(f: Future[JobResult]) -> None:
         if f.cancelled():
             out.cancel()
         else:
             _settle(out, JobResult(dict(f.result().doc), 0.0))
     first.add_done_callback(done)
-    return out
 
 
 def _chained(inner: Future[Any], out: Future[JobResult], name: str) -> Future[Any]:

@@ -38,6 +38,7 @@ from calmon.evaluate.types import CalibratorInfo, Evaluation
 from calmon.evaluate.verdict import summarize
 from calmon.evaluate.workitems import (
     FILL,
+    RESERVE,
     Candidate,
     CostModel,
     Stamp,
@@ -368,7 +369,7 @@ class Evaluator:
         live, overrun = self._refresh_all(snap, deadline, refresh_until)
         # scheduled calls in a background pool may fill the period until the next round (workitems.horizon)
         background = self.pool.kind != "inline" and not complete
-        queued, bound = self._schedule(live, t0 + horizon(self.cfg.budget, self.cfg.every, background))
+        queued, bound = self._schedule(live, t0 + horizon(self.cfg.budget, self.cfg.every, background), background)
         self._wait(t0 + FILL * self.cfg.budget, everything=complete)
         ran += self._harvest()
         # a cheap tester's simulation still running: that window has no fresh result this round
@@ -514,16 +515,22 @@ class Evaluator:
                 cands.append(Candidate(key, t.name, -1 if rec is None else rec.round, e.changed_round))
         return cands, counts
 
-    def _schedule(self, live: Sequence[tuple[WindowSnapshot, WindowEntry]], deadline: float
-                  ) -> tuple[int, int | None]:
-        """Submit the stalest candidates that fit the budget; returns (candidates left, starvation bound)."""
+    def _schedule(self, live: Sequence[tuple[WindowSnapshot, WindowEntry]], deadline: float,
+                  background: bool = False) -> tuple[int, int | None]:
+        """Submit the stalest candidates that fit until ``deadline`` (a ``background`` pool: plus the reserve);
+        returns (candidates left, starvation bound)."""
+        if self.pool.kind != "inline" and self.pool.withdraw(BACKGROUND):  # the last round's reserve, never started
+            self._drop_cancelled()
         cands, counts = self._candidates(live)
         workers = self.pool.workers
         snaps = {(w.model, w.segment, w.window): w for w, _ in live}
         busy = sum(self.costs.estimate(job[3]) for job in self.inflight.values() if not job[0].done())
+        # a background pool also gets a reserve queued behind (workitems.RESERVE): what the workers run when the
+        # estimates were high (identical jobs, a first guess), with no work between rounds in this thread
+        reserve = RESERVE * horizon(self.cfg.budget, self.cfg.every, True) * workers * FILL if background else 0.0
         started = 0
         for c in order(cands):
-            left = (deadline - self.monotonic()) * workers * FILL - busy
+            left = (deadline - self.monotonic()) * workers * FILL - busy + reserve
             if self._stop.is_set() or left <= 0:
                 break
             cost = self.costs.estimate(c.test)
@@ -537,6 +544,13 @@ class Evaluator:
         span = horizon(self.cfg.budget, self.cfg.every, self.pool.kind != "inline")
         bound = starvation_bound(counts, self.costs, span * workers * FILL, cadence)
         return len(cands) - started, bound
+
+    def _drop_cancelled(self) -> None:
+        """Forget the calls withdrawn from the pool (nothing is recorded for them)."""
+        for k, job in list(self.inflight.items()):
+            if job[0].cancelled():
+                del self.inflight[k]
+                self._done_at.pop(id(job[0]), None)
 
     def _wait(self, until: float, everything: bool) -> None:
         """Wait for the cheap testers' simulations in flight (with ``everything``, for every call) until

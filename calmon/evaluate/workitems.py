@@ -24,6 +24,14 @@ round, after a refresh of every window, had a few seconds left (issue #35: 3 of 
 smCE within three minutes at 200 models).  An inline pool runs the calls in the round's own thread,
 so there the budget is the horizon.
 
+**The reserve** (issue #35.2, c): a background pool is also given, queued behind those, the next candidates
+worth :data:`RESERVE` more periods of estimated work.  Estimates run high -- a tester never measured is guessed
+at :data:`DEFAULT_COST`, an identical job costs nothing (:mod:`calmon.evaluate.pool`) -- and without the reserve
+the workers then idled until the next round.  A queued job costs the scheduler a queue entry: it is encoded
+when a worker takes it, and the next round withdraws what was never started and queues afresh, on its own
+snapshot.  So the pool refills itself between rounds without any work in the scheduler thread (a refill run by
+the scheduler thread between rounds, tried before, slowed the rounds' refresh under load).
+
 Starvation bound
 ----------------
 Each round either runs every candidate or fills at least ``C - c_max`` seconds of work, with
@@ -59,8 +67,8 @@ from typing import Any
 
 from calmon.evaluate.types import Evaluation
 
-__all__ = ["DEFAULT_COST", "FILL", "Candidate", "CostModel", "Stamp", "TestRecord", "WindowEntry", "WindowKey",
-           "choose", "horizon", "order", "starvation_bound"]
+__all__ = ["DEFAULT_COST", "FILL", "RESERVE", "Candidate", "CostModel", "Stamp", "TestRecord", "WindowEntry",
+           "WindowKey", "choose", "horizon", "order", "starvation_bound"]
 
 #: ``(model, segment, window)``.
 WindowKey = tuple[str, str, str]
@@ -72,6 +80,9 @@ FILL = 0.8
 #: built-in scheduled testers cost on a window (docs/statistics/fast-nulls.md): 1.0 s let the first round start
 #: only ~50 calls at 200 models, so no window had smCE or LDTC before the second round (issue #35).
 DEFAULT_COST = 0.2
+#: Periods of estimated work a background pool gets queued beyond its horizon (module docstring, "The reserve"):
+#: enough to cover a first guess five times the real cost (DEFAULT_COST against ~0.04 s a call).
+RESERVE = 4.0
 
 
 @dataclass

@@ -11,7 +11,14 @@ from typing import Any
 
 import numpy as np
 
-from calmon.algorithms.ldtc import ldtc_grid, ldtc_null_pvalue, ldtc_tolerant, theorem4_resolution, u_grid
+from calmon.algorithms.ldtc import (
+    ldtc_grid,
+    ldtc_null_pvalue,
+    ldtc_tolerant,
+    sample_resolution,
+    theorem4_resolution,
+    u_grid,
+)
 from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
 
@@ -24,11 +31,16 @@ _RAW_GRID_BINS = 4096
 def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.Generator,
                 eps1: float | None = None, eps2: float = 0.0, C: float = 36.0, bins: int = 256,
                 max_bins: int = 1024, grid_points: int = 101, max_grid: int = 401, min_eps1: float = 0.05,
-                min_n: int = 20, null_mc: int = 99, null_bins: int = 16, null_points: int = 17) -> dict[str, Any]:
+                min_n: int = 20, null_mc: int = 99, null_bins: int = 16, null_points: int = 17,
+                error_scale: float = 1.0) -> dict[str, Any]:
     """Tester ``ldtc``: dCE by LP on binned data, a null-simulation p-value, and the tolerant rule of Theorem 4.
 
     Raw data are first binned on a 4096-cell grid (or the data's own grid is used), then coarsened
-    to ``bins`` cells (more if Theorem 4's resolution needs it, up to ``max_bins``).
+    to ``bins`` cells (more if Theorem 4's resolution needs it, up to ``max_bins``).  Under the p-value rule
+    the estimate decides nothing, so its LP is solved no finer than its sampling scale: cells and u-grid
+    halved from that resolution while ``error_bound <= error_scale / sqrt(n)``
+    (:func:`~calmon.algorithms.ldtc.sample_resolution`; 64 x 26 at n = 900, 128 x 51 up to n ~ 5,500, the
+    resolution above beyond).  The p-value and the decision do not depend on it.
 
     Decision (the same rule as the ``smce`` tester, so the two answer the same question):
 
@@ -58,6 +70,9 @@ def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
         Floor for the default ``eps1``.
     min_n
         Fewer events give "insufficient data".
+    error_scale
+        Under the p-value rule, the estimate's error bound may reach ``error_scale / sqrt(n)`` (``0``: the
+        resolution above, as before #35.2).
     null_mc, null_bins, null_points
         Cap on the null replicates (raised to ``ceil(2/alpha)`` so that a rejection is possible; each one LP
         solve, ~0.5-1 ms warm-started; the simulation is curtailed once the p-value cannot fall below
@@ -91,7 +106,12 @@ def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
         out.update({"statistic": None, "value": None, "bounds": None, "threshold": eps2 + (eps1 - eps2) / 2,
                     "decision": "insufficient data", "eps1": eps1, "eps2": eps2})
         return out
+    draws = min(int(mc), max(int(null_mc), math.ceil(2.0 / alpha)))  # at least enough to reject at alpha
+    simulate = draws > 0 and grid.bins % null_bins == 0
     b, m = theorem4_resolution(eps1 - eps2, grid.bins, bins, max_bins, grid_points, max_grid)
+    if simulate and not explicit and error_scale > 0:
+        # the p-value decides: the estimate is shown, not tested, so no finer than its sampling scale (#35.2)
+        b, m = sample_resolution(n, grid.bins, b, m, error_scale)
     res = ldtc_grid(grid, bins=b, u=u_grid(m))
     tol = ldtc_tolerant(res["estimate"], n, eps1, eps2, C, error_bound=res["error_bound"])
     out.update({"statistic": res["estimate"], "value": res["value"], "estimate": res["estimate"],
@@ -99,8 +119,7 @@ def ldtc_tester(data: CalibrationData, *, alpha: float, mc: int, rng: np.random.
                 "binning_error": res["binning_error"], "threshold": tol["threshold"],
                 "decision": tol["decision"], "eps1": eps1, "eps2": eps2, "n_required": tol["n_required"],
                 "bins": res["bins"], "u_points": m, "rule": "theorem4" if explicit else "theorem4-default"})
-    draws = min(int(mc), max(int(null_mc), math.ceil(2.0 / alpha)))  # at least enough to reject at alpha
-    if draws > 0 and grid.bins % null_bins == 0:
+    if simulate:
         nul = ldtc_null_pvalue(grid, mc=draws, rng=rng, bins=null_bins, points=null_points, alpha=alpha)
         out.update({"p_value": nul["p_value"], "null_statistic": nul["statistic"], "mc": nul["mc_draws"],
                     "null_method": f"binomial/grid{nul['bins']}/u{nul['points']}"})
