@@ -226,7 +226,8 @@ def ends(bootstrap: str, topic: str) -> dict[int, int]:
 
 
 def count_topic(bootstrap: str, topic: str) -> dict[int, int]:
-    """Records per partition, by reading (Tansu's ListOffsets(latest) undercounts batches)."""
+    """One past the last record per partition, by reading (Tansu's ListOffsets(latest) undercounts batches; a
+    transaction's commit marker after the last record is not counted: a consumer's position stops before it)."""
     from kafka import KafkaConsumer, TopicPartition
 
     c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
@@ -309,6 +310,7 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
                 rng: np.random.Generator, timeout: float | None = None, chunks: int = 24) -> dict[str, Any]:
     """3 ingest workers + 2 evaluators while the records are produced in chunks; SIGKILL one of each mid-stream
     (at random points of the production), add a replacement of each, remove (SIGTERM) another ingest worker,
+    pause (SIGSTOP) a third one until the group has moved its partitions and resume it (SIGCONT: a zombie),
     wait until everything is applied."""
     boot = broker.bootstrap
     timeout = timeout or float(os.environ.get("CALMON_CLUSTER_TIMEOUT", "300"))
@@ -334,8 +336,10 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
         cuts = np.linspace(0, len(records), chunks + 1).astype(int)
         kill_ingest, kill_eval = sorted(rng.choice(np.arange(chunks // 4, 3 * chunks // 4), 2, replace=False))
         remove_ingest = kill_eval + 2
+        pause_ingest = min(kill_ingest + 1, chunks - 1)
         for c in range(chunks):
-            produce(boot, records[cuts[c]:cuts[c + 1]])
+            if not pause_ingest < c < pause_ingest + 3:  # (those chunks were produced while the zombie slept)
+                produce(boot, records[cuts[c]:cuts[c + 1]])
             if c == kill_ingest:
                 info["kills"].append(("ingest0", sum(ingest[0].metric("calmon_cluster_ranges_total").values())))
                 info["cpu"]["ingest0"] = ingest[0].cpu()
@@ -346,6 +350,9 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
                 info["cpu"]["eval0"] = evals[0].cpu()
                 evals[0].kill()
                 evals.append(start("evaluate", "eval2"))
+            if c == pause_ingest:
+                info["zombie"] = zombie(ingest[2], [w for w in ingest if w is not ingest[2] and w.alive()], boot,
+                                        records[cuts[c + 1]:cuts[min(c + 3, chunks)]], timeout)
             if c == remove_ingest:  # scale down: a clean stop hands its partitions over
                 info["cpu"]["ingest1"] = ingest[1].cpu()
                 rc = ingest[1].term()
@@ -377,6 +384,8 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
         info["seconds"] = time.monotonic() - t0
         info["series"] = [series_of(w) for w in live_evals]
         info["ingest_metrics"] = [w.get("/metrics")[1] for w in live_ingest]
+        info["zombie"]["fenced"] = sum(ingest[2].metric("calmon_cluster_fenced_total").values())
+        info["states_in_order"] = states_in_order(boot)
         info["restore_seconds"] = {w.name: round(v, 3) for w in live_ingest + live_evals
                                    for v in w.metric("calmon_cluster_restore_seconds").values()}
         info["cpu"].update({w.name: w.cpu() for w in live_ingest + live_evals})
@@ -398,6 +407,44 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
         for w in workers:
             if w.alive():
                 w.kill()
+
+
+def zombie(w: Worker, others: list[Worker], boot: str, during: list[tuple[int, bytes | None, bytes]],
+           timeout: float) -> dict[str, Any]:
+    """SIGSTOP ``w``, produce ``during``, wait until ``others`` own every input partition, SIGCONT ``w``."""
+    before = sum(w.metric("calmon_cluster_owned_partitions").values())
+    w.proc.send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        produce(boot, during)
+
+        def moved() -> bool:
+            return sum(sum(o.metric("calmon_cluster_owned_partitions").values()) for o in others) == PARTITIONS
+
+        wait_until(moved, timeout, "the paused worker's partitions to move", others)
+    finally:
+        w.proc.send_signal(signal.SIGCONT)
+    return {"owned_before": before, "paused_seconds": round(time.monotonic() - t0, 1)}
+
+
+def states_in_order(boot: str) -> bool:
+    """Whether the committed states of every input partition, read ``read_committed`` in log order, have strictly
+    increasing offsets: a write of a fenced owner (a zombie's stale chain) or two owners of one partition would
+    show as a state at or below one already committed."""
+    from calmon.cluster.topics import PartitionState, TopicReader
+
+    seen: dict[str, list[int]] = {}
+
+    def visit(r: Any) -> None:
+        st = PartitionState.from_bytes(r.value, r.key)
+        seen.setdefault(st.source, []).append(st.offset)
+
+    reader = TopicReader(boot, "calmon-ingest-state", {})
+    try:
+        reader.read_all(visit)
+    finally:
+        reader.close()
+    return bool(seen) and all(all(a < b for a, b in zip(v, v[1:])) for v in seen.values())
 
 
 def snapshot_reads(w: Worker, delta_ends: dict[int, int]) -> dict[str, Any]:
@@ -431,7 +478,7 @@ def test_cluster_exactly_once_with_kills(tmp_path):
         run = cluster_run(tmp_path, broker, records, np.random.default_rng(0))
     res = check(ref, run, records, n_bad, checked)
     print(json.dumps({**res, "records": len(records), "kills": run["kills"], "seconds": round(run["seconds"], 1),
-                      "snapshots": run["snapshots"]}))
+                      "snapshots": run["snapshots"], "zombie": run["zombie"]}))
     assert res["models"] == MODELS, res
     # snapshots were written, and an evaluator that took over partitions restored from them, reading fewer
     # delta records than a replay of its partitions from the beginning would
@@ -445,6 +492,10 @@ def test_cluster_exactly_once_with_kills(tmp_path):
     assert res["check_difference"] is None, res["check_difference"]
     assert res["dead_letters"] == n_bad and res["dead_unique_origins"] and res["dead_match"], res
     assert res["duplicated_series"] == 0, res
+    # the zombie (#33.2): paused until its partitions moved, resumed; the final state above is still exact, and no
+    # state it wrote after the move was committed (each partition's committed states advance strictly)
+    assert run["zombie"]["owned_before"] > 0, run["zombie"]
+    assert run["states_in_order"], run["zombie"]
 
 
 def main() -> int:
@@ -473,7 +524,8 @@ def main() -> int:
             run = cluster_run(work / f"trial{trial}", broker, records, np.random.default_rng(args.seed + trial),
                               timeout=args.timeout)
         res = check(ref, run, records, n_bad, checked)
-        res.update(trial=trial, identical=identical(res), records=len(records), kills=run["kills"],
+        res.update(trial=trial, identical=identical(res) and run["states_in_order"], records=len(records),
+                   kills=run["kills"], zombie=run["zombie"],
                    removed=run.get("removed"), seconds=round(run["seconds"], 1), delta_records=run["delta_records"],
                    restore_seconds=run["restore_seconds"], snapshots=run["snapshots"],
                    cpu_seconds={k: round(v, 1) for k, v in run["cpu"].items()})
@@ -483,7 +535,7 @@ def main() -> int:
         "trials": len(rows), "identical": sum(r["identical"] for r in rows), "records": len(records),
         "kills": sum(len(r["kills"]) for r in rows), "seconds": [r["seconds"] for r in rows],
         "restore_seconds_max": max((max(r["restore_seconds"].values(), default=0.0) for r in rows), default=None),
-        "replays": sum(r["replays"] for r in rows), "claims_lost": sum(r["claims_lost"] for r in rows)}}),
+        "fenced": sum(r["fenced"] for r in rows), "errors": sum(r["errors"] for r in rows)}}),
         flush=True)
     return 0 if all(r["identical"] for r in rows) else 1
 
@@ -521,36 +573,49 @@ def test_ingest_worker_started_before_its_broker_waits_for_it(tmp_path):
 
 
 @pytest.mark.integration
-def test_intent_log_first_writer_wins_and_states_take_the_largest_offset():
-    """Two workers claim the same range start: both learn the same winner (the first in the log); a later claim
-    at another start is independent; a newly tracking worker learns the winners already in the log."""
+def test_a_new_owner_fences_the_old_one_and_restores_read_only_committed_states():
+    """Two producers of one input partition's transactional id (#33.2): the second ``init_transactions`` fences
+    the first (its next range fails with ``Fenced`` and writes nothing); a range commits its state and the consumed
+    offset together; the restore reads committed states only, waits for a transaction still open, and takes the
+    largest offset."""
     require_broker()
-    from calmon.cluster.intents import Intent, IntentLog, PartitionState, Producer, StateStore, ensure_topics
+    import threading
+
+    from calmon.cluster.topics import PartitionState, StateStore, ensure_topics
+    from calmon.cluster.transactions import Fenced, PartitionProducer
     from calmon.events.decoder import Decoder
     from calmon.state.join import Joiner
     with KafkaBroker() as broker:
         boot = broker.bootstrap
-        ensure_topics(boot, {}, {"intents": (2, {}), "states": (2, {})})
-        logs = [IntentLog(boot, "intents", {}, Producer(boot, {})) for _ in range(2)]
-        for log_ in logs:
-            log_.track({"events/0": 0})
-        a = Intent("events/0", 0, 100, 1.0, "A", 1, {})
-        b = Intent("events/0", 0, 150, 2.0, "B", 1, {})
-        assert logs[0].claim(a) == a
-        assert logs[1].claim(b) == a  # B lost: it must replay A's range [0, 100)
-        c = Intent("events/0", 100, 180, 3.0, "B", 2, {})
-        assert logs[1].claim(c) == c
-        assert logs[0].claim(Intent("events/0", 100, 200, 4.0, "A", 2, {})) == c
-        late = IntentLog(boot, "intents", {}, Producer(boot, {}))
-        late.track({"events/0": 100})
-        assert late.winner("events/0", 100) == c and late.winner("events/0", 0) is None
-        states = StateStore(boot, "states", {}, Producer(boot, {}))
+        ensure_topics(boot, {}, {"deltas": (2, {}), "states": (2, {}), "events": (2, {})})
         join, decoder = Joiner(3600.0, 1000).to_dict(), Decoder().state()  # (a state's documents must be valid)
-        for off in (100, 180, 100):  # a slow zombie may write an older chain point last
-            states.save(PartitionState("events/0", off, join, decoder, "w"))
-        states.save(PartitionState("events/1", 7, join, decoder, "w"))
+
+        def rng(p: PartitionProducer, key: str, off: int) -> None:
+            p.commit_range({"deltas": [(b"m", b"d%d" % off)],
+                            "states": [(key.encode(), PartitionState(key, off, join, decoder, "w").to_bytes())]}, off)
+
+        old = PartitionProducer(boot, {}, "grp", "events/0")
+        rng(old, "events/0", 100)
+        rng(old, "events/0", 180)
+        new = PartitionProducer(boot, {}, "grp", "events/0")  # the partition moved: the old owner is fenced
+        with pytest.raises(Fenced):
+            rng(old, "events/0", 250)
+        rng(new, "events/0", 200)
+        other = PartitionProducer(boot, {}, "grp", "events/1")
+        kp = other.producer
+        kp.begin_transaction()  # a range of another partition still open while the restore reads
+        kp.send("states", key=b"events/1", value=PartitionState("events/1", 7, join, decoder, "w").to_bytes())
+        kp.flush()
+        states = StateStore(boot, "states", {})
+        threading.Timer(1.0, kp.commit_transaction).start()
+        t0 = time.monotonic()
         got = states.load(["events/0", "events/1", "events/2"])
-        assert {k: v.offset for k, v in got.items()} == {"events/0": 180, "events/1": 7}
-        for lg in (*logs, late):
-            lg.close()
+        assert time.monotonic() - t0 >= 0.8  # it waited for the open transaction instead of skipping it
+        assert {k: v.offset for k, v in got.items()} == {"events/0": 200, "events/1": 7}
+        from kafka import KafkaConsumer, TopicPartition
+        c = KafkaConsumer(bootstrap_servers=boot, group_id="grp", enable_auto_commit=False)
+        assert [c.committed(TopicPartition("events", p), timeout_ms=3000) for p in (0, 1)] == [200, None]
+        c.close(autocommit=False)
+        for p in (old, new, other):
+            p.close()
         states.close()

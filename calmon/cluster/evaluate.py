@@ -6,8 +6,12 @@ windows, scheduler, testers, alerts, recalibration, ``/metrics``, status page) b
 :func:`evaluate_agent` with a :class:`DeltasInput`, which merges deltas instead of decoding events,
 and an :class:`EvaluateMetrics` collector of its ``calmon_cluster_*`` families:
 
+* deltas are read ``read_committed``: a range's deltas are visible once its transaction committed (with its
+  state and consumed offset, see :mod:`calmon.cluster.transactions`), never if it aborted;
 * a delta of ``(input partition, model)`` whose range ends at or before the last one applied for that
-  pair is dropped (a replayed range); the table of last ends is part of the state;
+  pair is dropped: after a snapshot restore the deltas partition is replayed from before what the snapshot
+  covers, which no transaction spans (and a broker that returns aborted records -- Tansu 0.6 -- is covered
+  as long as the range is cut again at the same offsets); the table of last ends is part of the state;
 * every ``cluster.snapshot_every`` the changed models are written to the compacted snapshots topic
   (:mod:`calmon.cluster.snapshots`); a partition's new owner restores them and replays only the deltas
   from ``min(o_m)`` on (from the beginning without snapshots), so the agent's own checkpoints are off;
@@ -26,7 +30,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +39,12 @@ from calmon.agent.runtime import Agent
 from calmon.cluster.changes import feed as feed_changes
 from calmon.cluster.changes import restore_detector
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
-from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.cluster.ownership import render_ownership
 from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshot_store import SnapshotStore
 from calmon.cluster.snapshot_writer import SnapshotWriter
 from calmon.cluster.snapshots import Manifest, ModelSnapshot, copy_windows, keep_delta, restore_start
+from calmon.cluster.topics import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.config import Config
 from calmon.formats.jsonio import write_json_atomic
 from calmon.state.agentstate import AgentState
@@ -59,6 +63,18 @@ DUMP_NAME = "owned-state.json"
 DELTA_BATCH = 100
 #: Seconds one read's deltas should take to merge (the batch size adapts to the measured cost per delta).
 READ_BUDGET = 0.5
+
+
+def read_committed(source: type[KafkaSource], client: Mapping[str, Any]) -> dict[str, Any]:
+    """``client`` with the isolation level ``read_committed`` in the spelling of ``source``'s client library.
+
+    Examples
+    --------
+    >>> read_committed(KafkaSource, {"client_id": "x"})
+    {'client_id': 'x', 'isolation_level': 'read_committed'}
+    """
+    key = "isolation.level" if source.ADAPTER.library == "confluent" else "isolation_level"
+    return {**dict(client), key: "read_committed"}
 
 
 def evaluate_config(cfg: Config) -> Config:
@@ -104,9 +120,10 @@ class DeltasInput:
 
     def __init__(self, cfg: Config) -> None:
         cl = cfg.cluster
+        # read_committed: the deltas of an aborted range (its worker died or was fenced) are never merged
         self.deltas = KafkaSource(cl.bootstrap_servers, [cl.deltas_topic], group_id=cl.evaluate_group,
-                                  name="deltas", client=dict(cl.client), position_policy="checkpoint",
-                                  auto_offset_reset="earliest")
+                                  name="deltas", client=read_committed(KafkaSource, cl.client),
+                                  position_policy="checkpoint", auto_offset_reset="earliest")
         self.sources: list[Source] = []
         self._agent: Host | None = None
         self.worker = new_writer_id()
@@ -309,7 +326,10 @@ class DeltasInput:
             if target is None and key in health["lag"]:
                 target = position.get(key, 0) + int(health["lag"][key])
                 self.restoring[key] = (since, target)
-            if target is not None and position.get(key, 0) >= target:
+            # the target comes from the high watermark, which counts the commit marker after a transaction's last
+            # record; the source's position (one past the last record read) stops before it
+            at = position.get(key, 0)
+            if target is not None and (at >= target or (at == target - 1 and int(health["lag"].get(key, 2)) <= 1)):
                 del self.restoring[key]
                 self.restore_seconds = now - since
                 log.info("evaluate %s: %s restored in %.2f s", self.worker, key, self.restore_seconds)
