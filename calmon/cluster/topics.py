@@ -26,6 +26,7 @@ from calmon.cluster.records import BadRecord, BadRecords, decode_doc, decode_jso
 from calmon.state.checkpoint.schema import DecoderDoc, JoinDoc
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import KafkaClientError
+from connectors.kafka.committed import install as install_committed
 from connectors.kafka.kafkapython import mapped
 from connectors.kafka.settings import common_options
 
@@ -184,6 +185,8 @@ class TopicReader:
             self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           bootstrap_timeout_ms=5000, max_partition_fetch_bytes=16 << 20,
                                           **common_options(client, "consumer"), **READ_COMMITTED)
+            # aborted transactions dropped by their markers, on brokers that list none (connectors/kafka/committed.py)
+            self.committed = install_committed(self.consumer, values=False)
             parts = sorted(self.consumer.partitions_for_topic(topic) or ())
             self.tps = {p: TopicPartition(topic, p) for p in parts}
             self.consumer.assign(list(self.tps.values()))

@@ -25,6 +25,7 @@ from connectors.kafka.clients import (
     KafkaConfigError,
     header_tuple,
 )
+from connectors.kafka.committed import Stats
 from connectors.kafka.positions import TP
 from connectors.kafka.settings import check_client, client_keys
 
@@ -129,6 +130,9 @@ class KafkaPythonConsumer:
         self._consumer: Any = None
         #: ``poll`` returns ``(offset, value)`` tuples (:mod:`connectors.kafka.valuerecords`), not ConsumerRecords.
         self.raw_values = False
+        #: with ``isolation_level: read_committed``: what the client-side filtering of aborted transactions did
+        #: (:mod:`connectors.kafka.committed`)
+        self.committed: Stats | None = None
 
     @staticmethod
     def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -169,7 +173,12 @@ class KafkaPythonConsumer:
                 self._consumer = KafkaConsumer(**cfg)
             except (TypeError, ValueError, KafkaConfigurationError) as exc:
                 raise KafkaConfigError(str(exc)) from exc
-        if not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
+        if cfg.get("isolation_level") == "read_committed":  # aborted transactions dropped by their markers
+            from connectors.kafka.committed import install as install_committed
+
+            self.committed = install_committed(self._consumer, values=not self.settings.metadata)
+            self.raw_values = self.committed is not None and not self.settings.metadata
+        elif not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
             from connectors.kafka.valuerecords import install
 
             self.raw_values = install(self._consumer)
