@@ -619,3 +619,75 @@ def test_a_new_owner_fences_the_old_one_and_restores_read_only_committed_states(
         for p in (old, new, other):
             p.close()
         states.close()
+
+
+@pytest.mark.integration
+def test_an_aborted_range_never_reaches_the_evaluator_even_where_the_broker_returns_it(tmp_path):
+    """#33.2: Tansu 0.6 returns the records of aborted transactions to ``read_committed`` readers (no aborted list
+    in its fetch responses).  The evaluator's delta reader holds a transaction's records until its control batch
+    and drops them on ABORT (``connectors/kafka/committed.py``), so the range-end rule no longer carries the
+    exactness: here a leaked range ``[0, 40)`` cut by ``cluster.linger`` is aborted, then the new owner commits a
+    differently cut range ``[0, 100)`` of the same records -- the end 100 is past 40, so the range-end rule alone
+    would merge both and count the first 40 records twice (the double count docs/cluster.md used to name)."""
+    require_broker()
+    from calmon.cluster.partition import PartitionIngest
+    from calmon.cluster.topics import Range, ensure_topics
+    from calmon.cluster.transactions import PartitionProducer
+    from calmon.config import load_config
+    from connectors.base import Batch
+
+    records, _ = make_traffic(400, models=3, partitions=1, bad_rate=0.0)
+    values = [v for _, _, v in records][:100]
+    with KafkaBroker() as broker:
+        boot = broker.bootstrap
+        cfg = write_config(tmp_path / "eval", source="kafka", bootstrap=boot)
+        evaluator_client_fix(cfg)
+        conf = load_config(cfg)
+        cl = conf.cluster
+        ensure_topics(boot, {}, {cl.deltas_topic: (DELTA_PARTITIONS, {}), cl.state_topic: (1, {}),
+                                 TOPIC: (1, {})})
+
+        def deltas(end: int) -> list[Any]:
+            part = PartitionIngest(conf, f"{TOPIC}/0", "events", None)
+            batch = Batch(values[:end], {f"{TOPIC}/0": end}, "events", [f"{TOPIC}/0@{i}" for i in range(end)])
+            return part.apply(batch, Range(f"{TOPIC}/0", 0, end, 1767225600.0, "w")).deltas
+
+        leaked, replacement = deltas(40), deltas(100)
+        txn = PartitionProducer(boot, {}, cl.ingest_group, f"{TOPIC}/0")
+        kp = txn.producer
+        kp.begin_transaction()  # the leaked range: written, acknowledged, then aborted (as a fencing would)
+        for d in leaked:
+            kp.send(cl.deltas_topic, key=d.model.encode(), value=d.to_bytes())
+        kp.flush()
+        kp.abort_transaction()
+        txn.commit_range({cl.deltas_topic: [(d.model.encode(), d.to_bytes()) for d in replacement]}, 100)
+        txn.close()
+        want_ends = count_topic(boot, cl.deltas_topic)
+        w = Worker(cfg, "evaluate", "eval")
+        try:
+            w.wait_serving()
+
+            def read_all() -> bool:
+                pos = {re.search(r'partition="[^"]*/(\d+)"', k).group(1): v  # type: ignore[union-attr]
+                       for k, v in w.metric("calmon_cluster_position").items()}
+                return w.get("/readyz")[0] == 200 and all(
+                    pos.get(str(p), 0) >= e - 1 for p, e in want_ends.items() if e)
+
+            wait_until(read_all, 120, "the evaluator to read every delta", [w],
+                       lambda: (want_ends, w.metric("calmon_cluster_position")))
+            wait_until(lambda: sum(w.metric("calmon_cluster_deltas_read_total").values()) >= len(replacement),
+                       60, "the committed deltas merged", [w])
+            aborted = sum(w.metric("calmon_cluster_aborted_records_total").values())
+            assert w.term() == 0
+        finally:
+            if w.alive():
+                w.kill()
+    dump = json.loads((tmp_path / "eval" / "state" / "owned-state.json").read_text())
+    got = {(m, k): n for m, k, n in dump["counters"]["events"]}
+    want: dict[tuple[str, str], int] = {}
+    for d in replacement:
+        for k, n in d.events.items():
+            want[(d.model, k)] = want.get((d.model, k), 0) + n
+    assert got == want  # the committed range once, nothing of the aborted one
+    assert sorted(e for _s, _m, e in dump["applied"]) == [100] * len(replacement)
+    assert aborted == len(leaked)  # read from the broker and dropped by its ABORT marker

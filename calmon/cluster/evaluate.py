@@ -542,6 +542,8 @@ class EvaluateMetrics:
                   f"calmon_cluster_bad_deltas_total{{{base}}} {d.bad_deltas}", *d.bad.render()]
         for name, text, v in (
                 ("deltas_read_total", "Delta records read (replays included).", d.deltas_read),
+                ("aborted_records_total", "Delta records of aborted transactions dropped by their ABORT marker.",
+                 d.deltas.txn_stats.aborted),
                 ("snapshots_total", "Model snapshots written to the snapshots topic.", d.snapshots_written),
                 ("snapshot_bytes_total", "Bytes of snapshot records written.", d.snapshot_bytes),
                 ("snapshot_models_restored_total", "Models restored from snapshots.", d.snapshot_models_restored)):

@@ -253,7 +253,7 @@ def supported() -> bool:
     return values_supported()
 
 
-def install(consumer: Any, values: bool) -> Stats | None:
+def install(consumer: Any, values: bool, stats: Stats | None = None) -> Stats | None:
     """Make ``consumer`` (a fresh ``kafka.KafkaConsumer`` with ``isolation_level='read_committed'``) hold
     transactional records until their marker; with ``values``, ``poll`` returns ``(offset, value)`` tuples
     (:mod:`connectors.kafka.valuerecords`).
@@ -261,12 +261,13 @@ def install(consumer: Any, values: bool) -> Stats | None:
     Returns
     -------
     Stats or None
-        The consumer's counters; None (nothing changed) when the kafka-python version is not supported.
+        The consumer's counters (``stats`` when given: a source keeps one across reconnects); None (nothing
+        changed) when the kafka-python version is not supported.
     """
     fetcher = getattr(consumer, "_fetcher", None)
     if fetcher is None or not supported():
         return None
-    stats = Stats()
+    stats = Stats() if stats is None else stats
     # a subclass per consumer: its holds and counters are this consumer's
     fetcher.PartitionRecords = type("CommittedRecords", (_classes(values),), {"holds": {}, "stats": stats})
     return stats

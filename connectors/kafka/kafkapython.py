@@ -132,7 +132,7 @@ class KafkaPythonConsumer:
         self.raw_values = False
         #: with ``isolation_level: read_committed``: what the client-side filtering of aborted transactions did
         #: (:mod:`connectors.kafka.committed`)
-        self.committed: Stats | None = None
+        self.txn_stats = Stats()
 
     @staticmethod
     def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -176,8 +176,8 @@ class KafkaPythonConsumer:
         if cfg.get("isolation_level") == "read_committed":  # aborted transactions dropped by their markers
             from connectors.kafka.committed import install as install_committed
 
-            self.committed = install_committed(self._consumer, values=not self.settings.metadata)
-            self.raw_values = self.committed is not None and not self.settings.metadata
+            done = install_committed(self._consumer, values=not self.settings.metadata, stats=self.txn_stats)
+            self.raw_values = done is not None and not self.settings.metadata
         elif not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
             from connectors.kafka.valuerecords import install
 
