@@ -458,6 +458,14 @@ def snapshot_reads(w: Worker, delta_ends: dict[int, int]) -> dict[str, Any]:
     return out
 
 
+def keep_broker_log(broker: KafkaBroker, where: Path) -> None:
+    """Copy the broker's log into ``where`` (the broker deletes its own on close)."""
+    try:
+        (where / "broker.log").write_bytes(broker.log_path.read_bytes())
+    except OSError:
+        pass
+
+
 def series_of(w: Worker) -> set[str]:
     """Per-model series on /metrics (worker label removed)."""
     code, text = w.get("/metrics")
@@ -475,7 +483,10 @@ def test_cluster_exactly_once_with_kills(tmp_path):
     checked = check_reference(tmp_path, records)
     with KafkaBroker() as broker:
         broker.create_topic(TOPIC, partitions=PARTITIONS)
-        run = cluster_run(tmp_path, broker, records, np.random.default_rng(0))
+        try:
+            run = cluster_run(tmp_path, broker, records, np.random.default_rng(0))
+        finally:  # the broker's log (its group coordinator's decisions) next to the workers' logs
+            keep_broker_log(broker, tmp_path)
     res = check(ref, run, records, n_bad, checked)
     print(json.dumps({**res, "records": len(records), "kills": run["kills"], "seconds": round(run["seconds"], 1),
                       "snapshots": run["snapshots"], "zombie": run["zombie"]}))
