@@ -7,11 +7,13 @@ windows, scheduler, testers, alerts, recalibration, ``/metrics``, status page) b
 and an :class:`EvaluateMetrics` collector of its ``calmon_cluster_*`` families:
 
 * deltas are read ``read_committed``: a range's deltas are visible once its transaction committed (with its
-  state and consumed offset, see :mod:`calmon.cluster.transactions`), never if it aborted;
+  state and consumed offset, see :mod:`calmon.cluster.transactions`), never if it aborted -- decided by the
+  transaction markers on the client (:mod:`connectors.kafka.committed`), so also on a broker that returns
+  aborted records (Tansu 0.6); ``calmon_cluster_aborted_records_total`` counts what was dropped;
 * a delta of ``(input partition, model)`` whose range ends at or before the last one applied for that
   pair is dropped: after a snapshot restore the deltas partition is replayed from before what the snapshot
-  covers, which no transaction spans (and a broker that returns aborted records -- Tansu 0.6 -- is covered
-  as long as the range is cut again at the same offsets); the table of last ends is part of the state;
+  covers, which no transaction spans, and an ingest worker that falls back to an older state processes committed
+  ranges again; the table of last ends is part of the state;
 * every ``cluster.snapshot_every`` the changed models are written to the compacted snapshots topic
   (:mod:`calmon.cluster.snapshots`); a partition's new owner restores them and replays only the deltas
   from ``min(o_m)`` on (from the beginning without snapshots), so the agent's own checkpoints are off;

@@ -4,8 +4,10 @@
   position), keyed by the input partition and written in the same Kafka transaction as the range's deltas
   and consumed offsets (:mod:`calmon.cluster.transactions`), so a committed state and its deltas are visible
   together or not at all; the one with the largest offset is the most advanced (compaction may keep any);
-* :class:`TopicReader` reads an internal topic with ``isolation_level=read_committed`` (what an aborted or
-  still open transaction wrote is not returned on a broker that implements it) up to its end as of the read;
+* :class:`TopicReader` reads an internal topic with ``isolation_level=read_committed`` up to its end as of the
+  read: what a still open transaction wrote is not returned (the broker stops at it), what an aborted one wrote
+  is dropped by its ABORT marker (:mod:`connectors.kafka.committed`: also on brokers that list no aborted
+  transactions);
 * :class:`Range` is one range ``[start, end)`` of an input partition as applied (no longer written anywhere).
 """
 

@@ -112,8 +112,9 @@ class PartitionProducer:
         acknowledged, and the input partition's consumed offset.
 
         ``last`` is the partition's state: sending it only after the deltas are acknowledged keeps the state of
-        an *aborted* range from being visible without its deltas on a broker that returns aborted records to
-        ``read_committed`` readers (Tansu 0.6 does, see ``docs/cluster.md``); on Kafka it costs one round trip.
+        an *aborted* range from being visible without its deltas to a reader that takes aborted records for
+        committed ones (on Tansu 0.6, any reader without :mod:`connectors.kafka.committed`, see
+        ``docs/cluster.md``); it costs one round trip.
 
         Raises
         ------

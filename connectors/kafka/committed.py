@@ -128,11 +128,12 @@ def _define(base: Any, values: bool) -> Any:
     from kafka import errors
     from kafka.consumer.fetcher import ConsumerRecord, IsolationLevel
 
-    class CommittedRecords(base):  # type: ignore[misc, valid-type]
+    class CommittedRecords(base):
         """``PartitionRecords`` filtering aborted transactions by their markers (see the module docstring)."""
 
         #: per consumer (set by :func:`install` on a subclass): partition -> its :class:`Held`
         holds: dict[Any, Held] = {}
+        next_fetch_offset: int  # set by kafka-python's __init__
         stats = Stats()
 
         def __init__(self, fetch_offset: int, tp: Any, records: Any, *args: Any, **kwargs: Any) -> None:
