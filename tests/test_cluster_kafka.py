@@ -43,9 +43,12 @@ from kafka_broker import KafkaBroker, require_broker  # noqa: E402
 TOPIC = "events"
 PARTITIONS = 6
 DELTA_PARTITIONS = 4
-# Tansu completes group joins only after the rebalance timeout (= max_poll_interval_ms): short, but long enough
-# that a loaded 2-core machine does not evict workers (an eviction is harmless for the statistics, but slow).
-FAST = {"max_poll_interval_ms": 5000, "session_timeout_ms": 3000, "heartbeat_interval_ms": 300}
+# Group timeouts for Tansu 0.6 on a loaded machine (docs/cluster.md, "Group rebalances on Tansu"): its coordinator
+# holds a follower's JoinGroup 3 s (PAUSE_MS) while kafka-python sends no heartbeats during a rejoin, so a session
+# timeout of 3 s evicted followers by their own rejoin -- a new member, a new generation, the leader's SyncGroup
+# refused, again (the rebalance loop).  10 s leaves room for the pause and a stalled process; 20 s between polls
+# keeps loaded workers from leaving the group (it does not lengthen joins on Tansu: measured).
+FAST = {"max_poll_interval_ms": 20000, "session_timeout_ms": 10000, "heartbeat_interval_ms": 1000}
 BAD_KINDS = [
     b"garbage %d",
     b'{"type": "prediction", "id": "bad-%d", "model": "m00", "score": 1.5}',
