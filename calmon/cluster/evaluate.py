@@ -233,6 +233,11 @@ class DeltasInput:
             log.warning("evaluate %s: cannot write %s: %s", self.worker, DUMP_NAME, exc)
 
     @property
+    def aborted_records(self) -> int:
+        """Delta records of aborted transactions dropped by their markers (``calmon_cluster_aborted_records_total``)."""
+        return self.deltas.txn_stats.aborted
+
+    @property
     def bad_deltas(self) -> int:
         """Delta records skipped (``calmon_cluster_bad_deltas_total``: every reason)."""
         return self.bad.total("delta")
@@ -545,7 +550,7 @@ class EvaluateMetrics:
         for name, text, v in (
                 ("deltas_read_total", "Delta records read (replays included).", d.deltas_read),
                 ("aborted_records_total", "Delta records of aborted transactions dropped by their ABORT marker.",
-                 d.deltas.txn_stats.aborted),
+                 d.aborted_records),
                 ("snapshots_total", "Model snapshots written to the snapshots topic.", d.snapshots_written),
                 ("snapshot_bytes_total", "Bytes of snapshot records written.", d.snapshot_bytes),
                 ("snapshot_models_restored_total", "Models restored from snapshots.", d.snapshot_models_restored)):
