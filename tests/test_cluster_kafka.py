@@ -414,8 +414,13 @@ def cluster_run(work: Path, broker: KafkaBroker, records: list[tuple[int, bytes 
 
 def zombie(w: Worker, others: list[Worker], boot: str, during: list[tuple[int, bytes | None, bytes]],
            timeout: float) -> dict[str, Any]:
-    """SIGSTOP ``w``, produce ``during``, wait until ``others`` own every input partition, SIGCONT ``w``."""
-    before = sum(w.metric("calmon_cluster_owned_partitions").values())
+    """Once ``w`` owns input partitions (the group may still be settling after a kill), SIGSTOP it, produce
+    ``during``, wait until ``others`` own every input partition, SIGCONT ``w``."""
+    def owned() -> float:
+        return sum(w.metric("calmon_cluster_owned_partitions").values())
+
+    wait_until(lambda: owned() > 0, timeout, "the worker to pause to own partitions", [w, *others])
+    before = owned()
     w.proc.send_signal(signal.SIGSTOP)
     t0 = time.monotonic()
     try:
