@@ -95,7 +95,7 @@ def test_a_seek_forgets_what_is_held(values):
 
 def test_held_keeps_offset_order_and_counts():
     h = Held()
-    h.hold(1, ["x1"])
+    assert h.hold(1, ["x1"]) == []
     h.add(["n"])
     assert h.resolve(2, commit=True) == [] and h.pending == 2  # a marker of a producer with nothing held
     assert h.resolve(1, commit=True) == ["x1", "n"] and h.pending == 0
@@ -173,3 +173,29 @@ def test_on_tansu_the_source_and_the_state_reader_drop_aborted_transactions(brok
     finally:
         reader.close()
     assert seen == want
+
+
+@pytest.mark.parametrize("values", [True, False])
+def test_a_newer_epoch_of_the_producer_aborts_what_the_older_one_left_held(values):
+    """A fenced producer's batch that reached the log after its ABORT marker (or with no marker at all) is dropped
+    once the same producer id writes with a newer epoch, so the new owner's COMMIT does not deliver it."""
+    import struct as st
+
+    from kafka.record.util import calc_crc32c
+
+    def with_epoch(raw: bytes, epoch: int) -> bytes:
+        buf = bytearray(raw)
+        st.pack_into(">h", buf, 51, epoch)  # producerEpoch, then the batch CRC (over attributes onwards)
+        st.pack_into(">I", buf, 17, calc_crc32c(memoryview(buf)[21:]))
+        return bytes(buf)
+
+    cls = _reader(values)
+    log = b"".join([
+        _batch_at(0, [b"z0"], pid=7),  # the old owner's range, aborted by the fencing
+        _batch_at(1, [ABORT], pid=7, control=True),
+        _batch_at(2, [b"z2"], pid=7),  # a late batch of the fenced producer: no marker of its own
+        with_epoch(_batch_at(3, [b"n3"], pid=7), 1),  # the new owner (same id, epoch 1)
+        with_epoch(_batch_at(4, [COMMIT], pid=7, control=True), 1),
+    ])
+    assert _read(cls, [(0, log)], values)[0] == [(3, b"n3")]
+    assert cls.stats.aborted == 2

@@ -70,13 +70,13 @@ class Stats:
 class Held:
     """The undecided records of one partition, in offset order (see the module docstring).
 
-    Each entry is ``[producer id or None, decided, keep, records]``; entries are released from the front once
-    decided.
+    Each entry is ``[producer id or None, decided, keep, records, producer epoch]``; entries are released from
+    the front once decided.
 
     Examples
     --------
     >>> h = Held()
-    >>> h.hold(7, ["a1", "a2"]); h.add(["x"]); h.hold(8, ["b1"])
+    >>> _ = h.hold(7, ["a1", "a2"]); h.add(["x"]); _ = h.hold(8, ["b1"])
     >>> h.resolve(8, commit=True)      # b is decided, but a (before it) is not: nothing is released yet
     []
     >>> h.resolve(7, commit=False)     # a aborted: dropped; x and b1 follow
@@ -91,17 +91,28 @@ class Held:
     stats: Stats = field(default_factory=Stats)
     pending: int = 0
 
-    def hold(self, producer_id: int, records: list[Any]) -> None:
-        """Hold a transactional batch's records until ``producer_id`` 's marker."""
+    def hold(self, producer_id: int, records: list[Any], epoch: int = 0) -> list[Any]:
+        """Hold a transactional batch's records until ``producer_id`` 's marker.
+
+        A batch of a newer ``epoch`` means the producer id was initialised again (a new owner fenced the old
+        one), which aborts whatever the older epoch left open: its held records are dropped here even if the
+        broker wrote no marker for them, or accepted a fenced producer's batch after its marker.  Returns the
+        records that this makes deliverable.
+        """
+        stale = [e for e in self.queue if e[0] == producer_id and not e[1] and e[4] < epoch]
+        for entry in stale:
+            entry[1], entry[2] = True, False
+            self.stats.aborted += len(entry[3])
         if records:
-            self.queue.append([producer_id, False, False, records])
+            self.queue.append([producer_id, False, False, records, epoch])
             self.pending += len(records)
             self.stats.held_max = max(self.stats.held_max, self.pending)
+        return self._release() if stale else []
 
     def add(self, records: list[Any]) -> None:
         """Records that need no marker (not transactional), behind what is held."""
         if records:
-            self.queue.append([None, True, True, records])
+            self.queue.append([None, True, True, records, -1])
             self.pending += len(records)
 
     def resolve(self, producer_id: int, commit: bool) -> list[Any]:
@@ -113,9 +124,13 @@ class Held:
                     self.stats.committed += len(entry[3])
                 else:
                     self.stats.aborted += len(entry[3])
+        return self._release()
+
+    def _release(self) -> list[Any]:
+        """Pop the decided entries at the front: the records kept, in order."""
         out: list[Any] = []
         while self.queue and self.queue[0][1]:
-            _pid, _decided, keep, records = self.queue.popleft()
+            _pid, _decided, keep, records, _epoch = self.queue.popleft()
             self.pending -= len(records)
             if keep:
                 out += records
@@ -213,7 +228,8 @@ def _define(base: Any, values: bool) -> Any:
                                 batch = records.next_batch()
                                 continue
                             if batch.is_transactional:
-                                held.hold(pid, self._from(self._records(batch, kd, vd)))
+                                yield from held.hold(pid, self._from(self._records(batch, kd, vd)),
+                                                     batch.producer_epoch)
                                 batch = records.next_batch()
                                 continue
                         if batch.is_control_batch:
