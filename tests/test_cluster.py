@@ -429,3 +429,63 @@ def test_a_restored_partition_seeks_only_a_kafka_dead_letter_sink(tmp_path):
         state = PartitionState.from_bytes(last["calmon-ingest-state"][0][1])
         assert off == state.offset == len(mine) and dict(state.dead_letter) == {"dlq/0": 7}
         assert len(rec["calmon-deltas"]) == 2
+
+
+def test_an_ingest_restore_that_fails_is_retried_and_does_not_end_the_worker(monkeypatch):
+    """#33.2: ``init_transactions`` can time out on a loaded broker (seen on Tansu in the kill test: the worker
+    died with a traceback).  The restore is logged, counted and retried; the partition is restored on the retry,
+    without new records arriving for it."""
+    import calmon.cluster.ingest as ingest_mod
+    from calmon.cluster.ingest import IngestWorker
+    from calmon.cluster.topics import ClusterError
+
+    cfg = config(cluster={"bootstrap_servers": "127.0.0.1:9"})
+    w = IngestWorker(cfg)
+    seeks: list[dict[str, int]] = []
+
+    class Source:
+        name = "events"
+
+        def health(self):
+            return {"assigned": ["events/0"]}
+
+        def position(self):
+            return {"events/0": 5}
+
+        def lag(self):
+            return {}
+
+        def seek(self, position):
+            seeks.append(dict(position))
+
+    class States:
+        class reader:  # noqa: N801 - the attribute the worker reads
+            @staticmethod
+            def end_offsets(keys):
+                return {}
+
+        @staticmethod
+        def candidates(keys, ends):
+            return {}
+
+    calls = []
+
+    class Producer:
+        def __init__(self, *args):
+            calls.append(args[-1])
+            if len(calls) == 1:
+                raise ClusterError("init transactions of calmon-ingest.events.0: KafkaTimeoutError")
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(ingest_mod, "PartitionProducer", Producer)
+    w.source, w.states = Source(), States()  # type: ignore[assignment]
+    w._sync_assignment()
+    w._route(Batch([b"{}"], {"events/0": 1}, "events", ["events/0@0"]))  # the restore fails: no exception
+    assert "events/0" not in w.parts and w.metrics.errors == 1 and seeks == []
+    w._retry_restores()  # not before RESTORE_RETRY
+    assert calls == ["events/0"]
+    w._next_retry = 0.0
+    w._retry_restores()
+    assert calls == ["events/0", "events/0"] and w.parts["events/0"].next == 0 and seeks == [{"events/0": 0}]

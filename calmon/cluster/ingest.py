@@ -49,6 +49,8 @@ __all__ = ["IngestWorker", "internal_topics", "PROCESS_BUDGET", "START_TIMEOUT",
 
 #: Seconds of range processing between two reads of the source (see :meth:`IngestWorker.run`).
 PROCESS_BUDGET = 0.5
+#: Seconds before a failed restore (or a partition forgotten after a failed range) is tried again.
+RESTORE_RETRY = 2.0
 #: Start-up: the longest time :meth:`IngestWorker.open_retrying` keeps retrying an unreachable broker, and the
 #: first and largest wait between two attempts (doubling in between).
 START_TIMEOUT = 300.0
@@ -88,6 +90,10 @@ class IngestWorker:
         #: (taking the id back would fence the rightful owner, which would take it back: a ping-pong)
         self.fenced: set[str] = set()
         self._assigned: set[str] = set()
+        #: input partitions to restore again (a restore or a range failed): their records already read would
+        #: otherwise wait for new ones to arrive; retried every :data:`RESTORE_RETRY` seconds
+        self._retry: set[str] = set()
+        self._next_retry = 0.0
         #: input partitions whose next range must first seek the dead-letter sink (just restored)
         self.dlq_seek: dict[str, dict[str, int | str]] = {}
         self.states: StateStore | None = None
@@ -173,6 +179,7 @@ class IngestWorker:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 batch = self.source.read(self.cfg.ingest.batch_size, self.cfg.ingest.poll_timeout)
                 self._sync_assignment()
+                self._retry_restores()
                 if batch is not None and batch.records:
                     self._route(batch)
                 # between two reads at most PROCESS_BUDGET seconds of ranges: the consumer must poll well
@@ -225,6 +232,30 @@ class IngestWorker:
         txn = self.txns.pop(key, None)
         if txn is not None:
             txn.close()
+
+    def _try_restore(self, keys: list[str]) -> None:
+        """:meth:`_restore`, a failure logged and retried later (a broker slow to initialise a transactional id
+        under load must not end the worker)."""
+        try:
+            self._restore(keys)
+        except ClusterError as exc:
+            log.warning("ingest %s: restoring %s failed: %s; retrying in %.0f s", self.writer, ", ".join(keys), exc,
+                        RESTORE_RETRY)
+            self.metrics.errors += 1
+            for key in keys:
+                if key not in self.parts:
+                    self._forget(key)
+            self._retry.update(keys)
+            self._next_retry = time.monotonic() + RESTORE_RETRY
+
+    def _retry_restores(self) -> None:
+        """Restore again the partitions whose restore or range failed, if they are still ours."""
+        if not self._retry or time.monotonic() < self._next_retry:
+            return
+        keys = sorted((self._retry & self._assigned) - set(self.parts) - self.fenced)
+        self._retry.clear()
+        if keys:
+            self._try_restore(keys)
 
     def _restore(self, keys: list[str]) -> None:
         """Fence the partitions' previous owners, load their committed states, reposition the source there.
@@ -303,7 +334,7 @@ class IngestWorker:
         if [k for k in new if k not in self.fenced]:
             assert self.source is not None
             assigned = set(self.source.health()["assigned"])
-            self._restore(sorted((set(new) | (assigned - set(self.parts))) - self.fenced))
+            self._try_restore(sorted((set(new) | (assigned - set(self.parts))) - self.fenced))
         for key, idx in groups.items():
             part = self.parts.get(key)
             if part is None or key in new:
@@ -336,6 +367,8 @@ class IngestWorker:
             log.warning("ingest %s: %s: %s; restoring the partition from the state topic", self.writer, key, exc)
             self.metrics.errors += 1
             self._forget(key)
+            self._retry.add(key)
+            self._next_retry = time.monotonic() + RESTORE_RETRY
 
     def _process(self, part: PartitionIngest) -> None:
         """Process the buffered records of a partition as ranges of at most ``ingest.batch_size`` records."""
