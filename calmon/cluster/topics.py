@@ -28,6 +28,7 @@ from calmon.cluster.records import BadRecord, BadRecords, decode_doc, decode_jso
 from calmon.state.checkpoint.schema import DecoderDoc, JoinDoc
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import KafkaClientError
+from connectors.kafka.committed import held as committed_held
 from connectors.kafka.committed import install as install_committed
 from connectors.kafka.kafkapython import mapped
 from connectors.kafka.settings import common_options
@@ -198,8 +199,10 @@ class TopicReader:
 
         The end of a partition is its high watermark at the first fetch: a ``read_committed`` consumer stops at
         the first open transaction, so it reaches that end once the transactions open then have finished
-        (a range's transaction takes seconds; a fenced one is aborted by the fencing).  Waiting for the high
-        watermark of every later fetch instead would never end while other workers keep committing.
+        (a range's transaction takes seconds; a fenced one is aborted by the fencing); the read also goes on
+        until no record is held for a transaction marker beyond that end (``connectors.kafka.committed``).
+        Waiting for the high watermark of every later fetch instead would never end while other workers keep
+        committing.
         """
         deadline = time.monotonic() + timeout
         tps = list(self.tps.values())
@@ -214,7 +217,10 @@ class TopicReader:
                     hw = self.consumer.highwater(tp)
                     if tp not in target and hw is not None:
                         target[tp] = int(hw)
-                if len(target) == len(tps) and all(self.consumer.position(tp) >= target[tp] for tp in tps):
+                # past the end, and nothing held for a marker not yet read: a committed record behind an undecided
+                # transaction of another producer is held too (delivery in offset order), and must be visited
+                if len(target) == len(tps) and all(self.consumer.position(tp) >= target[tp] for tp in tps) \
+                        and not committed_held(self.consumer):
                     return
                 if time.monotonic() > deadline:
                     raise ClusterError(f"read {self.topic}: not read to its end within {timeout} s")

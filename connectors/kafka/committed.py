@@ -36,7 +36,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-__all__ = ["Held", "Stats", "install", "marker_type", "COMMIT", "ABORT"]
+__all__ = ["Held", "Stats", "held", "install", "marker_type", "COMMIT", "ABORT"]
 
 #: Control record types (the key's second int16).
 ABORT, COMMIT = 0, 1
@@ -261,6 +261,12 @@ def _classes(values: bool) -> Any:
     from connectors.kafka.valuerecords import value_records_class
 
     return _define(value_records_class() if values else Fetcher.PartitionRecords, values)
+
+
+def held(consumer: Any) -> int:
+    """Records ``consumer`` holds undecided (waiting for their transaction's marker), all partitions together."""
+    holds = getattr(getattr(getattr(consumer, "_fetcher", None), "PartitionRecords", None), "holds", None)
+    return sum(h.pending for h in holds.values()) if isinstance(holds, dict) else 0
 
 
 def supported() -> bool:
