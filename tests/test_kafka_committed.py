@@ -199,3 +199,38 @@ def test_a_newer_epoch_of_the_producer_aborts_what_the_older_one_left_held(value
     ])
     assert _read(cls, [(0, log)], values)[0] == [(3, b"n3")]
     assert cls.stats.aborted == 2
+
+
+@pytest.mark.integration
+def test_the_fetch_position_passes_an_aborted_tail_the_record_position_does_not(broker):
+    """A partition ending in an aborted transaction: the source's position stays one past the last record returned
+    (lag 3: the COMMIT marker, the aborted record, its ABORT marker), ``fetched()`` reaches the end -- what the
+    evaluator's readiness uses (in kill-test run 5 both evaluators stayed at /readyz 503 with lag 2)."""
+    from kafka import KafkaProducer
+
+    from connectors.kafka import KafkaSource
+
+    boot = broker.bootstrap
+    broker.create_topic("tail", 1)
+    p = KafkaProducer(bootstrap_servers=boot, transactional_id="tail-x")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send("tail", b"c")
+    p.commit_transaction()
+    p.begin_transaction()
+    p.send("tail", b"a")
+    p.flush()
+    p.abort_transaction()
+    p.close()
+    src = KafkaSource(boot, "tail", None, client={"isolation_level": "read_committed"})
+    got: list[bytes] = []
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and src.fetched().get("tail/0") != 4:
+            b = src.read(max_records=10, timeout=0.3)
+            if b is not None:
+                got += list(b.records)
+        assert got == [b"c"]
+        assert src.position() == {"tail/0": 1} and src.lag() == {"tail/0": 3} and src.fetched() == {"tail/0": 4}
+    finally:
+        src.close()

@@ -326,6 +326,7 @@ class DeltasInput:
             health = self.deltas.health()
         self.owned = assigned
         position = self.deltas.position()
+        fetched = self.deltas.fetched() if self.restoring else {}
         for key, (since, target) in list(self.restoring.items()):
             if key not in assigned:
                 del self.restoring[key]
@@ -335,8 +336,11 @@ class DeltasInput:
                 self.restoring[key] = (since, target)
             # the target comes from the high watermark, which counts the commit marker after a transaction's last
             # record; the source's position (one past the last record read) stops before it
+            # (or the client fetched to the target: what follows the last record returned can be markers and
+            # records of aborted transactions, dropped by connectors/kafka/committed.py)
             at = position.get(key, 0)
-            if target is not None and (at >= target or (at == target - 1 and int(health["lag"].get(key, 2)) <= 1)):
+            if target is not None and (at >= target or (at == target - 1 and int(health["lag"].get(key, 2)) <= 1)
+                                       or fetched.get(key, -1) >= target):
                 del self.restoring[key]
                 self.restore_seconds = now - since
                 log.info("evaluate %s: %s restored in %.2f s", self.worker, key, self.restore_seconds)

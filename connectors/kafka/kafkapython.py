@@ -292,6 +292,24 @@ class KafkaPythonConsumer:
             return None
         return None if hw is None else int(hw)
 
+    def fetched(self) -> dict[TP, int]:
+        """The fetch position of each assigned partition (past transaction markers and dropped aborted records,
+        unlike the position of the last record returned); empty while records are held for a marker
+        (:mod:`connectors.kafka.committed`).  No network call."""
+        from connectors.kafka.committed import held
+
+        consumer = self._consumer
+        if consumer is None or held(consumer):
+            return {}
+        out: dict[TP, int] = {}
+        try:
+            for ktp, state in list(consumer._subscription.assignment.items()):
+                if state.position is not None:
+                    out[TP(ktp.topic, ktp.partition)] = int(state.position.offset)
+        except AttributeError:  # internals of another kafka-python version
+            return {}
+        return out
+
     def beginning_offset(self, tp: TP, timeout: float) -> int:
         with mapped("beginning_offsets"):
             return int(self._consumer.beginning_offsets([_ktp(tp)], timeout_ms=int(timeout * 1000))[_ktp(tp)])

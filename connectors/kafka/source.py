@@ -255,6 +255,14 @@ class KafkaSource:
         self.stats.commits += 1
         return True
 
+    def fetched(self) -> dict[str, int]:
+        """``"topic/partition"`` -> the client's fetch position, past control records and records of aborted
+        transactions (which :meth:`position` does not count, being one past the last record returned); empty when
+        the client library does not tell (confluent-kafka) or records are held for a transaction marker."""
+        consumer = self._consumer
+        fetched = getattr(consumer, "fetched", None)
+        return {} if fetched is None else {tp.key: off for tp, off in fetched().items()}
+
     def lag(self) -> dict[str, int]:
         """Records behind the high watermark per assigned ``"topic/partition"`` (no network call).
 
