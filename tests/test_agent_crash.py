@@ -320,8 +320,8 @@ def run_trials(work: Path, trials: int, predictions: int, seed: int = 0, verbose
 
 @pytest.mark.slow
 def test_sigkill_restarts_give_identical_state(tmp_path):
-    trials = int(os.environ.get("CALMON_CRASH_TRIALS", "3"))
-    predictions = int(os.environ.get("CALMON_CRASH_EVENTS", "130000"))
+    trials = int(os.environ.get("CALMON_CRASH_TRIALS", "2"))
+    predictions = int(os.environ.get("CALMON_CRASH_EVENTS", "100000"))
     results = run_trials(tmp_path, trials, predictions, max_kills=int(os.environ.get("CALMON_CRASH_KILLS", "4")))
     assert sum(r["kills"] for r in results) >= trials  # the agent really was killed (at least once per trial)
     for r in results:

@@ -87,16 +87,7 @@ def test_calmon_run_exit_when_done_replays_history_exactly(tmp_path):
     lines = _replay()
     for kind in ("outcome", "unknown-model outcome"):
         lines = _without_ts(lines, kind)
-    src = tmp_path / "events.jsonl"
-    src.write_bytes(b"\n".join(lines) + b"\n")
-    cfg = tmp_path / "calmon.yaml"
-    cfg.write_text(f"state_dir: {tmp_path / 'state'}\nsources: [{{name: f, path: {src}}}]\n"
-                   "exporter: {enabled: false}\nevaluation: {tests: [], min_events: 10}\njoin: {ttl: 30d}\n")
-    results = tmp_path / "results.json"
-    out = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--exit-when-done",
-                          "--results", str(results)], capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr
-    join = json.loads(results.read_text())["agent"]["join"]
+    join = _calmon_run(tmp_path, lines)["agent"]["join"]
     assert join["joined"] == {"m": N} and join["expired"] == {}
 
 
@@ -148,3 +139,71 @@ def test_an_early_outcome_without_ts_waits_from_the_event_time_and_joins():
     ing.ingest(_batch("b", {"id": "p", "model": "m", "ts": T0 + 90, "score": 0.8}))
     assert st.joiner.counters.joined == {"m": 1} and st.joiner.delays.sketch("m").count == 0
     assert st.watermark == T0 + 100
+
+
+# -- the issue's "Done when": last month's traffic replayed the user's way -----------------------------------------
+MONTH_N = 20_000  #: predictions over 30 days, outcomes ~20 s late (exponential): the issue's simulated stream
+MONTH_T0 = 1_790_812_800.0  #: 2026-10-01
+GHOSTS = [b'{"type": "outcome", "id": "ghost-1", "model": "ghost", "label": 1}',
+          b'{"type": "prediction", "id": "ghost-2", "model": "ghost", "score": 0.4}',
+          b'{"type": "labeled", "model": "ghost", "score": 0.7, "label": 1}']
+
+
+def _month() -> list[bytes]:
+    spec = SimulationSpec(model="m", seed=7, delay=20.0, rate=MONTH_N / (30 * 86400.0), start=MONTH_T0)
+    return list(Simulator(spec).stream(MONTH_N))
+
+
+def _strip_ts(lines: list[bytes]) -> list[bytes]:
+    """The month with three outcomes and three predictions of ``m`` stripped of their ``ts`` (at a quarter, half and
+    three quarters of the file) and, next to each, ts-less records of a model no record before named."""
+    out = list(lines)
+    for frac, ghost in zip((0.75, 0.5, 0.25), GHOSTS):  # from the back, so earlier indices stay put
+        start = int(len(out) * frac)
+        for kind in (b'"outcome"', b'"prediction"'):
+            i = next(i for i in range(start, len(out)) if kind in out[i])
+            doc = json.loads(out[i])
+            del doc["ts"]
+            out[i] = json.dumps(doc).encode()
+        out.insert(start, ghost)
+    return out
+
+
+def _calmon_run(tmp: Path, lines: list[bytes]) -> dict:
+    tmp.mkdir(parents=True, exist_ok=True)
+    src = tmp / "events.jsonl"
+    src.write_bytes(b"\n".join(lines) + b"\n")
+    cfg = tmp / "calmon.yaml"
+    cfg.write_text(f"state_dir: {tmp / 'state'}\nsources: [{{name: f, path: {src}}}]\nexporter: {{enabled: false}}\n"
+                   "evaluation: {tests: [], min_events: 10}\njoin: {ttl: 30d}\nwindows: {allowed_lateness: 30d}\n")
+    results = tmp / "results.json"
+    out = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--exit-when-done",
+                          "--results", str(results)], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(results.read_text())
+
+
+def test_last_months_traffic_with_ts_less_records_replays_to_the_clean_files_ece(tmp_path):
+    """#31 "Done when": `calmon run --exit-when-done` on a month of traffic (20,000 predictions, outcomes ~20 s
+    late, join TTL and lateness 30 d) with ts-less outcomes, predictions and unknown-model records joins every
+    outcome and gives the clean file's windows -- the `all` window's n and ECE above all.  Before #31.1 the first
+    ts-less record moved the watermark to the present and every pending prediction expired."""
+    lines = _month()
+    dirty = _strip_ts(lines)
+    assert sum(b'"ts"' not in line for line in dirty) == 9
+    clean, got = _calmon_run(tmp_path / "clean", lines), _calmon_run(tmp_path / "dirty", dirty)
+    assert clean["agent"]["join"]["joined"] == {"m": MONTH_N} and clean["agent"]["join"]["expired"] == {}
+    join = got["agent"]["join"]
+    assert join["joined"].get("m") == MONTH_N, join
+    assert join["expired"] == {} and join["orphans"] == 0, join
+
+    def windows(doc: dict) -> dict[tuple[str, str], tuple[int, float]]:
+        return {(e["segment"], e["window"]): (e["n"], e["metrics"]["ece"]) for e in doc["evaluations"]
+                if e["model"] == "m"}
+
+    want, have = windows(clean), windows(got)
+    assert want[("all", "all")][0] == MONTH_N
+    assert have.keys() == want.keys()
+    for key, (n, ece) in want.items():
+        assert have[key][0] == n, key
+        assert math.isclose(have[key][1], ece, rel_tol=1e-12, abs_tol=1e-15), key

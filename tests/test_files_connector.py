@@ -498,20 +498,26 @@ def test_crash_resume_exactly_once_with_rotation(tmp_path: Path, seed: int) -> N
 # ------------------------------------------------------------------------------ throughput
 
 
-def test_throughput_reading_and_splitting(tmp_path: Path) -> None:
-    """Reading + splitting must run well above 500k lines/s (measured ~4M/s; loose bound for CI)."""
+def test_reading_is_chunked_not_per_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reading and splitting cost per chunk, not per line: 300,000 lines come in a handful of ``os.read`` calls
+    and full batches. (Its speed is measured by ``python -m benchmarks.bench_agent``, not asserted here.)"""
     n = 300_000
     p = tmp_path / "big.jsonl"
     line = ev(123456789)
     p.write_bytes((line + b"\n") * n)
-    best = float("inf")
-    for _ in range(3):
-        src = FileSource(p, origins=False)
-        t0 = time.perf_counter()
-        got = sum(len(b.records) for b in drain(src))
-        best = min(best, time.perf_counter() - t0)
-        assert got == n
-    assert n / best > 500_000, f"{n / best:,.0f} lines/s"
+    reads = 0
+    real_read = os.read
+
+    def counting_read(fd: int, size: int) -> bytes:
+        nonlocal reads
+        reads += 1
+        return real_read(fd, size)
+
+    monkeypatch.setattr(os, "read", counting_read)
+    batches = drain(FileSource(p, origins=False))
+    assert sum(len(b.records) for b in batches) == n
+    assert len(batches) <= n // 65536 + 2  # full batches of max_records
+    assert reads <= (n * (len(line) + 1)) // (1 << 20) + 2 * len(batches) + 4, reads
 
 
 _WORKER = r'''

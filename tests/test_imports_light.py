@@ -66,6 +66,13 @@ def test_check_of_jsonl_imports_only_what_it_uses(tmp_path: Path) -> None:
     assert not {"matplotlib", "pyarrow", "sklearn", "kafka", "confluent_kafka", "river", "rich", "pandas"} & names
 
 
+def test_check_help_imports_no_heavy_package() -> None:
+    """``check --help`` only builds the parser: no scipy, no tester (it imported them all, 1.8 s CPU, before)."""
+    names, res = imported(cli(["check", "--help"]))
+    assert res.returncode == 0 and "--schema" in res.stdout, res.stderr[-2000:]
+    assert not HEAVY & names, sorted(HEAVY & names)
+
+
 def test_lazy_registration_still_lists_and_parses_every_command() -> None:
     from calmon.cli import COMMANDS, build_parser
 

@@ -251,6 +251,15 @@ def test_confluent_adapter_cuts_a_consume_into_runs_without_a_record_object():
     assert str(RunOrigins(f.runs)) == str(["a/0@5", "a/0@6", "b/0@0", "b/0@1", "a/1@9", "a/1@12", "a/0@7"])
 
 
+def test_confluent_prefetches_four_batches_unless_the_user_says_otherwise():
+    from connectors.kafka.confluent import ConfluentConsumer
+
+    plain = ConfluentConsumer(ConsumerSettings("h:1", ["a"], None, "s")).config()
+    assert plain["queued.min.messages"] == 4 * 65536
+    mine = ConfluentConsumer(ConsumerSettings("h:1", ["a"], None, "s", options={"queued.min.messages": 1000}))
+    assert mine.config()["queued.min.messages"] == 1000
+
+
 # ---------------------------------------------------------------------------------------------- with a broker
 @pytest.fixture(scope="module")
 def broker():

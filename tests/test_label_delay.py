@@ -4,6 +4,7 @@ nothing said.  Now the delay is a histogram metric, the lost labels are counted,
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import math
@@ -17,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from calmon.agent.runtime import Agent
 from calmon.config import build_config, parse_duration
-from calmon.state.delays import EDGES, PROMETHEUS_BUCKETS, SAMPLE_CAP, DelaySketch, LabelDelays
 from calmon.state.join import Joiner
 
 T0 = 1_767_225_600.0
@@ -42,13 +42,7 @@ def _events(path: Path) -> None:
 
 def _agent(tmp_path: Path, ttl: str) -> Agent:
     _events(tmp_path / "in.jsonl")
-    doc = {"state_dir": str(tmp_path / "state"), "sources": [{"path": str(tmp_path / "in.jsonl")}],
-           "exporter": {"enabled": False}, "evaluation": {"tests": [], "min_events": 10},
-           "ingest": {"exit_when_done": True}, "join": {"ttl": ttl}}
-    agent = Agent(build_config(doc, env={}))
-    agent.open()
-    agent.run()
-    return agent
+    return _run(tmp_path, ttl)
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -56,6 +50,7 @@ def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_short_ttl_is_named_with_the_value_that_keeps_the_labels(tmp_path, caplog):
+    from calmon.state.delays import PROMETHEUS_BUCKETS  # here: the file collects before #32
     caplog.set_level(logging.WARNING, logger="calmon")
     agent = _agent(tmp_path, "1h")
     st = agent.status()
@@ -97,11 +92,12 @@ def test_a_ttl_longer_than_the_delays_says_nothing(tmp_path, caplog):
 
 
 def test_join_ttl_alone_is_enough_lateness_follows():
-    cfg = build_config({"sources": [{"path": "x.jsonl"}], "join": {"ttl": "21h"}}, env={})
-    assert cfg.join.ttl == 21 * 3600 and cfg.windows.allowed_lateness >= cfg.join.ttl
+    cfg = build_config({"sources": [{"path": "x.jsonl"}], "join": {"ttl": "30d"}}, env={})  # beyond the default 7d
+    assert cfg.join.ttl == 30 * 86400 and cfg.windows.allowed_lateness >= cfg.join.ttl
 
 
 def test_the_sketch_is_bounded_and_its_quantiles_never_fall_below_the_truth():
+    from calmon.state.delays import EDGES, DelaySketch  # here: the file collects before #32
     rng = np.random.default_rng(3)
     s = DelaySketch()
     size = s.counts.nbytes
@@ -120,6 +116,7 @@ def test_the_sketch_is_bounded_and_its_quantiles_never_fall_below_the_truth():
 
 
 def test_the_expired_sample_is_bounded_and_estimates_the_late_outcomes():
+    from calmon.state.delays import SAMPLE_CAP, LabelDelays  # here: the file collects before #32
     d = LabelDelays()
     n = 5 * SAMPLE_CAP
     for i in range(n):
@@ -163,6 +160,7 @@ def test_suggested_values_parse_as_durations():
 
 def test_the_table_reads_every_model_as_its_own_sketch_does():
     """The status and /metrics read all models at once (one matrix); it gives each model's own numbers."""
+    from calmon.state.delays import DelaySketch, LabelDelays  # here: the file collects before #32
     rng = np.random.default_rng(5)
     d = LabelDelays()
     per = {f"m{i}": rng.lognormal(6, 2, int(rng.integers(1, 60))) for i in range(40)}
@@ -176,3 +174,73 @@ def test_the_table_reads_every_model_as_its_own_sketch_does():
         assert [n for _, n in hists[m]["buckets"]] == own.cumulative() and hists[m]["count"] == x.size
         assert hists[m]["sum"] == pytest.approx(x.sum())
     assert table.merged().count == sum(x.size for x in per.values())
+
+
+def _two_speed(path: Path, hours: float) -> int:
+    """Predictions 3.6 s apart for 3 h; half their labels come 0.1-1 h later (automatic), half 20-24 h later
+    (a human review), and the file stops ``hours`` after the first prediction: what a live agent has seen."""
+    rng = np.random.default_rng(4)
+    n = 3000
+    ts = T0 + np.arange(n) * 3.6
+    fast = rng.uniform(size=n) < 0.5
+    d = np.where(fast, rng.uniform(0.1, 1.0, n), rng.uniform(20.0, 24.0, n)) * 3600
+    ev = [(ts[i], {"type": "prediction", "id": f"p{i}", "model": "churn", "ts": ts[i], "score": 0.5})
+          for i in range(n)]
+    ev += [(ts[i] + d[i], {"type": "outcome", "id": f"p{i}", "model": "churn", "ts": ts[i] + d[i], "label": i % 2})
+           for i in range(n) if ts[i] + d[i] <= T0 + hours * 3600]
+    ev += [(T0 + hours * 3600, {"type": "prediction", "id": "last", "model": "churn", "ts": T0 + hours * 3600,
+                                "score": 0.5})]  # the stream goes on: the watermark reaches the file's end
+    path.write_text("".join(json.dumps(e) + "\n" for _, e in sorted(ev, key=lambda x: x[0])))
+    return int(fast.sum())
+
+
+def _run(tmp_path: Path, ttl: str) -> Agent:
+    doc = {"state_dir": str(tmp_path / "state"), "sources": [{"path": str(tmp_path / "in.jsonl")}],
+           "exporter": {"enabled": False}, "evaluation": {"tests": [], "min_events": 10},
+           "ingest": {"exit_when_done": True}, "join": {"ttl": ttl}}
+    agent = Agent(build_config(doc, env={}))
+    agent.open()
+    agent.run()
+    return agent
+
+
+@pytest.mark.parametrize("hours", [6.0, 30.0])
+def test_predictions_expiring_while_the_delays_run_up_to_the_ttl_are_named(tmp_path, caplog, hours):
+    """Before any outcome comes late (6 h into the stream) the expired predictions are the only sign: the agent
+    warns when the joined delays run up to the TTL, asking for at least twice it; once the late labels come
+    (30 h), the warning gives the measured value instead."""
+    caplog.set_level(logging.WARNING, logger="calmon")
+    fast = _two_speed(tmp_path / "in.jsonl", hours)
+    agent = _run(tmp_path, "1h")
+    st = agent.status()
+    expired = agent.state.joiner.counters.expired["churn"]
+    assert agent.state.joiner.counters.joined["churn"] == fast and expired == 3000 - fast
+    [w] = st["warnings"]
+    assert w["setting"] == "join.ttl" and f"{expired} predictions expired unjoined" in w["message"]
+    assert _warnings(caplog) == [w["message"]]
+    from calmon.exporter.status.page import render  # the status page's banner shows it
+    page = render(st)
+    assert f'data-code="{w["code"]}"' in page and html.escape(w["message"]) in page
+    if hours == 6.0:  # no outcome has come late yet
+        assert w["code"] == "join_ttl_reached" and w["count"] == expired and w["suggested"] == "2h", w
+        assert "join.ttl >= 2h" in w["message"] and "twice" in w["message"]
+    else:  # the reviews came: the measured p99 (about 24 h)
+        assert w["code"] == "join_expired" and w["count"] == expired, w
+        assert 24 * 3600 <= parse_duration(w["suggested"]) <= 1.25 * 24 * 3600
+
+
+def test_expiring_predictions_whose_delays_stop_well_before_the_ttl_say_nothing(tmp_path, caplog):
+    """Predictions that never get a label expire too: no warning while the delays stop far below the TTL."""
+    caplog.set_level(logging.WARNING, logger="calmon")
+    rng = np.random.default_rng(5)
+    n = 3000
+    ts = T0 + np.arange(n) * 3.6
+    ev = [(ts[i], {"type": "prediction", "id": f"p{i}", "model": "churn", "ts": ts[i], "score": 0.5})
+          for i in range(n)]
+    d = rng.uniform(0.05, 0.4, n) * 3600
+    ev += [(ts[i] + d[i], {"type": "outcome", "id": f"p{i}", "model": "churn", "ts": ts[i] + d[i],
+                           "label": (i // 3) % 2}) for i in range(0, n, 3)]  # 2 in 3 unlabelled
+    (tmp_path / "in.jsonl").write_text("".join(json.dumps(e) + "\n" for _, e in sorted(ev, key=lambda x: x[0])))
+    agent = _run(tmp_path, "1h")
+    assert agent.state.joiner.counters.expired["churn"] > 1000
+    assert agent.status()["warnings"] == [] and _warnings(caplog) == []

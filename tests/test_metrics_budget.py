@@ -38,8 +38,8 @@ def parse(text: str) -> dict[str, list]:
 
 def test_round_part_is_rendered_once_per_round(monkeypatch):
     builds = []
-    real = rounds.RoundPart.build
-    monkeypatch.setattr(rounds.RoundPart, "build", classmethod(lambda cls, st, b: builds.append(1) or real(st, b)))
+    real = rounds.RoundRenderer.build
+    monkeypatch.setattr(rounds.RoundRenderer, "build", lambda self, st: builds.append(1) or real(self, st))
     m = AgentMetrics(lambda: LiveView(ready=True), clock=lambda: 130.0)
     m.prepare(ROUND)
     first, second = m.render(), m.render()

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from calmon.cli import main as cli_main
-from calmon.offline.inputs import InputError, expand_inputs, read_input, read_inputs
 
 
 def _events(d: Path, n: int = 3000, seed: int = 1) -> tuple[Path, Path, list[dict]]:
@@ -40,6 +39,7 @@ def _same(a, b) -> None:  # noqa: ANN001
 
 
 def test_two_files_join_like_one_concatenated_file(tmp_path: Path) -> None:
+    from calmon.offline.inputs import read_input, read_inputs  # here: the file collects before #32
     pp, op, preds = _events(tmp_path)
     both = read_inputs([str(pp), str(op)])
     assert (both.n, both.joined, both.unjoined_predictions, both.orphan_outcomes) == (2700, 2700, 300, 1)
@@ -54,6 +54,7 @@ def test_two_files_join_like_one_concatenated_file(tmp_path: Path) -> None:
 
 
 def test_directory_glob_and_mixed_formats(tmp_path: Path) -> None:
+    from calmon.offline.inputs import read_input, read_inputs  # here: the file collects before #32
     pq = pytest.importorskip("pyarrow.parquet")
     import pyarrow as pa
 
@@ -75,6 +76,7 @@ def test_directory_glob_and_mixed_formats(tmp_path: Path) -> None:
 
 
 def test_rows_of_csv_files_are_appended(tmp_path: Path) -> None:
+    from calmon.offline.inputs import InputError, read_inputs  # here: the file collects before #32
     a, b = tmp_path / "a.csv", tmp_path / "b.csv"
     a.write_text("score,label\n0.2,0\n0.9,1\n")
     b.write_text("score,label\n0.4,1\n")
@@ -87,6 +89,7 @@ def test_rows_of_csv_files_are_appended(tmp_path: Path) -> None:
 
 
 def test_errors_name_the_input(tmp_path: Path) -> None:
+    from calmon.offline.inputs import InputError, expand_inputs, read_input  # here: the file collects before #32
     with pytest.raises(InputError, match="no file matches this pattern"):
         expand_inputs([str(tmp_path / "nothing-*.jsonl")])
     with pytest.raises(InputError, match="no such file"):

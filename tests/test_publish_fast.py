@@ -166,9 +166,8 @@ def _number(v: Any) -> float:
 
 def ref_metrics(st: dict[str, Any], budget: SeriesBudget) -> tuple[bytes, tuple[Any, ...], dict[str, int], int]:
     """The per-round /metrics part straight from the module docstring's rules."""
-    order = rounds._Sink()
-    rounds._families(order)
-    tier_of = {name: tier for tier, name, _ in order.order}
+    order = rounds._ORDER  # (tier, family, header) in the order families are written
+    tier_of = {name: tier for tier, name, _ in order}
     rows: dict[str, list[tuple[str, str, Any]]] = {}  # model -> (family, labels, value) in window order
     ages: list[tuple[str, str, float]] = []
 
@@ -232,7 +231,7 @@ def ref_metrics(st: dict[str, Any], budget: SeriesBudget) -> tuple[bytes, tuple[
                 dropped["model_cap"] += len(mine)
     total, families = 0, set()
     for tier in rounds.TIERS:
-        for _, name, _ in (o for o in order.order if o[0] == tier):
+        for _, name, _ in (o for o in order if o[0] == tier):
             if total + per_family.get(name, 0) <= budget.max_series:
                 families.add(name)
                 total += per_family.get(name, 0)
@@ -241,7 +240,7 @@ def ref_metrics(st: dict[str, Any], budget: SeriesBudget) -> tuple[bytes, tuple[
     fixed = rounds._fixed(RoundView(**st))
     text = [f.text() for f in fixed]
     series = sum(len(f.lines) for f in fixed)
-    for tier, name, head in sorted(order.order, key=lambda o: rounds.TIERS.index(o[0])):  # served by tier
+    for tier, name, head in sorted(order, key=lambda o: rounds.TIERS.index(o[0])):  # served by tier
         if name == rounds.AGE:
             continue
         text.append(head)

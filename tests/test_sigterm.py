@@ -117,6 +117,7 @@ checkpoint: {{every: 1h}}
     m = re.search(r"stopped on SIGTERM in ([\d.]+) s \(([\d.]+) s CPU\): checkpoint generation (\d+) written "
                   r"\((\d[\d,]*) models?, [\d.]+ [kM]?B\); (\d+) tester calls? abandoned", log_text)
     assert m, log_text
+    print(f"{m.group(0)} | wall {stop_seconds:.1f} s at load {load:.1f} per core")  # for the record (-s)
     assert float(m.group(2)) < 2.0, m.group(0)
     assert int(m.group(5)) >= 1, m.group(0)
     assert int(m.group(4).replace(",", "")) == len(MODELS)

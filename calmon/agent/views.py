@@ -85,7 +85,7 @@ def live_state(state: AgentState, checkpoint: CheckpointInfo, ready: bool, now: 
         ttl = state.joiner.ttl
     join["delays"] = {m: DelaySummary(**q) for m, q in sorted(table.summaries().items())}
     delays = {m: DelayHistogram(**h) for m, h in sorted(table.histograms().items())}
-    advice = join_advice(ttl, expired, late, [table.merged()]) if late else None
+    advice = join_advice(ttl, expired, late, [table.merged()]) if late or any(expired.values()) else None
     warnings: list[StatusWarning] = [StatusWarning(**advice)] if advice is not None else []
     return LiveView(ready=ready, version=__version__, watermark=watermark, events=c.events, rejected=c.rejected,
                     late=c.late, join=join, pending=pending, sources=sources, checkpoint=checkpoint.copy(),

@@ -7,15 +7,12 @@ import dataclasses
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from calmon import __version__
 from calmon.algorithms.ece import reliability, summary
-from calmon.algorithms.twosample import calibration_change_test
-from calmon.calibration.base import Calibrator
-from calmon.calibration.document import load
 from calmon.calibration.split import hash_split
 from calmon.commands.progress import Steps
 from calmon.evaluate.verdict import summarize
@@ -23,7 +20,9 @@ from calmon.events.schema import add_schema_arguments, mapping_from_arguments
 from calmon.formats.jsonio import clean
 from calmon.offline.inputs import INPUTS_HELP, Dataset, read_input, read_inputs
 from calmon.stats.model import ModelStats
-from calmon.testers import MAX_MC, CalibrationData, check_params, run_tester
+
+if TYPE_CHECKING:
+    from calmon.calibration.base import Calibrator
 
 #: Testers run when ``--tests`` is not given (``--tests none`` runs none).
 DEFAULT_TESTS = "tcal,smce"
@@ -83,6 +82,8 @@ def check_numbers(args: argparse.Namespace) -> None:
     tolerance = getattr(args, "tolerance", 0.0)
     if not 0.0 <= tolerance < 1.0:
         raise ValueError(f"--tolerance must lie in [0, 1) (an ECE, e.g. 0.01 for 1 %), got {tolerance}")
+    from calmon.testers import MAX_MC  # here: scipy and the testers only when a command runs, not for --help
+
     if args.mc > MAX_MC:
         raise ValueError(f"--mc must be at most {MAX_MC:,} (p-values resolve to 1/(mc+1)), got {args.mc}")
     permutations = getattr(args, "permutations", None)
@@ -176,6 +177,8 @@ def report(ds: Dataset, args: argparse.Namespace, progress: Steps | None = None,
         doc["skipped"] = ds.skipped
     names = parse_testers(args.tests)
     if names:
+        from calmon.testers import CalibrationData, check_params, run_tester
+
         data = CalibrationData(n=ds.n, grid=stats.fine, z=ds.z, y=ds.y, probs=ds.probs, labels=ds.labels,
                                levelset=None, raw_is_complete=True)
         params = parse_test_params(args.test_param, names)
@@ -200,6 +203,8 @@ def compare(ref: Dataset, ds: Dataset, args: argparse.Namespace) -> dict[str, An
     if (ref.probs is None) != (ds.probs is None) or ref.classes != ds.classes:
         raise ValueError(f"--reference {ref.source}: {ref.kind} with {ref.classes} classes cannot be compared "
                          f"with {ds.kind} with {ds.classes} classes")
+    from calmon.algorithms.twosample import calibration_change_test
+
     res = calibration_change_test(build_stats(ref, args.bins).fine, build_stats(ds, args.bins).fine,
                                   alpha=args.alpha, permutations=args.permutations,
                                   rng=np.random.default_rng(args.seed))
@@ -286,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
         ds = read_inputs(args.input, model=args.model, skip_invalid=args.skip_invalid, mapping=mapping)
         judge, info = None, None
         if args.calibrator:
+            from calmon.calibration.document import load
+
             ds, info, judge = recalibrated(load(args.calibrator), ds, args.calibrator)
         progress.done()
         doc = report(ds, args, progress, judge)

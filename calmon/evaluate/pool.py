@@ -36,6 +36,17 @@ given at most two jobs per worker at a time (:data:`READY`): a simulation waits 
 already running and one more per worker.  (One job per worker left the workers idle while the parent,
 busy with the round, passed each result on: 15 % slower on 711 T-Cal simulations.)
 
+Identical calls
+---------------
+A built-in tester's result is a function of its job alone (tester, ``alpha``, ``mc``, seed, parameters and the
+data: the generator is seeded by ``evaluation.seed``), so a job identical byte for byte to one already
+submitted is not run again: it gets that call's result (its future, if still running), with 0 seconds of
+cost.  Windows often hold the same statistics: every window of a model younger than its shortest window
+(``24h``, ``7d`` and ``all`` are one sum for the first day), a model whose traffic stopped, segments equal to
+the whole.  The last :data:`MEMO_JOBS` jobs are remembered by a 128-bit BLAKE2b digest of their JSON (for smCE
+and LDTC on a window whose raw sample is incomplete, of the grid they read: :data:`GRID_ONLY`); a
+cancelled or failed call is forgotten (the next identical job runs).  Plugin testers always run.
+
 Examples
 --------
 >>> import numpy as np
@@ -52,6 +63,7 @@ Examples
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import itertools
 import json
@@ -61,6 +73,7 @@ import os
 import signal
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from concurrent.futures import (
     BrokenExecutor,
@@ -79,11 +92,12 @@ from calmon.formats.jsonio import clean, pack_array, unpack_array
 from calmon.stats.data import CalibrationData
 from calmon.stats.grid import ScoreGrid
 from calmon.stats.levelset import LevelSetStats
-from calmon.testers import BUILTIN, TestResult, run_tester
+from calmon.testers import BUILTIN, TESTERS, TestResult, run_tester
 
 log = logging.getLogger("calmon.agent")
 
-__all__ = ["BACKGROUND", "POOL_KINDS", "URGENT", "JobResult", "TesterPool", "decode_data", "encode_data", "run_job"]
+__all__ = ["BACKGROUND", "MEMO_JOBS", "POOL_KINDS", "URGENT", "JobResult", "TesterPool", "decode_data", "encode_data",
+           "run_job"]
 
 #: Niceness added to worker processes (lower CPU priority than the agent's ingestion).
 WORKER_NICE = 10
@@ -95,6 +109,8 @@ READY = 2
 POOL_KINDS = ("inline", "thread", "process")
 #: Job priorities: what the running round waits for, and the rest (smaller runs first).
 URGENT, BACKGROUND = 0, 1
+#: Jobs whose results are remembered for identical jobs (module docstring; a result document is ~1 kB).
+MEMO_JOBS = 8192
 #: Seconds to wait for a killed worker process to be reaped at shutdown.
 REAP_SECONDS = 2.0
 #: Seconds between two looks of a worker's watchdog at its parent.
@@ -337,6 +353,11 @@ class TesterPool:
         self.kind = kind
         self.workers = 1 if kind == "inline" else max(1, int(workers))
         self._queue: _Queue | None = None
+        #: digest of a job -> the future of its first call (module docstring, "Identical calls")
+        self._memo: OrderedDict[bytes, Future[JobResult]] = OrderedDict()
+        self._memo_lock = threading.Lock()
+        #: Jobs answered by an identical earlier job.
+        self.shared = 0
         #: Plugin testers registered in this process only (a spawned worker does not know them) run here.
         self._threads: Executor | None = None
         n = self.workers
@@ -358,15 +379,36 @@ class TesterPool:
             return fut
         if self._threads is not None and name not in BUILTIN:
             return self._threads.submit(_run, name, data, alpha, mc, seed, dict(params))
+        job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
+                          "data": encode_data(data)})
+        key = _memo_key(name, job, data, alpha, mc, seed, params) if _pure(name) else None
+        if key is not None and (first := self._recall(key)) is not None:
+            return _follow(first)
         out: Future[JobResult] = Future()
         if self.kind == "thread":
             args = (name, data, alpha, mc, seed, dict(params))
             self._queue.put(priority, name, lambda ex: _chained(ex.submit(_run, *args), out, name), out)
-            return out
-        job = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
-                          "data": encode_data(data)})
-        self._queue.put(priority, name, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
+        else:
+            self._queue.put(priority, name, lambda ex: _chained(ex.submit(run_job, job), out, name), out)
+        if key is not None:
+            with self._memo_lock:
+                self._memo[key] = out
+                while len(self._memo) > MEMO_JOBS:
+                    self._memo.popitem(last=False)
         return out
+
+    def _recall(self, key: bytes) -> Future[JobResult] | None:
+        """The call of an identical earlier job, unless it was cancelled or failed (then forgotten)."""
+        with self._memo_lock:
+            first = self._memo.get(key)
+            if first is None:
+                return None
+            if first.cancelled() or (first.done() and first.result().doc.get("decision") == "error"):
+                del self._memo[key]
+                return None
+            self._memo.move_to_end(key)
+            self.shared += 1
+            return first
 
     def close(self, wait: bool = True, *, abandon: bool = False) -> int:
         """Start no new job; with ``wait``, return once the jobs in flight have finished; with ``abandon``
@@ -383,6 +425,41 @@ class TesterPool:
             self._threads.shutdown(wait=wait and not abandon, cancel_futures=True)
         self._queue = self._threads = None
         return n
+
+
+def _pure(name: str) -> bool:
+    """Tester ``name`` is a built-in one (its result is a function of its job); a plugin may not be."""
+    fn = BUILTIN.get(name)
+    return fn is not None and name in TESTERS and TESTERS.get(name) is fn
+
+
+#: Built-in testers that read a window's grid only, unless its raw sample is complete (or it has no grid):
+#: ``smce._estimate``/``ldtc._binned``.  Their identical jobs are recognised by the grid alone -- the windows of
+#: one ring hold one grid but reservoir samples drawn apart.
+GRID_ONLY = frozenset({"smce", "ldtc"})
+
+
+def _memo_key(name: str, job: str, data: CalibrationData, alpha: float, mc: int, seed: int,
+              params: Mapping[str, Any]) -> bytes:
+    """Digest of what the call's result depends on (module docstring, "Identical calls")."""
+    text = job
+    if name in GRID_ONLY and data.grid is not None and not data.raw_is_complete:
+        text = json.dumps({"name": name, "alpha": alpha, "mc": mc, "seed": seed, "params": clean(dict(params)),
+                           "n": int(data.n), "grid": data.grid.to_dict()})
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+def _follow(first: Future[JobResult]) -> Future[JobResult]:
+    """A new future with ``first``'s result (0 seconds: nothing more ran), cancelled if ``first`` is."""
+    out: Future[JobResult] = Future()
+
+    def done(f: Future[JobResult]) -> None:
+        if f.cancelled():
+            out.cancel()
+        else:
+            _settle(out, JobResult(dict(f.result().doc), 0.0))
+    first.add_done_callback(done)
+    return out
 
 
 def _chained(inner: Future[Any], out: Future[JobResult], name: str) -> Future[Any]:

@@ -44,6 +44,7 @@ from calmon.evaluate.workitems import (
     TestRecord,
     WindowEntry,
     WindowKey,
+    horizon,
     order,
     starvation_bound,
 )
@@ -365,7 +366,9 @@ class Evaluator:
         # a round that must be complete (no later round comes) refreshes every changed window, as before #35
         refresh_until = math.inf if complete else t0 + REFRESH_SHARE * self.cfg.budget
         live, overrun = self._refresh_all(snap, deadline, refresh_until)
-        queued, bound = self._schedule(live, deadline)
+        # scheduled calls in a background pool may fill the period until the next round (workitems.horizon)
+        background = self.pool.kind != "inline" and not complete
+        queued, bound = self._schedule(live, t0 + horizon(self.cfg.budget, self.cfg.every, background))
         self._wait(t0 + FILL * self.cfg.budget, everything=complete)
         ran += self._harvest()
         # a cheap tester's simulation still running: that window has no fresh result this round
@@ -531,7 +534,8 @@ class Evaluator:
                 busy += cost  # an inline pool has already spent it on the clock
             started += 1
         cadence = max([1, *self.cfg.cadence.values()])
-        bound = starvation_bound(counts, self.costs, self.cfg.budget * workers * FILL, cadence)
+        span = horizon(self.cfg.budget, self.cfg.every, self.pool.kind != "inline")
+        bound = starvation_bound(counts, self.costs, span * workers * FILL, cadence)
         return len(cands) - started, bound
 
     def _wait(self, until: float, everything: bool) -> None:

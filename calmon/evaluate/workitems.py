@@ -9,11 +9,20 @@ cheap tester measured slower than ``evaluation.cheap_cost``) are work items:
   last result (the snapshot's stamp differs) and that result is at least ``cadence[tester]``
   rounds old; an unchanged window keeps its last result, with its ``evaluated_at``;
 * **fair** -- candidates are ordered by staleness: no result first, then the oldest result, then
-  (among equals) the window whose statistics changed first, then a fixed hash of the item (no
-  alphabetical favourites);
+  (among equals) the window whose statistics changed first, then a fixed hash of the window (no
+  alphabetical favourites; a window's testers next to each other);
 * **cost-aware** -- the round takes candidates in that order while their measured cost (a moving
-  average per tester, :class:`CostModel`) fits what is left of the round's budget times the
-  workers; an item too large for what is left is passed over for a smaller one behind it.
+  average per tester, :class:`CostModel`) fits what the pool can do before the next round
+  (:func:`horizon`) times the workers; an item too large for what is left is passed over for a
+  smaller one behind it.
+
+The pool's workers run scheduled calls in the background and the scheduler thread publishes their
+results as they arrive, between rounds, so a process or thread pool may be given the whole period
+until the next round (``max(budget, every)``), not only what is left of the round's budget: with the
+budget alone the workers idled for half of every period (``every`` 60 s, budget 30 s), and the first
+round, after a refresh of every window, had a few seconds left (issue #35: 3 of 2,400 windows got
+smCE within three minutes at 200 models).  An inline pool runs the calls in the round's own thread,
+so there the budget is the horizon.
 
 Starvation bound
 ----------------
@@ -23,7 +32,10 @@ the back of the order.  So every window with enough data gets every configured t
 every ``N = max(cadence, ceil(sum_items c / (C - c_max)))`` rounds (:func:`starvation_bound`;
 ``None`` when ``C <= c_max``: the budget cannot hold one call).  Example (README): 1000 models x 3
 segments x 3 windows, smCE 0.4 s + LDTC 0.6 s per window, budget 30 s on 2 workers: ``C = 48 s``,
-``N = ceil(9000 / 47.4) = 190`` rounds.
+``N = ceil(9000 / 47.4) = 190`` rounds; with the period as horizon (``every`` 60 s, ``C = 96 s``) and
+the costs of docs/statistics/fast-nulls.md (smCE 0.042 s, LDTC 0.108 s a window)
+``N = ceil(9000 x 0.15 / 95.9) = 15`` rounds, 8 where windows share their grid (identical jobs run once,
+:mod:`calmon.evaluate.pool`).
 
 Examples
 --------
@@ -47,8 +59,8 @@ from typing import Any
 
 from calmon.evaluate.types import Evaluation
 
-__all__ = ["FILL", "Candidate", "CostModel", "Stamp", "TestRecord", "WindowEntry", "WindowKey", "choose", "order",
-           "starvation_bound"]
+__all__ = ["DEFAULT_COST", "FILL", "Candidate", "CostModel", "Stamp", "TestRecord", "WindowEntry", "WindowKey",
+           "choose", "horizon", "order", "starvation_bound"]
 
 #: ``(model, segment, window)``.
 WindowKey = tuple[str, str, str]
@@ -56,8 +68,10 @@ WindowKey = tuple[str, str, str]
 Stamp = tuple[int, float] | None
 #: Share of ``budget x workers`` the scheduled testers may fill (the rest absorbs estimation error).
 FILL = 0.8
-#: Cost assumed for a tester never measured (seconds; pessimistic, the first call corrects it).
-DEFAULT_COST = 1.0
+#: Cost assumed for a tester never measured (seconds; the first results correct it).  About twice what the
+#: built-in scheduled testers cost on a window (docs/statistics/fast-nulls.md): 1.0 s let the first round start
+#: only ~50 calls at 200 models, so no window had smCE or LDTC before the second round (issue #35).
+DEFAULT_COST = 0.2
 
 
 @dataclass
@@ -116,8 +130,11 @@ class Candidate:
     #: Round in which the window's statistics last changed.
     changed_round: int
 
-    def priority(self) -> tuple[int, int, int]:
-        return self.last_round, self.changed_round, zlib.crc32("\0".join((*self.key, self.test)).encode())
+    def priority(self) -> tuple[int, int, int, str]:
+        # the hash of the window only, then the tester: a window's testers run together, so a pass that is
+        # cut short leaves windows with every tester rather than every window with some (issue #35 counts the
+        # windows holding a result of every tester)
+        return self.last_round, self.changed_round, zlib.crc32("\0".join(self.key).encode()), self.test
 
 
 class CostModel:
@@ -126,7 +143,7 @@ class CostModel:
     Examples
     --------
     >>> c = CostModel(); c.estimate("smce")
-    1.0
+    0.2
     >>> c.observe("smce", 0.5); c.observe("smce", 0.3); round(c.estimate("smce"), 3)
     0.44
     """
@@ -158,6 +175,19 @@ def choose(ordered: Iterable[Candidate], costs: CostModel, capacity: float) -> l
             out.append(c)
             left -= cost
     return out
+
+
+def horizon(budget: float, every: float, background: bool) -> float:
+    """Seconds from a round's start the scheduled calls may fill: the period until the next round when they
+    run in the background (a process or thread pool), else (inline, or a round that must be complete) the
+    budget.
+
+    Examples
+    --------
+    >>> horizon(30.0, 60.0, background=True), horizon(30.0, 60.0, background=False)
+    (60.0, 30.0)
+    """
+    return max(budget, every) if background else budget
 
 
 def starvation_bound(items: Mapping[str, int], costs: CostModel, capacity: float, cadence: int = 1) -> int | None:

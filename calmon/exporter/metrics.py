@@ -34,8 +34,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
-from calmon.exporter.rounds import TIERS, WINDOW_GAUGES, RoundPart, SeriesBudget, as_number
+from calmon.exporter.rounds import TIERS, WINDOW_GAUGES, RoundPart, RoundRenderer, SeriesBudget, as_number
 from calmon.exporter.views import LiveView, RoundView
+from calmon.formats.collection import collection_paused
 
 __all__ = ["WINDOW_GAUGES", "AgentCollector", "AgentMetrics", "SeriesBudget"]
 
@@ -221,10 +222,16 @@ class AgentMetrics:
         self.clock = clock
         self._round: RoundPart | None = None
         self._lock = threading.Lock()
+        #: keeps the windows whose evaluation the next round publishes again (:class:`RoundRenderer`)
+        self._renderer = RoundRenderer(self.budget)
+        self._building = threading.Lock()  # the scheduler prepares; a withdrawal (cluster) may too
 
     def prepare(self, view: RoundView) -> None:
-        """Render the round part once (called by the scheduler after it publishes a round)."""
-        part = RoundPart.build(view, self.budget)
+        """Render the round part once (called by the scheduler after it publishes a round), re-rendering only
+        the windows whose evaluation changed since the last call."""
+        # paused: a collection falling due among the round's allocations would traverse the whole state
+        with self._building, collection_paused():
+            part = self._renderer.build(view)
         with self._lock:
             old = self.collector.dropped
             self.collector.dropped = {r: (n, old.get(r, (0, 0))[1] + n) for r, n in part.dropped.items()}

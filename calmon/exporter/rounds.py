@@ -64,7 +64,7 @@ from prometheus_client.utils import floatToGoString
 from calmon.evaluate.types import Evaluation
 from calmon.exporter.views import RoundView
 
-__all__ = ["DEFAULT_COLLECT", "TIERS", "WINDOW_GAUGES", "RoundPart", "SeriesBudget", "as_number"]
+__all__ = ["DEFAULT_COLLECT", "TIERS", "WINDOW_GAUGES", "RoundPart", "RoundRenderer", "SeriesBudget", "as_number"]
 
 #: Evaluation metrics exported per (model, segment, window): metric name -> key in ``evaluation["metrics"]``.
 WINDOW_GAUGES: dict[str, tuple[str, str]] = {
@@ -175,62 +175,17 @@ class _Family:
         return self.head + "".join(self.lines)
 
 
-#: A family's samples before formatting: (label string, value) per series.
-_Rows = list[tuple[str, Any]]
+def _line(head: str, labels: str, v: Any) -> str:
+    """One sample line (``head`` is the family name and ``{``): :func:`_fmt` inlined for the common cases (a float
+    or an int below 1e6, which prometheus_client writes as ``repr(float(v))``)."""
+    if (t := type(v)) is float and -1e6 < v < 1e6:
+        return f"{head}{labels}}} {v!r}\n"
+    if t is int and -1e6 < v < 1e6:
+        return f"{head}{labels}}} {float(v)!r}\n"
+    return f"{head}{labels}}} {_fmt(v)}\n"
 
 
-@dataclass
-class _Sink:
-    """Per-window samples by tier and family, before the budget decides what is kept.
-
-    Samples are stored as (labels, value) and formatted only if their family is kept (most are not at
-    a thousand models), all of a family at once (:func:`_lines`).
-    """
-
-    order: list[tuple[str, str, str]] = field(default_factory=list)  # (tier, family name, header)
-    tier_of: dict[str, str] = field(default_factory=dict)  # family name -> tier
-    rows: dict[str, dict[str, dict[str, _Rows]]] = field(default_factory=dict)  # model -> tier -> family -> rows
-    #: Reliability diagrams, formatted only if the budget keeps them: (model, window labels, points), and
-    #: their series count per model and family.
-    reliability: list[tuple[str, str, Sequence[Mapping[str, Any]]]] = field(default_factory=list)
-    deferred: dict[str, dict[str, int]] = field(default_factory=dict)
-
-    def defer(self, model: str, key: str, points: Sequence[Mapping[str, Any]]) -> None:
-        self.reliability.append((model, key, points))
-        full = sum(1 for p in points if p.get("events"))
-        counts = self.deferred.setdefault(model, {})
-        for name, n in ((REL_EVENTS, len(points)), (REL_SCORE, full), (REL_OUTCOME, full)):
-            counts[name] = counts.get(name, 0) + n
-
-    def counts(self, model: str, tier: str) -> dict[str, int]:
-        if tier == "reliability":
-            return self.deferred.get(model, {})
-        return {name: len(v) for name, v in self.rows.get(model, {}).get(tier, {}).items() if v}
-
-    def family(self, tier: str, fam: _Family) -> None:
-        self.order.append((tier, fam.name, fam.head))
-        self.tier_of[fam.name] = tier
-
-    def tiers(self, model: str) -> dict[str, dict[str, _Rows]]:
-        """The model's rows, every family's list created on its first window (no look-up per sample)."""
-        out = self.rows.get(model)
-        if out is None:
-            out = self.rows[model] = {tier: {} for tier in TIERS}
-            for name, tier in self.tier_of.items():
-                out[tier][name] = []
-        return out
-
-
-def _lines(name: str, rows: _Rows) -> list[str]:
-    """Sample lines of one family: :func:`_fmt` inlined for the common cases (a float or an int below 1e6, which
-    prometheus_client writes as ``repr(float(v))``)."""
-    head = name + "{"
-    return [f"{head}{labels}}} {v!r}\n" if (t := type(v)) is float and -1e6 < v < 1e6
-            else f"{head}{labels}}} {float(v)!r}\n" if t is int and -1e6 < v < 1e6
-            else f"{head}{labels}}} {_fmt(v)}\n" for labels, v in rows]
-
-
-def _families(sink: _Sink) -> dict[str, _Family]:
+def _families() -> dict[str, _Family]:
     fams: dict[str, _Family] = {"calmon_window_events": _Family("calmon_window_events", "Labeled events in the window")}
     fams.update({n: _Family(n, doc) for n, (_, doc) in WINDOW_GAUGES.items()})
     fams["calmon_window_predictions"] = _Family("calmon_window_predictions",
@@ -255,8 +210,6 @@ def _families(sink: _Sink) -> dict[str, _Family]:
     for k in ("mean_score", "mean_outcome", "events"):
         n = f"calmon_reliability_{k}"
         fams[n] = _Family(n, f"Reliability diagram: {k.replace('_', ' ')} per bin")
-    for name, fam in fams.items():
-        sink.family(_tier(name), fam)
     return fams
 
 
@@ -273,87 +226,243 @@ def _tier(name: str) -> str:
     return "core"
 
 
+#: The per-window families in the order they are written: (tier, name, header), fixed for every round.
+_ORDER: tuple[tuple[str, str, str], ...] = tuple((_tier(name), name, fam.head) for name, fam in _families().items())
+#: The same order, tiers first (the order the series budget keeps families in).
+_BY_TIER = tuple(sorted(_ORDER, key=lambda o: TIERS.index(o[0])))
+_HEADS = {name: name + "{" for _, name, _ in _ORDER}
 _GAUGES = tuple((name, fld) for name, (fld, _) in WINDOW_GAUGES.items())
 #: metric -> bound of ``evaluation["estimated"]`` -> family.
 _ESTIMATED_NAMES = {m: {b: f"calmon_estimated_{m}{suffix}" for b, suffix in (("value", ""), ("lo", "_lower"),
                                                                            ("hi", "_upper"))} for m in ESTIMATED}
 _NO_NAMES: dict[str, str] = {}
+_REL = (REL_EVENTS, REL_SCORE, REL_OUTCOME)
 
 
 #: One window's samples of one tier before the per-window cap: (family, labels, value).
 _Pending = list[tuple[str, str, Any]]
 
 
-def _window(sink: _Sink, e: Evaluation, budget: SeriesBudget, ages: list[tuple[str, str, float]],
-            dropped: dict[str, int]) -> None:
-    model = e["model"]
-    win = (model, e["segment"], e["window"])
-    key = _labels(WIN, win)
-    ms, wl = key.rsplit(",", 1)  # labels sort as bin < metric < model < segment < test < window
-    core: _Pending = [("calmon_window_events", key, e.get("n", 0))]
-    metrics = e.get("metrics", {})
-    for name, fld in _GAUGES:
-        v = metrics.get(fld)
-        if v is not None:
-            core.append((name, key, v))
-    tests: _Pending = []
-    details: _Pending = []
-    my_ages: list[tuple[str, str, float]] = []
-    for test, r in sorted(e.get("tests", {}).items()):
-        if not isinstance(r, dict) or "decision" not in r:
-            continue
-        k = f'{ms},test="{_esc(test)}",{wl}'
-        decision = r.get("decision")
-        tests.append(("calmon_test_p_value", k, r.get("p_value")))
-        tests.append(("calmon_test_rejected", k, 1.0 if decision == "miscalibrated" else 0.0))
-        details.append(("calmon_test_statistic", k, r.get("statistic")))
-        details.append(("calmon_test_insufficient_data", k, 1.0 if decision == "insufficient data" else 0.0))
-        if r.get("evaluated_at") is not None:
-            details.append((AGE, k, 0.0))  # counted here, rendered per scrape
-            my_ages.append((model, k, float(r["evaluated_at"])))
-    estimates = _estimates(e, key, budget.estimates)
-    if "predictions" in e:
-        estimates.insert(0, ("calmon_window_predictions", key, e["predictions"]))
-    # the per-window cap: tiers in order while they fit; the first that does not ends the window's export
-    tiers = sink.tiers(model)
-    cap = budget.max_series_per_window
-    used = 0
-    for tier, pending in (("core", core), ("tests", tests), ("estimates", estimates), ("details", details)):
-        if cap is not None and used + len(pending) > cap:
-            cap = used  # nothing after a dropped tier either: the tiers stay in order
-            dropped["window_cap"] += len(pending)
-            continue
-        used += len(pending)
-        rows = tiers[tier]
-        for name, labels, v in pending:
-            rows[name].append((labels, v))
-        if tier == "details":
-            ages.extend(my_ages)
-    if budget.reliability_for(e["window"]) and e.get("reliability"):
-        sink.defer(model, key, e["reliability"])
+class _WindowPart:
+    """One window's samples, rendered once and kept while the round republishes the same evaluation.
+
+    The per-window cap is applied here (it depends on the window alone); the per-model and total caps are
+    decided per round from :attr:`counts`.  ``evaluation`` is held so that the cache's key, the evaluation's
+    identity, cannot be reused by another object while the part is cached.
+    """
+
+    __slots__ = ("ages", "counts", "diagram", "evaluation", "model", "rel", "text", "window_cap")
+
+    def __init__(self, e: Evaluation, budget: SeriesBudget) -> None:
+        self.evaluation = e
+        self.model = model = e["model"]
+        win = (model, e["segment"], e["window"])
+        key = _labels(WIN, win)
+        ms, wl = key.rsplit(",", 1)  # labels sort as bin < metric < model < segment < test < window
+        core: _Pending = [("calmon_window_events", key, e.get("n", 0))]
+        metrics = e.get("metrics", {})
+        for name, fld in _GAUGES:
+            v = metrics.get(fld)
+            if v is not None:
+                core.append((name, key, v))
+        tests: _Pending = []
+        details: _Pending = []
+        my_ages: list[tuple[str, float]] = []
+        for test, r in sorted(e.get("tests", {}).items()):
+            if not isinstance(r, dict) or "decision" not in r:
+                continue
+            k = f'{ms},test="{_esc(test)}",{wl}'
+            decision = r.get("decision")
+            tests.append(("calmon_test_p_value", k, r.get("p_value")))
+            tests.append(("calmon_test_rejected", k, 1.0 if decision == "miscalibrated" else 0.0))
+            details.append(("calmon_test_statistic", k, r.get("statistic")))
+            details.append(("calmon_test_insufficient_data", k, 1.0 if decision == "insufficient data" else 0.0))
+            if r.get("evaluated_at") is not None:
+                my_ages.append((k, float(r["evaluated_at"])))  # counted with the details, rendered per scrape
+        estimates = _estimates(e, key, budget.estimates)
+        if "predictions" in e:
+            estimates.insert(0, ("calmon_window_predictions", key, e["predictions"]))
+        #: tier -> family -> series; family -> this window's sample lines
+        self.counts: dict[str, dict[str, int]] = {}
+        self.text: dict[str, str] = {}
+        self.ages: list[tuple[str, float]] = []
+        self.window_cap = 0
+        # the per-window cap: tiers in order while they fit; the first that does not ends the window's export
+        cap = budget.max_series_per_window
+        used = 0
+        text = self.text
+        for tier, pending in (("core", core), ("tests", tests), ("estimates", estimates), ("details", details)):
+            n = len(pending) + (len(my_ages) if tier == "details" else 0)
+            if cap is not None and used + n > cap:
+                cap = used  # nothing after a dropped tier either: the tiers stay in order
+                self.window_cap += n
+                continue
+            used += n
+            if not n:
+                continue
+            counts = self.counts[tier] = {}
+            for name, labels, v in pending:
+                # _line inlined for the common case (a float below 1e6: repr, as prometheus_client writes it)
+                line = (f"{name}{{{labels}}} {v!r}\n" if type(v) is float and -1e6 < v < 1e6
+                        else _line(name + "{", labels, v))
+                prev = text.get(name)
+                if prev is None:
+                    text[name], counts[name] = line, 1
+                else:
+                    text[name], counts[name] = prev + line, counts[name] + 1
+            if tier == "details" and my_ages:
+                counts[AGE] = len(my_ages)
+                self.ages = my_ages
+        #: the exported reliability diagram (window labels, points) and its rendered families (on first use)
+        self.diagram: tuple[str, Sequence[Mapping[str, Any]]] | None = None
+        self.rel: dict[str, str] = {}
+        points = e.get("reliability")
+        if budget.reliability_for(e["window"]) and points:
+            self.diagram = (key, points)
+            full = sum(1 for p in points if p.get("events"))
+            self.counts["reliability"] = {REL_EVENTS: len(points), REL_SCORE: full, REL_OUTCOME: full}
+
+    def reliability(self, name: str) -> str:
+        """The diagram's lines of family ``name`` (formatted only if the budget keeps them: most are not)."""
+        got = self.rel.get(name)
+        if got is None:
+            got = ""
+            if self.diagram is not None:
+                key, points = self.diagram
+                head = _HEADS[name]
+                parts = []
+                for point in points:
+                    events = point.get("events")
+                    if name != REL_EVENTS and not events:
+                        continue
+                    v = (point.get("events", 0) if name == REL_EVENTS
+                         else point.get("mean_score") if name == REL_SCORE else point.get("mean_outcome"))
+                    parts.append(_line(head, f'bin="{point["bin"]:.2f}",' + key, v))
+                got = "".join(parts)
+            self.rel[name] = got
+        return got
 
 
-def _reliability(sink: _Sink, kept: Mapping[str, set[str]], families: set[str]) -> None:
-    """Collect the reliability rows the budget kept (building them all first costs more than the rest together)."""
-    events, score, outcome = (name in families for name in (REL_EVENTS, REL_SCORE, REL_OUTCOME))
-    bin_labels: dict[Any, str] = {}  # the diagrams share their few bin edges
-    for model, key, points in sink.reliability:
-        if "reliability" not in kept[model]:
-            continue
-        rel = sink.tiers(model)["reliability"]
-        for point in points:
-            lo = point["bin"]
-            bl = bin_labels.get(lo) if lo else None  # (not 0: 0.0 and -0.0 are one key but two labels)
-            if bl is None:
-                bl = bin_labels[lo] = f'bin="{lo:.2f}",'
-            b = bl + key
-            if events:
-                rel[REL_EVENTS].append((b, point.get("events", 0)))
-            if point.get("events"):
-                if score:
-                    rel[REL_SCORE].append((b, point.get("mean_score")))
-                if outcome:
-                    rel[REL_OUTCOME].append((b, point.get("mean_outcome")))
+class _ModelPart:
+    """One model's windows: series per tier and family, the per-model cap, and its lines per family (joined
+    from its windows' on first use), kept while none of its windows changed."""
+
+    __slots__ = ("counts", "kept", "lines", "model_cap", "windows")
+
+    def __init__(self, windows: tuple[_WindowPart, ...], budget: SeriesBudget) -> None:
+        self.windows = windows
+        counts: dict[str, dict[str, int]] = {tier: {} for tier in TIERS}
+        for w in windows:
+            for tier, fams in w.counts.items():
+                into = counts[tier]
+                for name, n in fams.items():
+                    into[name] = into.get(name, 0) + n
+        self.counts = counts
+        # the per-model cap: tiers in order while they fit (a tier that does not fit is dropped, later ones may fit)
+        self.kept: set[str] = set()
+        self.model_cap = 0
+        used = 0
+        for tier in TIERS:
+            n = sum(counts[tier].values())
+            if used + n <= budget.max_series_per_model:
+                self.kept.add(tier)
+                used += n
+            else:
+                self.model_cap += n
+        self.lines: dict[str, str] = {}
+
+    def text(self, tier: str, name: str) -> str:
+        got = self.lines.get(name)
+        if got is None:
+            if tier == "reliability":
+                got = "".join([w.reliability(name) for w in self.windows])
+            else:
+                got = "".join([w.text.get(name, "") for w in self.windows])
+            self.lines[name] = got
+        return got
+
+
+class RoundRenderer:
+    """Renders the round part of every round, re-rendering only the windows whose evaluation changed.
+
+    The evaluator publishes an unchanged window's evaluation again as the same object (evaluations are never
+    mutated once published), so a window's rendered samples are kept, keyed by its evaluation's identity, and a
+    model's joined lines while none of its windows changed -- as a Prometheus exporter caches its collector's
+    output.  A round then costs in proportion to the windows that changed, plus a pass over the models to apply
+    the per-model and total caps; the output is byte-identical to :meth:`RoundPart.build` (a renderer without a
+    cache).  One renderer serves one budget; calls to :meth:`build` must not overlap (the caller serialises them).
+    """
+
+    def __init__(self, budget: SeriesBudget) -> None:
+        self.budget = budget
+        self._windows: dict[int, _WindowPart] = {}
+        self._models: dict[Any, _ModelPart] = {}
+        #: windows rendered by the last :meth:`build` (the others came from the cache)
+        self.rendered = 0
+
+    def build(self, view: RoundView) -> RoundPart:
+        """The round part of ``view`` (built by :func:`calmon.agent.views.round_state`)."""
+        budget = self.budget
+        old, windows = self._windows, {}
+        by_model: dict[Any, list[_WindowPart]] = {}
+        order: list[_WindowPart] = []
+        rendered = 0
+        for e in view.evaluations:
+            w = old.get(id(e))
+            if w is None or w.evaluation is not e:
+                w = _WindowPart(e, budget)
+                rendered += 1
+            windows[id(e)] = w
+            order.append(w)
+            got = by_model.get(w.model)
+            if got is None:
+                by_model[w.model] = [w]
+            else:
+                got.append(w)
+        models: dict[Any, _ModelPart] = {}
+        for model, ws in by_model.items():
+            mp = self._models.get(model)
+            if mp is None or len(mp.windows) != len(ws) or any(a is not b for a, b in zip(mp.windows, ws)):
+                mp = _ModelPart(tuple(ws), budget)
+            models[model] = mp
+        self._windows, self._models, self.rendered = windows, models, rendered
+        dropped = {"window_cap": sum(w.window_cap for w in order), "model_cap": 0, "total_cap": 0} \
+            if budget.max_series_per_window is not None else {"model_cap": 0, "total_cap": 0}
+        # the total cap: families in tier order while the series of every model's kept tiers fit
+        per_family: dict[str, int] = {}
+        for mp in models.values():
+            dropped["model_cap"] += mp.model_cap
+            for tier in mp.kept:
+                for name, n in mp.counts[tier].items():
+                    per_family[name] = per_family.get(name, 0) + n
+        total = 0
+        families = set()
+        for _, name, _ in _BY_TIER:
+            n = per_family.get(name, 0)
+            if total + n <= budget.max_series:
+                families.add(name)
+                total += n
+            else:
+                dropped["total_cap"] += n
+        fixed = _fixed(view)
+        series = sum(len(f.lines) for f in fixed)
+        out: dict[str, list[str]] = {t: [] for t in TIERS}
+        for tier, name, head in _ORDER:
+            if name == AGE:
+                continue
+            out[tier].append(head)
+            if name not in families:
+                continue
+            for mp in models.values():
+                if tier in mp.kept:
+                    n = mp.counts[tier].get(name, 0)
+                    if n:
+                        series += n
+                        out[tier].append(mp.text(tier, name))
+        age_labels = tuple(a for w in order if "details" in models[w.model].kept for a in w.ages) \
+            if AGE in families else ()
+        return RoundPart("".join(f.text() for f in fixed).encode(), {t: "".join(v).encode() for t, v in out.items()},
+                         age_labels, dropped, series + len(age_labels))
 
 
 def _estimates(e: Evaluation, key: str, which: str) -> _Pending:
@@ -376,35 +485,6 @@ def _estimates(e: Evaluation, key: str, which: str) -> _Pending:
         out.append(("calmon_score_drift_psi", key, drift.get("psi")))
         out.append(("calmon_score_drift_p_value", key, drift.get("p_value")))
     return out
-
-
-def _keep(sink: _Sink, budget: SeriesBudget, dropped: dict[str, int]) -> tuple[dict[str, set[str]], set[str]]:
-    """Tiers kept per model (per-model cap), families kept for all (total cap); series dropped added by reason."""
-    kept: dict[str, set[str]] = {}
-    per_family: dict[str, int] = {}
-    for model in {**sink.rows, **sink.deferred}:
-        used = 0
-        kept[model] = set()
-        for tier in TIERS:
-            counts = sink.counts(model, tier)
-            n = sum(counts.values())
-            if used + n <= budget.max_series_per_model:
-                kept[model].add(tier)
-                used += n
-                for name, c in counts.items():
-                    per_family[name] = per_family.get(name, 0) + c
-            else:
-                dropped["model_cap"] += n
-    total = 0
-    families = set()
-    for _, name, _ in sorted(sink.order, key=lambda o: TIERS.index(o[0])):  # stable: family order within a tier
-        n = per_family.get(name, 0)
-        if total + n <= budget.max_series:
-            families.add(name)
-            total += n
-        else:
-            dropped["total_cap"] += n
-    return kept, families
 
 
 @dataclass(frozen=True)
@@ -434,33 +514,9 @@ class RoundPart:
 
     @classmethod
     def build(cls, view: RoundView, budget: SeriesBudget) -> RoundPart:
-        """Render the round's families from ``view`` (built by :func:`calmon.agent.views.round_state`)."""
-        sink = _Sink()
-        _families(sink)
-        ages: list[tuple[str, str, float]] = []
-        dropped = {"window_cap": 0, "model_cap": 0, "total_cap": 0} if budget.max_series_per_window is not None \
-            else {"model_cap": 0, "total_cap": 0}
-        for e in view.evaluations:
-            _window(sink, e, budget, ages, dropped)
-        kept, families = _keep(sink, budget, dropped)
-        _reliability(sink, kept, families)
-        fixed = _fixed(view)
-        series = sum(len(f.lines) for f in fixed)
-        out: dict[str, list[str]] = {t: [] for t in TIERS}
-        for tier, name, head in sink.order:
-            if name == AGE:
-                continue
-            out[tier].append(head)
-            if name not in families:
-                continue
-            for model, tiers in sink.rows.items():
-                if tier in kept[model]:
-                    rows = tiers[tier][name]
-                    series += len(rows)
-                    out[tier].extend(_lines(name, rows))
-        age_labels = tuple((k, at) for m, k, at in ages if "details" in kept[m] and AGE in families)
-        return cls("".join(f.text() for f in fixed).encode(), {t: "".join(v).encode() for t, v in out.items()},
-                   age_labels, dropped, series + len(age_labels))
+        """Render the round's families from ``view`` (built by :func:`calmon.agent.views.round_state`), every window
+        anew (:class:`RoundRenderer` keeps the windows that did not change from one round to the next)."""
+        return RoundRenderer(budget).build(view)
 
     def ages(self, now: float) -> bytes:
         """``calmon_test_age_seconds``: now minus each result's ``evaluated_at`` (rendered per scrape)."""

@@ -13,7 +13,8 @@ histogram ``calmon_label_delay_seconds`` is read from the same counts.
 :func:`join_advice` turns the counters and the sketch into the warning the agent logs and
 ``/api/status`` shows: how many predictions expired unjoined and how many outcomes came after their
 prediction expired, and the ``join.ttl`` that would have kept them (the p99 of the observed delays,
-rounded up).
+rounded up).  Before any such outcome has come, expired predictions are evidence only when the joined
+delays run up to the TTL (:func:`ttl_reach`): the warning then asks for at least twice the TTL.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from typing import Any, TypedDict
 import numpy as np
 
 __all__ = ["PROMETHEUS_BUCKETS", "EDGES", "DelaySketch", "DelayQuantiles", "DelayTable", "JoinAdvisor",
-           "JoinWarning", "LabelDelays", "join_advice", "suggest_ttl"]
+           "JoinWarning", "LabelDelays", "join_advice", "suggest_ttl", "ttl_reach"]
 
 #: The ``le`` bounds of ``calmon_label_delay_seconds`` (seconds): seconds to a month, 13 buckets (and +Inf).
 PROMETHEUS_BUCKETS = (1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 3 * 3600.0, 6 * 3600.0, 12 * 3600.0, 86400.0,
@@ -186,14 +187,49 @@ def _human(seconds: float) -> str:
     raise AssertionError("unreachable")
 
 
+#: Joined delays needed before their shape below the TTL is read (:func:`ttl_reach`).
+REACH_MIN = 50
+#: Density of the joined delays just below the TTL, relative to their mean density up to it, from which the
+#: TTL is taken to cut the delays off (a uniform delay cut at the TTL gives 1; an exponential one cut at its
+#: mean 0.58, at twice its mean 0.31, at its p99 0.05).
+REACH_DENSITY = 0.5
+
+
+def ttl_reach(ttl: float, delays: DelaySketch) -> float | None:
+    """How densely the observed delays run up to ``ttl``: the share of delays in the last bins below it
+    (about its last 10 %) over that window's share of ``(0, ttl]``; ``None`` below :data:`REACH_MIN` delays.
+
+    Delays that stop well before the TTL give about 0; delays cut off by the TTL about 1 or more.
+
+    Examples
+    --------
+    >>> cut = DelaySketch(); cut.observe(np.linspace(360, 3600, 500))        # 0.1-20 h delays, ttl 1 h: cut
+    >>> done = DelaySketch(); done.observe(np.linspace(360, 3 * 3600, 500))  # 0.1-3 h delays, ttl 12 h
+    >>> round(ttl_reach(3600.0, cut), 1), round(ttl_reach(12 * 3600.0, done), 1)
+    (1.1, 0.0)
+    """
+    top = int(np.searchsorted(EDGES, ttl * (1 + 1e-9), side="right"))  # bins [0, top) end at or below ttl
+    lo = int(np.searchsorted(EDGES, 0.9 * ttl, side="right"))
+    if top == 0:
+        return None
+    e_top, e_lo = float(EDGES[top - 1]), (float(EDGES[lo - 1]) if lo else 0.0)
+    n_all, n_near = int(delays.counts[:top].sum()), int(delays.counts[lo:top].sum())
+    if n_all < REACH_MIN or e_top <= e_lo:
+        return None
+    return (n_near / n_all) / ((e_top - e_lo) / e_top)
+
+
 def join_advice(ttl: float, expired: Mapping[str, int], late_outcomes: Mapping[str, int],
                 delays: Iterable[DelaySketch]) -> JoinWarning | None:
-    """The ``join_expired`` warning, or ``None`` when the TTL kept every outcome that came.
+    """The ``join_expired`` or ``join_ttl_reached`` warning, or ``None`` when the TTL loses nothing seen.
 
-    ``count`` is the number of outcomes that came after their prediction expired: the labels the TTL lost.
-    Predictions expiring alone are no evidence (many never get an outcome); outcomes arriving after
-    their prediction expired are, and their delays, with those of the pairs joined, give the value:
-    the p99 of every observed delay, rounded up (:func:`suggest_ttl`).
+    ``join_expired``: outcomes came after their prediction expired; ``count`` is their number (the labels
+    the TTL lost) and their delays, with those of the pairs joined, give the value: the p99 of every observed
+    delay, rounded up (:func:`suggest_ttl`).  ``join_ttl_reached``: no such outcome yet, but predictions
+    expired unjoined while the joined delays run up to the TTL (:func:`ttl_reach`), so their outcomes may
+    still come and be lost; ``count`` is the expired predictions, and the value at least twice the TTL (the
+    delays beyond it are not seen yet).  Predictions expiring while the delays stop well before the TTL are
+    no evidence (many never get an outcome).
 
     Examples
     --------
@@ -204,22 +240,36 @@ def join_advice(ttl: float, expired: Mapping[str, int], late_outcomes: Mapping[s
     >>> w["message"]  # doctest: +NORMALIZE_WHITESPACE
     '42 predictions expired unjoined and 17 outcomes arrived after their prediction expired: set join.ttl >= 20h
      (p99 of observed label delays 19.9h)'
-    >>> join_advice(3600.0, {"m": 42}, {}, [s]) is None
+    >>> join_advice(86400.0, {"m": 42}, {}, [s]) is None   # delays stop well before the TTL
     True
+    >>> cut = DelaySketch(); cut.observe(np.linspace(360, 3600, 500))   # joined delays run up to the TTL
+    >>> w = join_advice(3600.0, {"m": 42}, {}, [cut])
+    >>> w["code"], w["suggested"], w["count"]
+    ('join_ttl_reached', '2h', 42)
     """
     late = sum(late_outcomes.values())
-    if not late:
+    n_exp = sum(expired.values())
+    if not late and not n_exp:
         return None
     merged = DelaySketch()
     for sk in delays:
         merged.counts += sk.counts
+    if not late:
+        reach = ttl_reach(ttl, merged)
+        if reach is None or reach < REACH_DENSITY:
+            return None
+        suggested = suggest_ttl(2 * ttl)
+        msg = (f"{n_exp} predictions expired unjoined and the observed label delays run up to join.ttl "
+               f"({_human(ttl)}): their outcomes may still come and be lost; set join.ttl >= {suggested} "
+               f"(at least twice the current value; outcomes arriving after expiry will measure it)")
+        return {"code": "join_ttl_reached", "message": msg, "count": n_exp, "setting": "join.ttl",
+                "suggested": suggested}
     value, what = merged.quantile(0.99), "p99 of observed label delays"
     if value is None or value <= ttl:  # over 99 % joined: keep the few late ones too
         value, what = merged.quantile(1.0), "longest observed label delay"
     if value is None or value <= ttl:  # delays not measured (outcomes without times): at least double
         value, what = 2 * ttl, "twice the current join.ttl; no delay measured"
     value = min(value, float(EDGES[-1]))  # beyond the sketch's range: its last edge
-    n_exp = sum(expired.values())
     suggested = suggest_ttl(value)
     msg = (f"{n_exp} predictions expired unjoined and {late} outcomes arrived after their prediction expired: "
            f"set join.ttl >= {suggested} ({what} {_human(value)})")
@@ -476,6 +526,15 @@ class JoinAdvisor:
     (False, True, 1)
     >>> adv.tick(3600.0, {"m": 1}, d, now=10_000.0, final=True)  # nothing new since: no second line
     False
+
+    Predictions expiring while the joined delays run up to the TTL (``join_ttl_reached``, before any outcome
+    came late) are logged once, on the same schedule; the sketch is read for it at most every ``first_after``
+    seconds.
+
+    >>> cut = LabelDelays(); cut.observe("m", np.linspace(360, 3600, 500))
+    >>> adv = JoinAdvisor(msgs.append, first_after=60, every=600)
+    >>> [adv.tick(3600.0, {"m": 9}, cut, now=t) for t in (0.0, 30.0, 61.0, 700.0)], msgs[-1][:38]
+    ([False, False, True, False], '9 predictions expired unjoined and the')
     """
 
     def __init__(self, emit: Any, first_after: float = 60.0, every: float = 600.0) -> None:
@@ -485,13 +544,16 @@ class JoinAdvisor:
         self._seen_at: float | None = None  #: wall time the unlogged evidence was first seen
         self._logged_at = -math.inf
         self._logged_late = 0
+        self._reach_seen_at: float | None = None  #: wall time expired predictions were first seen (no late yet)
+        self._reach_checked_at = -math.inf
+        self._reach_logged = False
 
     def tick(self, ttl: float, expired: Mapping[str, int], delays: LabelDelays, now: float,
              final: bool = False) -> bool:
         """Log the advice if it is due; True if a line was logged.  Cheap when nothing is due."""
         late = sum(delays.late.values())
         if late <= self._logged_late:
-            return False
+            return self._tick_reach(ttl, expired, delays, now, final) if not late else False
         if self._seen_at is None:
             self._seen_at = now
         due = final or (now - self._seen_at >= self.first_after and now - self._logged_at >= self.every)
@@ -502,4 +564,22 @@ class JoinAdvisor:
             return False
         self.emit(advice["message"])
         self._logged_at, self._logged_late, self._seen_at = now, late, None
+        return True
+
+    def _tick_reach(self, ttl: float, expired: Mapping[str, int], delays: LabelDelays, now: float,
+                    final: bool) -> bool:
+        """The ``join_ttl_reached`` line: once, ``first_after`` seconds after predictions first expired."""
+        if self._reach_logged or not any(expired.values()):
+            return False
+        if self._reach_seen_at is None:
+            self._reach_seen_at = now
+        if not final and (now - self._reach_seen_at < self.first_after
+                          or now - self._reach_checked_at < self.first_after):
+            return False
+        self._reach_checked_at = now
+        advice = join_advice(ttl, expired, {}, [delays.table().merged()])
+        if advice is None:
+            return False
+        self.emit(advice["message"])
+        self._reach_logged = True
         return True
