@@ -398,37 +398,61 @@ def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(capl
     assert time.monotonic() - t0 < 60
 
 
-def test_a_restored_partition_seeks_only_a_kafka_dead_letter_sink(tmp_path):
-    """#33.2: after a restore the first rejects are written after seeking the sink to the state's dead-letter
-    position -- a Kafka sink (it skips origins already in the topic), never a file sink (its seek truncates the
-    machine's file, letters of other partitions included); the range then commits in one transaction."""
+def test_a_ranges_kafka_dead_letters_are_in_its_transaction_and_file_ones_follow_the_commit(tmp_path):
+    """#33.2: with a Kafka dead-letter sink the range's letters are sent by the range's transactional producer in
+    its transaction (with their headers), the sink itself writes nothing; with a file sink they are written once
+    the commit returned, and not at all when it raises (a fenced zombie); no dead-letter position is kept in the
+    state (nothing is sought on a restore)."""
     from types import SimpleNamespace
 
     from calmon.cluster.ingest import IngestWorker
+    from calmon.cluster.transactions import Fenced, Item
+    from connectors.deadletter import FileDeadLetterSink
     from connectors.kafka.deadletter import KafkaDeadLetterSink
 
     key = "events/0"
     records, _ = traffic(200, models=2)
     mine = [v for q, _, v in records if q == 0] + [b"garbage"]
-    for sink in (SimpleNamespace(), KafkaDeadLetterSink("127.0.0.1:9", topic="dlq")):
-        seeks: list[dict] = []
-        commits: list[tuple] = []
-        sink.seek, sink.flush = seeks.append, lambda: None
-        sink.write = lambda *a, **k: None
-        sink.position = lambda: {"dlq/0": 7}
-        worker = IngestWorker(config())
-        worker.dead_letter = sink
-        worker.txns = {key: SimpleNamespace(commit_range=lambda rec, off, last: commits.append((rec, off, last)))}
-        worker.dlq_seek = {key: {"dlq/0": 3}}
-        part = PartitionIngest(config(), key, "events", None)
-        rng = Range(key, 0, len(mine), 1767225600.0, "w")
-        batch = Batch(mine, {key: len(mine)}, "events", [f"{key}@{i}" for i in range(len(mine))])
-        worker._complete(part, part.apply(batch, rng), rng)
-        assert seeks == ([{"dlq/0": 3}] if isinstance(sink, KafkaDeadLetterSink) else [])
-        [(rec, off, last)] = commits
-        state = PartitionState.from_bytes(last["calmon-ingest-state"][0][1])
-        assert off == state.offset == len(mine) and dict(state.dead_letter) == {"dlq/0": 7}
-        assert len(rec["calmon-deltas"]) == 2
+    for sink in (FileDeadLetterSink(tmp_path / "dead.jsonl"), KafkaDeadLetterSink("127.0.0.1:9", topic="dlq")):
+        for fenced in (True, False):
+            commits: list[tuple] = []
+
+            def commit(rec: dict, off: int, last: dict, fenced: bool = fenced) -> None:
+                if fenced:
+                    raise Fenced("fenced")
+                commits.append((rec, off, last))
+
+            worker = IngestWorker(config())
+            worker.dead_letter = sink
+            worker.txns = {key: SimpleNamespace(commit_range=commit)}
+            part = PartitionIngest(config(), key, "events", None)
+            rng = Range(key, 0, len(mine), 1767225600.0, "w")
+            batch = Batch(mine, {key: len(mine)}, "events", [f"{key}@{i}" for i in range(len(mine))])
+            applied = part.apply(batch, rng)
+            if fenced:
+                with pytest.raises(Fenced):
+                    worker._complete(part, applied, rng)
+                assert sink.unacknowledged() == 0
+                if isinstance(sink, FileDeadLetterSink):
+                    assert (tmp_path / "dead.jsonl").read_text() == ""  # a fenced range writes no letter
+                continue
+            worker._complete(part, applied, rng)
+            [(rec, off, last)] = commits
+            state = PartitionState.from_bytes(last["calmon-ingest-state"][0][1])
+            assert off == state.offset == len(mine) and dict(state.dead_letter) == {}
+            assert len(rec["calmon-deltas"]) == 2
+            want = applied.rejects.origins
+            assert want[-1] == f"{key}@{len(mine) - 1}"
+            if isinstance(sink, KafkaDeadLetterSink):
+                letters = rec["dlq"]
+                assert all(isinstance(x, Item) for x in letters) and letters[-1].value == b"garbage"
+                assert [dict(x.headers)["calmon-origin"].decode() for x in letters] == want
+                assert sink.unacknowledged() == 0 and sink._producer is None and sink.stats.written == len(want)
+            else:
+                assert set(rec) == {"calmon-deltas"}
+                lines = (tmp_path / "dead.jsonl").read_text().splitlines()
+                assert [json.loads(x)["origin"] for x in lines] == want
+        sink.close()
 
 
 def test_an_ingest_restore_that_fails_is_retried_and_does_not_end_the_worker(monkeypatch):

@@ -261,25 +261,22 @@ def ingest_committed(bootstrap: str, group: str) -> dict[int, int | None]:
 
 
 def dead_letters(bootstrap: str, topic: str) -> list[tuple[bytes, str, str]]:
-    from kafka import KafkaConsumer, TopicPartition
+    """The dead letters as a reader wanting exactly-once reads them: ``read_committed`` (the ingest stage writes them
+    in its ranges' transactions; a fenced zombie's are aborted), aborted ones dropped by their markers on Tansu."""
+    from calmon.cluster.topics import TopicReader
 
-    c = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    out = []
+
+    def visit(r: Any) -> None:
+        h = {k: v.decode() for k, v in r.headers}
+        out.append((r.value, h["calmon-reason"], h.get("calmon-origin", "")))
+
+    reader = TopicReader(bootstrap, topic, {})
     try:
-        tps = [TopicPartition(topic, p) for p in sorted(c.partitions_for_topic(topic) or ())]
-        c.assign(tps)
-        c.seek_to_beginning(*tps)
-        out = []
-        idle = 0
-        while idle < 4:
-            got = c.poll(timeout_ms=300)
-            idle = 0 if got else idle + 1
-            for rs in got.values():
-                for r in rs:
-                    h = {k: v.decode() for k, v in r.headers}
-                    out.append((r.value, h["calmon-reason"], h.get("calmon-origin", "")))
-        return out
+        reader.read_all(visit)
     finally:
-        c.close()
+        reader.close()
+    return out
 
 
 def wait_until(cond: Any, timeout: float, what: str, workers: list[Worker], diag: Any = None) -> None:
@@ -710,3 +707,64 @@ def test_an_aborted_range_never_reaches_the_evaluator_even_where_the_broker_retu
     assert got == want  # the committed range once, nothing of the aborted one
     assert sorted(e for _s, _m, e in dump["applied"]) == [100] * len(replacement)
     assert aborted == len(leaked)  # read from the broker and dropped by its ABORT marker
+
+
+@pytest.mark.integration
+def test_a_zombies_dead_letters_are_aborted_with_its_range(tmp_path):
+    """#33.2: a zombie that resumes mid-range after its partition moved used to write the range's dead letters
+    (outside the transaction) before its commit was fenced: 210 letters for 200 malformed records in the kill
+    test.  With a Kafka sink the letters are now in the range's transaction, so the zombie's are aborted with it
+    and a ``read_committed`` reader sees each letter once (the new owner's); with a file sink they are written
+    only after the commit, so the zombie writes none."""
+    require_broker()
+    from calmon.agent.build import build_dead_letter
+    from calmon.cluster.ingest import IngestWorker
+    from calmon.cluster.partition import PartitionIngest
+    from calmon.cluster.topics import Range, TopicReader, ensure_topics
+    from calmon.cluster.transactions import Fenced, PartitionProducer
+    from calmon.config import load_config
+    from connectors.base import Batch
+    from connectors.deadletter import FileDeadLetterSink
+
+    records, _ = make_traffic(300, models=3, partitions=1, bad_rate=0.0)
+    values = [v for _, _, v in records][:100] + [b"garbage %d" % i for i in range(10)]
+    with KafkaBroker() as broker:
+        boot = broker.bootstrap
+        conf = load_config(write_config(tmp_path / "w", source="kafka", bootstrap=boot))
+        cl = conf.cluster
+        ensure_topics(boot, {}, {cl.deltas_topic: (2, {}), cl.state_topic: (2, {}), TOPIC: (2, {}), "dlq": (2, {})})
+
+        def applied(key: str) -> tuple[PartitionIngest, Any, Range]:
+            part = PartitionIngest(conf, key, "events", None)
+            rng = Range(key, 0, len(values), 1767225600.0, "w")
+            batch = Batch(values, {key: len(values)}, "events", [f"{key}@{i}" for i in range(len(values))])
+            return part, part.apply(batch, rng), rng
+
+        def worker(key: str, sink: Any) -> IngestWorker:
+            w = IngestWorker(conf)
+            w.dead_letter = sink
+            w.txns[key] = PartitionProducer(boot, {}, cl.ingest_group, key)  # the second one fences the first
+            return w
+
+        files = {}
+        for key, kind in ((f"{TOPIC}/0", "kafka"), (f"{TOPIC}/1", "file")):
+            sinks = [build_dead_letter(conf) if kind == "kafka"
+                     else FileDeadLetterSink(files.setdefault(n, tmp_path / n))
+                     for n in ("zombie.jsonl", "owner.jsonl")]
+            zombie = worker(key, sinks[0])
+            owner = worker(key, sinks[1])  # the partition moved while the zombie was paused
+            owner._complete(*applied(key))
+            with pytest.raises(Fenced):  # the zombie resumes mid-range: it applied the range, then writes it
+                zombie._complete(*applied(key))
+            for w in (zombie, owner):
+                w.close()
+
+        origins: list[str] = []
+        reader = TopicReader(boot, "dlq", {})
+        reader.read_all(lambda r: origins.append(dict(r.headers)["calmon-origin"].decode()))
+        reader.close()
+    want = [f"{TOPIC}/0@{i}" for i in range(100, 110)]
+    assert sorted(origins) == want  # read_committed: the owner's letters once, none of the zombie's
+    assert [json.loads(x)["origin"] for x in files["owner.jsonl"].read_text().splitlines()] == [
+        f"{TOPIC}/1@{i}" for i in range(100, 110)]
+    assert files["zombie.jsonl"].read_text() == ""

@@ -7,12 +7,12 @@ worker buffers records and, once ``ingest.batch_size`` of them are waiting or th
 ``ingest.batch_size`` records, so every owner cuts the same ranges from the same state):
 
 1. decode, join and bin the range into fresh rings;
-2. dead-letter its rejects through the dead-letter sink (after a restore the sink is first sought to the
-   state's dead-letter position, so letters already written for those records are skipped);
-3. in **one Kafka transaction** (:class:`~calmon.cluster.transactions.PartitionProducer`): one delta per
-   model to the deltas topic (keyed by model), the partition's state (offset ``e``, join buffers, decoder
-   state, dead-letter position) to the state topic, and the consumed offset ``e`` to the consumer group;
-   commit.
+2. in **one Kafka transaction** (:class:`~calmon.cluster.transactions.PartitionProducer`): one delta per
+   model to the deltas topic (keyed by model), the range's dead letters when the dead-letter sink is a Kafka
+   topic, the partition's state (offset ``e``, join buffers, decoder state) to the state topic, and the
+   consumed offset ``e`` to the consumer group; commit;
+3. with any other dead-letter sink (a file), write the range's dead letters once the commit succeeded: a
+   fenced or failed range writes none.
 
 A partition's new owner (after a SIGKILL or a rebalance) first opens the partition's transactional id --
 which aborts the previous owner's open transaction and fences it -- then loads the committed state with
@@ -36,7 +36,7 @@ from calmon.cluster.ownership import IngestMetrics
 from calmon.cluster.partition import Applied, PartitionIngest
 from calmon.cluster.records import BadRecord
 from calmon.cluster.topics import ClusterError, PartitionState, Range, StateStore, ensure_topics, new_writer_id
-from calmon.cluster.transactions import Fenced, PartitionProducer
+from calmon.cluster.transactions import Fenced, Item, PartitionProducer
 from calmon.config import Config
 from calmon.exporter.http import Endpoints, HTTPExporter
 from connectors.base import Batch, DeadLetterSink
@@ -94,8 +94,6 @@ class IngestWorker:
         #: otherwise wait for new ones to arrive; retried every :data:`RESTORE_RETRY` seconds
         self._retry: set[str] = set()
         self._next_retry = 0.0
-        #: input partitions whose next range must first seek the dead-letter sink (just restored)
-        self.dlq_seek: dict[str, dict[str, int | str]] = {}
         self.states: StateStore | None = None
         self.http: HTTPExporter | None = None
         #: the last start-up error while :meth:`open_retrying` waits for the broker (None once open)
@@ -110,6 +108,24 @@ class IngestWorker:
         self.states = StateStore(cl.bootstrap_servers, cl.state_topic, cl.client, self.metrics.bad)
         self.source = build_input(self.cfg)
         self.dead_letter = build_dead_letter(self.cfg)
+        if isinstance(self.dead_letter, KafkaDeadLetterSink):
+            self._check_dead_letter_topic(self.dead_letter)
+
+    def _check_dead_letter_topic(self, sink: KafkaDeadLetterSink) -> None:
+        """A Kafka dead-letter topic must be on the cluster's brokers (its letters go in the ranges' transactions,
+        which cannot span two clusters); created if missing."""
+        from calmon.agent.build import StartupError
+        cl = self.cfg.cluster
+
+        def servers(value: str | list[str]) -> set[str]:
+            items = value.split(",") if isinstance(value, str) else value
+            return {str(x).strip() for x in items if str(x).strip()}
+
+        if not servers(sink.bootstrap_servers) & servers(cl.bootstrap_servers):
+            raise StartupError(f"dead_letter.options.bootstrap_servers: must be a broker of cluster.bootstrap_servers "
+                               f"({cl.bootstrap_servers}) for --role ingest: dead letters are written in the Kafka "
+                               f"transaction of their range; got {sink.bootstrap_servers}")
+        ensure_topics(cl.bootstrap_servers, cl.client, {sink.topic: (sink.partitions, {})})
 
     def open_retrying(self, timeout: float = START_TIMEOUT, backoff: tuple[float, float] = START_BACKOFF) -> bool:
         """:meth:`open`, retried while the broker cannot be reached (a worker started before its broker, or during
@@ -228,7 +244,6 @@ class IngestWorker:
 
     def _forget(self, key: str) -> None:
         self.parts.pop(key, None)
-        self.dlq_seek.pop(key, None)
         txn = self.txns.pop(key, None)
         if txn is not None:
             txn.close()
@@ -275,9 +290,6 @@ class IngestWorker:
             self.txns[key] = PartitionProducer(cl.bootstrap_servers, cl.client, cl.ingest_group, key)
         states = self.states.candidates(keys, self._ends(keys))
         parts = {key: self._restored(key, states.get(key, [])) for key in keys}
-        for key in keys:
-            best = states.get(key)
-            self.dlq_seek[key] = dict(best[0].dead_letter) if best else {}
         position = self.source.position()
         position.update({key: p.next for key, p in parts.items()})
         self.source.seek(position)  # records of these partitions read before the restore are dropped
@@ -379,27 +391,30 @@ class IngestWorker:
             self._complete(part, part.apply(part.take(end), rng), rng)
 
     def _complete(self, part: PartitionIngest, applied: Applied, rng: Range) -> None:
-        """Dead letters, then one transaction of deltas, state and consumed offset (see the module docstring)."""
+        """One transaction of deltas, dead letters (Kafka sink), state and consumed offset; then the dead letters of
+        any other sink (see the module docstring and docs/cluster.md, "Transaction boundaries")."""
         txn = self.txns.get(part.key)
         if txn is None:
             raise ClusterError(f"no transactional producer for {part.key}")
-        rej = applied.rejects
-        dlq: dict[str, int | str] = {}
-        if self.dead_letter is not None:
-            if rej.records:
-                seek = self.dlq_seek.pop(part.key, None)
-                # letters a previous owner wrote for these records are not written again; only a Kafka sink skips
-                # by origin (a file sink's seek truncates, and its file is per machine: never sought here)
-                if seek is not None and isinstance(self.dead_letter, KafkaDeadLetterSink):
-                    self.dead_letter.seek(seek)
-                self.dead_letter.write(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
-                self.dead_letter.flush()
-            dlq = dict(self.dead_letter.position())
-        cl = self.cfg.cluster
+        rej, sink, cl = applied.rejects, self.dead_letter, self.cfg.cluster
         deltas = [(d.model.encode(), d.to_bytes()) for d in applied.deltas]
-        state = dataclasses.replace(applied.state, dead_letter=dlq)
-        txn.commit_range({cl.deltas_topic: deltas}, rng.end, last={cl.state_topic: [(part.key.encode(),
-                                                                                    state.to_bytes())]})
+        records: dict[str, list[tuple[bytes, bytes] | Item]] = {cl.deltas_topic: list(deltas)}
+        letters = []
+        if isinstance(sink, KafkaDeadLetterSink) and rej.records:
+            # in the range's transaction: a fenced zombie's or an aborted range's letters are aborted with it
+            letters = sink.letters(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
+            records.setdefault(sink.topic, []).extend(Item(d.key, d.value, d.headers) for d in letters)
+        # no dead-letter position in the state: nothing is sought on a restore (Kafka letters commit with their
+        # range, file letters are written only after it)
+        state = dataclasses.replace(applied.state, dead_letter={})
+        txn.commit_range(records, rng.end, last={cl.state_topic: [(part.key.encode(), state.to_bytes())]})
+        if isinstance(sink, KafkaDeadLetterSink):
+            sink.stats.written += len(letters)
+        elif sink is not None and rej.records:
+            # a file (per machine, outside any transaction): written once the range is committed, never for a
+            # fenced or failed one; lost only if the process dies between the commit and this write
+            sink.write(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
+            sink.flush()
         self.metrics.completed(part.key, rng, applied, sum(len(v) for _, v in deltas))
 
 

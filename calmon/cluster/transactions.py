@@ -23,16 +23,16 @@ partition.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, NamedTuple
 
 from calmon.cluster.topics import ClusterError
 from connectors.kafka.settings import common_options
 
 log = logging.getLogger("calmon.cluster")
 
-__all__ = ["PartitionProducer", "Fenced", "transactional_id", "TRANSACTION_TIMEOUT_MS"]
+__all__ = ["PartitionProducer", "Fenced", "Item", "transactional_id", "TRANSACTION_TIMEOUT_MS"]
 
 #: The broker aborts a transaction left open longer than this (a worker SIGKILLed mid-range whose partition
 #: nobody took over yet); a range's transaction lasts well under a second.
@@ -41,6 +41,17 @@ TRANSACTION_TIMEOUT_MS = 60_000
 
 class Fenced(ClusterError):
     """Another worker opened this input partition's transactional id: this worker no longer owns it."""
+
+
+class Item(NamedTuple):
+    """One record of a transaction: key, value and (dead letters) headers."""
+
+    key: bytes | None
+    value: bytes
+    headers: list[tuple[str, bytes]] | None = None
+
+
+Items = Mapping[str, Sequence[tuple[bytes, bytes] | Item]]
 
 
 def transactional_id(group: str, key: str) -> str:
@@ -68,6 +79,11 @@ def _errors(op: str) -> Iterator[None]:
         if "Fenced" in type(exc).__name__ or "fenced" in str(exc).lower():
             raise Fenced(f"{op}: fenced by a newer owner ({exc})") from None
         raise ClusterError(f"{op}: {type(exc).__name__}: {exc}") from None
+
+
+def _send(kp: Any, topic: str, item: tuple[bytes, bytes] | Item) -> Any:
+    headers = item.headers if isinstance(item, Item) else None
+    return kp.send(topic, key=item[0], value=item[1], headers=headers)
 
 
 class PartitionProducer:
@@ -106,10 +122,12 @@ class PartitionProducer:
             self.close()
             raise
 
-    def commit_range(self, records: Mapping[str, list[tuple[bytes, bytes]]], offset: int,
-                     last: Mapping[str, list[tuple[bytes, bytes]]] | None = None) -> None:
-        """One transaction: ``records`` (topic -> ``(key, value)``), then ``last`` once ``records`` are
-        acknowledged, and the input partition's consumed offset.
+    def commit_range(self, records: Items, offset: int, last: Items | None = None) -> None:
+        """One transaction: ``records`` (topic -> ``(key, value)`` or :class:`Item`), then ``last`` once
+        ``records`` are acknowledged, and the input partition's consumed offset.
+
+        ``records`` holds the range's deltas and, when the dead-letter sink is a Kafka topic, its dead letters
+        (with their headers): a fenced or failed range's letters are aborted with its deltas.
 
         ``last`` is the partition's state: sending it only after the deltas are acknowledged keeps the state of
         an *aborted* range from being visible without its deltas to a reader that takes aborted records for
@@ -131,12 +149,12 @@ class PartitionProducer:
         try:
             with _errors(f"transaction of {self.key}"):
                 kp.begin_transaction()
-                futures = [kp.send(t, key=k, value=v) for t, items in records.items() for k, v in items]
+                futures = [_send(kp, t, item) for t, items in records.items() for item in items]
                 if last:
                     kp.flush()
                     for fut in futures:
                         fut.get(timeout=0)
-                    futures += [kp.send(t, key=k, value=v) for t, items in last.items() for k, v in items]
+                    futures += [_send(kp, t, item) for t, items in last.items() for item in items]
                 kp.send_offsets_to_transaction({TopicPartition(topic, int(part)): OffsetAndMetadata(offset, "", -1)},
                                                self.group)
                 kp.commit_transaction()
