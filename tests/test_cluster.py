@@ -455,6 +455,26 @@ def test_a_ranges_kafka_dead_letters_are_in_its_transaction_and_file_ones_follow
         sink.close()
 
 
+def test_an_ingest_dead_letter_topic_on_other_brokers_fails_at_start_with_one_line(tmp_path):
+    """#33.2: the ingest stage writes a range's dead letters in the range's transaction, which cannot span two
+    clusters: a Kafka dead-letter sink on brokers not among ``cluster.bootstrap_servers`` exits 2 at start with one
+    line naming the key, before any broker is contacted (none runs here)."""
+    cfg = tmp_path / "calmon.yaml"
+    cfg.write_text("sources: [{name: events, type: kafka, options: {bootstrap_servers: '127.0.0.1:9', topic: e}}]\n"
+                   "dead_letter: {type: kafka, options: {bootstrap_servers: 'elsewhere:9092', topic: dlq}}\n"
+                   "exporter: {enabled: false}\n"
+                   "cluster: {bootstrap_servers: '127.0.0.1:9,127.0.0.1:10'}\n")
+    p = subprocess.run([sys.executable, "-m", "calmon", "run", "-c", str(cfg), "--role", "ingest"],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "dead_letter.options.bootstrap_servers: must name a broker of cluster.bootstrap_servers" in p.stderr
+    from calmon.cluster.ingest import check_dead_letter_servers
+    from connectors.kafka.deadletter import KafkaDeadLetterSink
+    ok = config(cluster={"bootstrap_servers": "127.0.0.1:9,127.0.0.1:10"})
+    check_dead_letter_servers(ok, KafkaDeadLetterSink(["127.0.0.1:10"], topic="dlq"))  # one shared broker is enough
+
+
 def test_an_ingest_restore_that_fails_is_retried_and_does_not_end_the_worker(monkeypatch):
     """#33.2: ``init_transactions`` can time out on a loaded broker (seen on Tansu in the kill test: the worker
     died with a traceback).  The restore is logged, counted and retried; the partition is restored on the retry,

@@ -101,31 +101,18 @@ class IngestWorker:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
-        """Create the internal topics if missing, connect the state reader, build the source."""
+        """Build the dead-letter sink, create the internal topics (and a Kafka dead-letter topic) if missing, connect
+        the state reader, build the source."""
         from calmon.agent.build import build_dead_letter
         cl = self.cfg.cluster
-        ensure_topics(cl.bootstrap_servers, cl.client, internal_topics(self.cfg))
+        self.dead_letter = build_dead_letter(self.cfg)
+        topics = internal_topics(self.cfg)
+        if isinstance(self.dead_letter, KafkaDeadLetterSink):
+            check_dead_letter_servers(self.cfg, self.dead_letter)  # a configuration error: before any broker contact
+            topics[self.dead_letter.topic] = (self.dead_letter.partitions, {})
+        ensure_topics(cl.bootstrap_servers, cl.client, topics)
         self.states = StateStore(cl.bootstrap_servers, cl.state_topic, cl.client, self.metrics.bad)
         self.source = build_input(self.cfg)
-        self.dead_letter = build_dead_letter(self.cfg)
-        if isinstance(self.dead_letter, KafkaDeadLetterSink):
-            self._check_dead_letter_topic(self.dead_letter)
-
-    def _check_dead_letter_topic(self, sink: KafkaDeadLetterSink) -> None:
-        """A Kafka dead-letter topic must be on the cluster's brokers (its letters go in the ranges' transactions,
-        which cannot span two clusters); created if missing."""
-        from calmon.agent.build import StartupError
-        cl = self.cfg.cluster
-
-        def servers(value: str | list[str]) -> set[str]:
-            items = value.split(",") if isinstance(value, str) else value
-            return {str(x).strip() for x in items if str(x).strip()}
-
-        if not servers(sink.bootstrap_servers) & servers(cl.bootstrap_servers):
-            raise StartupError(f"dead_letter.options.bootstrap_servers: must be a broker of cluster.bootstrap_servers "
-                               f"({cl.bootstrap_servers}) for --role ingest: dead letters are written in the Kafka "
-                               f"transaction of their range; got {sink.bootstrap_servers}")
-        ensure_topics(cl.bootstrap_servers, cl.client, {sink.topic: (sink.partitions, {})})
 
     def open_retrying(self, timeout: float = START_TIMEOUT, backoff: tuple[float, float] = START_BACKOFF) -> bool:
         """:meth:`open`, retried while the broker cannot be reached (a worker started before its broker, or during
@@ -416,6 +403,28 @@ class IngestWorker:
             sink.write(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
             sink.flush()
         self.metrics.completed(part.key, rng, applied, sum(len(v) for _, v in deltas))
+
+
+def check_dead_letter_servers(cfg: Config, sink: KafkaDeadLetterSink) -> None:
+    """A Kafka dead-letter topic of the ingest stage must be on the cluster's brokers: its letters are written in the
+    ranges' transactions, which cannot span two clusters.
+
+    Raises
+    ------
+    StartupError
+        One line naming ``dead_letter.options.bootstrap_servers``.
+    """
+    from calmon.agent.build import StartupError
+
+    def servers(value: str | list[str]) -> set[str]:
+        items = value.split(",") if isinstance(value, str) else value
+        return {str(x).strip() for x in items if str(x).strip()}
+
+    cl = cfg.cluster
+    if not servers(sink.bootstrap_servers) & servers(cl.bootstrap_servers):
+        raise StartupError(f"dead_letter.options.bootstrap_servers: must name a broker of cluster.bootstrap_servers "
+                           f"({cl.bootstrap_servers}) for --role ingest, where dead letters are written in the Kafka "
+                           f"transaction of their range; got {sink.bootstrap_servers}")
 
 
 def build_input(cfg: Config) -> KafkaSource:
