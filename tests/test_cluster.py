@@ -264,7 +264,9 @@ def test_an_evaluator_is_ready_when_only_a_commit_marker_is_left(tmp_path):
     ev = evaluator(tmp_path)
     ev.deltas.close()
     health = {"assigned": ["calmon-deltas/0", "calmon-deltas/1"], "lag": {"calmon-deltas/0": 1, "calmon-deltas/1": 2}}
-    ev.deltas = SimpleNamespace(health=lambda: health, position=lambda: {"calmon-deltas/0": 10, "calmon-deltas/1": 10})
+    # (fetched: {} -- a client that does not tell its fetch position, as confluent-kafka)
+    ev.deltas = SimpleNamespace(health=lambda: health, position=lambda: {"calmon-deltas/0": 10, "calmon-deltas/1": 10},
+                                fetched=lambda: {})
     ev.restored_parts = {"calmon-deltas/0", "calmon-deltas/1"}  # (no snapshot store to read)
     ev._sync_ownership()
     assert set(ev.restoring) == {"calmon-deltas/1"} and not ev.ready()
