@@ -201,6 +201,38 @@ def test_a_newer_epoch_of_the_producer_aborts_what_the_older_one_left_held(value
     assert cls.stats.aborted == 2
 
 
+@pytest.mark.parametrize("values", [True, False])
+def test_a_new_owners_commit_does_not_deliver_a_zombies_batch_written_after_its_own(values):
+    """The order the newer-epoch rule above does not see: the new owner's batch (epoch 1) is *before* the fenced
+    producer's late batch (epoch 0), both before the new owner's COMMIT (epoch 1).  The marker decides only its own
+    epoch: the late batch is dropped (it was delivered as committed before -- a zombie's range counted twice, with
+    its dead letters, in a 1e5-event SIGKILL trial on Tansu: 1,950 letters for 1,666 malformed records)."""
+    import struct as st
+
+    from kafka.record.util import calc_crc32c
+
+    def with_epoch(raw: bytes, epoch: int) -> bytes:
+        buf = bytearray(raw)
+        st.pack_into(">h", buf, 51, epoch)
+        st.pack_into(">I", buf, 17, calc_crc32c(memoryview(buf)[21:]))
+        return bytes(buf)
+
+    cls = _reader(values)
+    log = b"".join([
+        _batch_at(0, [b"z0"], pid=7),  # the zombie's range, aborted by the fencing (Tansu: the marker of epoch 0)
+        _batch_at(1, [ABORT], pid=7, control=True),
+        with_epoch(_batch_at(2, [b"n2"], pid=7), 1),  # the new owner's range
+        _batch_at(3, [b"z3"], pid=7),  # the zombie resumed: its batch in flight is accepted after the fencing
+        with_epoch(_batch_at(4, [COMMIT], pid=7, control=True), 1),
+    ])
+    assert _read(cls, [(0, log)], values)[0] == [(2, b"n2")]
+    assert cls.stats.aborted == 2
+    h = Held()  # and a marker never decides records of a newer epoch than its own
+    h.hold(7, ["new"], epoch=2)
+    assert h.resolve(7, commit=False, epoch=1) == [] and h.pending == 1
+    assert h.resolve(7, commit=True, epoch=2) == ["new"]
+
+
 @pytest.mark.integration
 def test_the_fetch_position_passes_an_aborted_tail_the_record_position_does_not(broker):
     """A partition ending in an aborted transaction: the source's position stays one past the last record returned

@@ -115,12 +115,22 @@ class Held:
             self.queue.append([None, True, True, records, -1])
             self.pending += len(records)
 
-    def resolve(self, producer_id: int, commit: bool) -> list[Any]:
-        """``producer_id`` 's transaction ended: decide its held records; the records now deliverable, in order."""
+    def resolve(self, producer_id: int, commit: bool, epoch: int | None = None) -> list[Any]:
+        """``producer_id`` 's transaction ended (its marker, of producer ``epoch``): decide its held records; the
+        records now deliverable, in order.
+
+        Records of an *older* epoch than the marker's are dropped whatever the marker says: the id was initialised
+        again, which aborted the older epoch's transaction, and a COMMIT of the new owner never commits a fenced
+        zombie's late batch (a broker that accepts it after the fencing's ABORT marker, as Tansu 0.6 can, puts it
+        between the new owner's records and their COMMIT).  Records of a newer epoch wait for their own marker.
+        """
         for entry in self.queue:
             if entry[0] == producer_id and not entry[1]:
-                entry[1], entry[2] = True, commit
-                if commit:
+                if epoch is not None and entry[4] > epoch:
+                    continue
+                keep = commit and (epoch is None or entry[4] == epoch)
+                entry[1], entry[2] = True, keep
+                if keep:
                     self.stats.committed += len(entry[3])
                 else:
                     self.stats.aborted += len(entry[3])
@@ -216,7 +226,7 @@ def _define(base: Any, values: bool) -> Any:
                                 if kind == ABORT:
                                     self.aborted_producer_ids.discard(pid)
                                 if kind is not None:
-                                    yield from held.resolve(pid, kind == COMMIT)
+                                    yield from held.resolve(pid, kind == COMMIT, batch.producer_epoch)
                                 if not held.queue:
                                     self.next_fetch_offset = batch.next_offset
                                 batch = records.next_batch()
