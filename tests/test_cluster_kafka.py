@@ -768,3 +768,42 @@ def test_a_zombies_dead_letters_are_aborted_with_its_range(tmp_path):
     assert [json.loads(x)["origin"] for x in files["owner.jsonl"].read_text().splitlines()] == [
         f"{TOPIC}/1@{i}" for i in range(100, 110)]
     assert files["zombie.jsonl"].read_text() == ""
+
+
+@pytest.mark.integration
+def test_a_second_read_of_the_state_topic_reads_to_its_end_of_now_not_of_the_last_read():
+    """#33.2: kafka-python keeps the high watermark of a partition's last fetch across seeks; the state restore took
+    it as the end of the topic when the first poll after its seek returned before a fetch (a worker resumed from a
+    long pause), so it stopped at the end of its *previous* read and missed every later state: a zombie restored
+    three partitions at offset 0 and replayed them (a 1e5-event SIGKILL trial, counts and dead letters doubled)."""
+    require_broker()
+    from kafka import KafkaProducer
+
+    from calmon.cluster.topics import TopicReader, ensure_topics
+    with KafkaBroker() as broker:
+        boot = broker.bootstrap
+        ensure_topics(boot, {}, {"st": (1, {})})
+        kp = KafkaProducer(bootstrap_servers=boot)
+        for i in range(3):
+            kp.send("st", key=b"old", value=b"%d" % i)
+        kp.flush()
+        reader = TopicReader(boot, "st", {})
+        first: list[bytes] = []
+        reader.read_all(lambda r: first.append(r.value))
+        assert len(first) == 3
+        for i in range(700):  # more than one poll returns (max_poll_records 500), the wanted record last
+            kp.send("st", key=b"other", value=b"%d" % i)
+        kp.send("st", key=b"wanted", value=b"x")
+        kp.flush()
+        kp.close()
+        poll, calls = reader.consumer.poll, []
+
+        def slow_first_poll(*a: Any, **k: Any) -> Any:  # the first poll after the seek returns before any fetch
+            calls.append(1)
+            return {} if len(calls) == 1 else poll(*a, **k)
+
+        reader.consumer.poll = slow_first_poll
+        keys: list[bytes] = []
+        reader.read_all(lambda r: keys.append(r.key))
+        reader.close()
+    assert len(keys) == 704 and keys[-1] == b"wanted"

@@ -197,29 +197,38 @@ class TopicReader:
     def read_all(self, visit: Callable[[Any], None], timeout: float = 60.0) -> None:
         """``visit`` every committed record from the beginning of every partition to its end as of the read.
 
-        The end of a partition is its high watermark at the first fetch: a ``read_committed`` consumer stops at
-        the first open transaction, so it reaches that end once the transactions open then have finished
-        (a range's transaction takes seconds; a fenced one is aborted by the fencing); the read also goes on
+        The end of a partition is its end offset as of the read (the broker's answer, raised by the high watermark
+        of the first fetch after the seek -- never one a fetch before the seek reported): a ``read_committed``
+        consumer stops at the first open transaction, so it reaches that end once the transactions open then have
+        finished (a range's transaction takes seconds; a fenced one is aborted by the fencing); the read also goes on
         until no record is held for a transaction marker beyond that end (``connectors.kafka.committed``).
         Waiting for the high watermark of every later fetch instead would never end while other workers keep
         committing.
         """
         deadline = time.monotonic() + timeout
         tps = list(self.tps.values())
-        target: dict[Any, int] = {}
         with _cluster_errors(f"read {self.topic}"):
             self.consumer.seek_to_beginning(*tps)
+            # the end as of now: the high watermark the consumer holds is the one of its last fetch -- of the previous
+            # read, minutes old after a long pause (a zombie's restore ended at that old end and took no state, so
+            # it replayed its partitions from 0) -- so forget it, and ask the broker for the end offsets (a floor:
+            # Tansu answers the base offset of the last batch + 1); a fetch after the seek may raise the target
+            for tp in tps:
+                _forget_highwater(self.consumer, tp)
+            target = {tp: int(off) for tp, off in self.consumer.end_offsets(tps).items() if off is not None}
+            seen: set[Any] = set()
             while True:
                 for records in self.consumer.poll(timeout_ms=100).values():
                     for r in records:
                         visit(r)
                 for tp in tps:
                     hw = self.consumer.highwater(tp)
-                    if tp not in target and hw is not None:
-                        target[tp] = int(hw)
+                    if tp not in seen and hw is not None:  # the first fetch after the seek
+                        seen.add(tp)
+                        target[tp] = max(target.get(tp, 0), int(hw))
                 # past the end, and nothing held for a marker not yet read: a committed record behind an undecided
                 # transaction of another producer is held too (delivery in offset order), and must be visited
-                if len(target) == len(tps) and all(self.consumer.position(tp) >= target[tp] for tp in tps) \
+                if len(seen) == len(tps) and all(self.consumer.position(tp) >= target[tp] for tp in tps) \
                         and not committed_held(self.consumer):
                     return
                 if time.monotonic() > deadline:
@@ -257,6 +266,14 @@ class TopicReader:
     def close(self) -> None:
         with _cluster_errors(f"close {self.topic} reader"):
             self.consumer.close()
+
+
+def _forget_highwater(consumer: Any, tp: Any) -> None:
+    """Forget the high watermark kafka-python keeps from the last fetch of ``tp`` (``highwater`` is that value, never
+    reset by a seek), so that the next one seen comes from a fetch after the seek."""
+    state = getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)
+    if state is not None and hasattr(state, "highwater"):
+        state.highwater = None
 
 
 def _key(record: Any) -> str:
