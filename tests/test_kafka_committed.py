@@ -205,8 +205,9 @@ def test_a_newer_epoch_of_the_producer_aborts_what_the_older_one_left_held(value
 def test_a_new_owners_commit_does_not_deliver_a_zombies_batch_written_after_its_own(values):
     """The order the newer-epoch rule above does not see: the new owner's batch (epoch 1) is *before* the fenced
     producer's late batch (epoch 0), both before the new owner's COMMIT (epoch 1).  The marker decides only its own
-    epoch: the late batch is dropped (it was delivered as committed before -- a zombie's range counted twice, with
-    its dead letters, in a 1e5-event SIGKILL trial on Tansu: 1,950 letters for 1,666 malformed records)."""
+    epoch: the late batch is dropped (it was delivered as committed before: a zombie's range would count twice,
+    with its dead letters; Tansu writes the fencing's ABORT with the old epoch, the new owner's COMMIT with the new).
+    """
     import struct as st
 
     from kafka.record.util import calc_crc32c
