@@ -372,7 +372,7 @@ def test_kubernetes_manifests_of_the_stages_are_consistent(tmp_path):
     assert scrape[0]["job_name"] == "calmon" and scrape[0]["kubernetes_sd_configs"] == [{"role": "pod"}]
 
 
-def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(caplog):
+def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(caplog, tmp_path):
     """A worker started while its broker is down backs off and retries (logged), is not ready meanwhile, gives up
     after the bound with one line naming the broker, and returns at once when stopped."""
     import threading
@@ -384,7 +384,8 @@ def test_ingest_worker_retries_an_unreachable_broker_then_gives_up_or_stops(capl
     from calmon.cluster.topics import ClusterError
     boot = f"127.0.0.1:{free_port()}"  # nothing listens there
     src = {"name": "events", "type": "kafka", "options": {"bootstrap_servers": boot, "topic": "events"}}
-    cfg = config(sources=[src], cluster={"bootstrap_servers": boot})
+    # (state_dir: the dead-letter file is opened before the broker is contacted; not in the working directory)
+    cfg = config(sources=[src], cluster={"bootstrap_servers": boot}, state_dir=str(tmp_path))
     worker = IngestWorker(cfg)
     t0 = time.monotonic()
     with caplog.at_level("WARNING", logger="calmon.cluster"), pytest.raises(ClusterError) as err:
