@@ -219,9 +219,27 @@ def test_confluent_kafka_is_the_default_when_installed(monkeypatch):
         KafkaSource.from_config({"bootstrap_servers": "h:1", "topic": "t", "library": "confluent"})
 
 
+def _confluent_over(messages: list[Any]) -> tuple[Any, list[str]]:
+    """A ``ConfluentConsumer`` whose consume returns ``messages``, and the list its error events go to."""
+    from connectors.kafka.confluent import ConfluentConsumer
+
+    errors: list[str] = []
+
+    class Consumer:
+        def consume(self, num_messages: int, timeout: float) -> list[Any]:
+            return messages
+
+    class Events:
+        def on_error(self, message: str, counted: bool) -> None:
+            errors.append(message)
+
+    c = ConfluentConsumer(ConsumerSettings("h:1", ["a", "b"], None, "s"))
+    c._consumer, c._handler = Consumer(), Events()  # type: ignore[assignment]
+    return c, errors
+
+
 def test_confluent_adapter_cuts_a_consume_into_runs_without_a_record_object():
     ck = pytest.importorskip("confluent_kafka")
-    from connectors.kafka.confluent import ConfluentConsumer
 
     def msg(topic: str, part: int, off: int, value: bytes | None = b"v") -> Any:
         return ck.Message(topic=topic, partition=part, offset=off, value=value)
@@ -230,18 +248,7 @@ def test_confluent_adapter_cuts_a_consume_into_runs_without_a_record_object():
            ck.Message(topic="a", partition=1, offset=10, error=ck.KafkaError(ck.KafkaError._PARTITION_EOF)),
            msg("a", 1, 12), msg("a", 0, 7)]
 
-    class Consumer:
-        def consume(self, num_messages: int, timeout: float) -> list[Any]:
-            return got
-
-    errors: list[str] = []
-
-    class Events:
-        def on_error(self, message: str, counted: bool) -> None:
-            errors.append(message)
-
-    c = ConfluentConsumer(ConsumerSettings("h:1", ["a", "b"], None, "s"))
-    c._consumer, c._handler = Consumer(), Events()  # type: ignore[assignment]
+    c, errors = _confluent_over(got)
     f = c.poll(100, 0.1)
     assert f.values == [b"v", b"v", b"", b"v", b"v", b"v", b"v"] and f.metas is None
     assert [(r.tp.key, r.start, r.stop, r.first, r.last) for r in f.runs] == [
@@ -258,7 +265,6 @@ def test_confluent_adapter_per_batch_passes_equal_a_record_by_record_reading():
     ck = pytest.importorskip("confluent_kafka")
     import random
 
-    from connectors.kafka.confluent import ConfluentConsumer
     from connectors.kafka.partitions import PartitionBook
 
     rng = random.Random(33)
@@ -278,18 +284,7 @@ def test_confluent_adapter_per_batch_passes_equal_a_record_by_record_reading():
     records = [m for m in got if m.error() is None]
     transport = sum(1 for m in got if m.error() is not None and m.error().code() == ck.KafkaError._TRANSPORT)
 
-    class Consumer:
-        def consume(self, num_messages: int, timeout: float) -> list[Any]:
-            return got
-
-    errors: list[str] = []
-
-    class Events:
-        def on_error(self, message: str, counted: bool) -> None:
-            errors.append(message)
-
-    c = ConfluentConsumer(ConsumerSettings("h:1", ["a", "b"], None, "s"))
-    c._consumer, c._handler = Consumer(), Events()  # type: ignore[assignment]
+    c, errors = _confluent_over(got)
     f = c.poll(len(got), 0.1)
     assert len(errors) == transport > 0
     assert f.values == [b"" if m.value() is None else m.value() for m in records]
