@@ -218,6 +218,7 @@ def test_index_costs_about_what_metrics_costs(models):
         cpu_metrics = _cpu_of_requests(f"{srv.url}/metrics", n)
         cpu_index = _cpu_of_requests(f"{srv.url}/", n)  # the first request renders the round's page
         cpu_metrics = min(cpu_metrics, _cpu_of_requests(f"{srv.url}/metrics", n))
+        cpu_index = min(cpu_index, _cpu_of_requests(f"{srv.url}/", n))  # each the best of two, as under load
     finally:
         srv.stop()
     assert pages.renders == 1
