@@ -318,3 +318,15 @@ def test_check_of_two_frames_names_the_frame_row_and_field() -> None:
         calmon.check({"id": ["a", "b", "c"], "score": [0.2, 0.9, 1.6]}, {"id": ["a"], "label": [1]})
     with pytest.raises(ValueError, match=r"^predictions: data has no column 'id' for id"):
         calmon.check({"score": [0.2]}, {"id": ["a"], "label": [1]})
+
+
+def test_check_of_two_frames_takes_probs_as_columns_vectors_or_an_array() -> None:
+    """Multiclass predictions in each of the forms ``to_dataset`` takes give the same joined result."""
+    rows = multiclass_rows(600)
+    p, ids = rows["probs"], rows["id"]
+    outs = {"id": ids[::-1], "label": rows["label"][::-1]}
+    docs = [calmon.check({"id": ids, **{f"p{k}": p[:, k] for k in range(4)}}, outs, tests="none").to_dict(),
+            calmon.check(Frame({"id": ids, "probs": np.array(list(p), dtype=object)}), outs, tests="none").to_dict(),
+            calmon.check({"id": ids}, outs, probs=p, tests="none").to_dict()]
+    assert docs[0]["n"] == 600 and docs[0]["kind"] == "multiclass"
+    assert docs[1] == docs[0] and docs[2] == docs[0]

@@ -98,7 +98,7 @@ def _records(data: Any, kind: str, *, score: Column, probs: Column, label: Colum
         elif isinstance(probs, (list, tuple)) and all(isinstance(c, str) for c in probs):
             fields["probs"] = np.column_stack([_column(data, cols, c, "probs") for c in probs]).tolist()
         else:
-            fields["probs"] = [list(np.asarray(v, dtype=float)) for v in _column(data, cols, probs, "probs")]
+            fields["probs"] = [np.asarray(v, dtype=float).tolist() for v in _column(data, cols, probs, "probs")]
     else:
         fields["label"] = [int(v) if isinstance(v, (bool, np.bool_)) else v
                            for v in _column(data, cols, label, "label").tolist()]
