@@ -84,18 +84,7 @@ def to_dataset(data: Any = None, *, score: Column = None, label: Column = "label
     kind = "arrays" if data is None else "dict" if isinstance(data, Mapping) else type(data).__name__
     name = source or f"<{kind}>"
     present = set(cols or ())
-    if score is None and probs is None:
-        if "score" in present:
-            score = "score"
-        elif "probs" in present:
-            probs = "probs"
-        else:
-            probs = _p_columns(cols or [])
-            if not probs:
-                raise ValueError(f"data has neither a score column (binary) nor probs or p0..p{{K-1}} columns "
-                                 f"(multiclass); columns: {_listed(cols)}. Pass score='...' or probs=[...]")
-    elif score is not None and probs is not None:
-        raise ValueError("pass score (binary) or probs (multiclass), not both")
+    score, probs = prediction_columns(cols, score, probs)
     keep, model = _model_rows(data, cols, model)
     arrays: dict[str, np.ndarray] = {}
     if score is not None:
@@ -128,6 +117,26 @@ def to_dataset(data: Any = None, *, score: Column = None, label: Column = "label
     top = p.argmax(axis=1)
     return Dataset(name, p.shape[1], p[np.arange(n), top], (top == labels).astype(np.float64), probs=p,
                    labels=labels, ids=ids, ts=times, model=model)
+
+
+def prediction_columns(cols: Sequence[str] | None, score: Column, probs: Column,
+                       subject: str = "data has") -> tuple[Column, Column]:
+    """``(score, probs)`` with the defaults of a table filled in: the ``score`` column, else ``probs``, else
+    ``p0..p{K-1}`` -- or a one-line ``ValueError`` (``subject`` begins it) when there is none or both are given."""
+    if score is not None and probs is not None:
+        raise ValueError("pass score (binary) or probs (multiclass), not both")
+    if score is not None or probs is not None:
+        return score, probs
+    present = set(cols or ())
+    if "score" in present:
+        return "score", None
+    if "probs" in present:
+        return None, "probs"
+    found = _p_columns(cols or [])
+    if not found:
+        raise ValueError(f"{subject} neither a score column (binary) nor probs or p0..p{{K-1}} columns "
+                         f"(multiclass); columns: {_listed(cols)}. Pass score='...' or probs=[...]")
+    return None, found
 
 
 def show(v: Any) -> Any:

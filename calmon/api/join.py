@@ -25,9 +25,10 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from calmon.api.frame import Column, _column, _model_rows, _p_columns, _raw, _times, columns_of
+from calmon.api.frame import Column, _column, _model_rows, _raw, _times, columns_of, prediction_columns
 from calmon.offline.accumulator import Chunk, EventAccumulator, make_decoder
 from calmon.offline.dataset import Dataset
+from calmon.offline.inputs import DEFAULT_MODEL
 
 __all__ = ["joined_dataset"]
 
@@ -87,12 +88,7 @@ def _records(data: Any, kind: str, *, score: Column, probs: Column, label: Colum
             except ValueError as exc:
                 raise ValueError(f"{kind}s: {exc}") from None
     if kind == "prediction":
-        if score is None and probs is None:
-            score = "score" if "score" in present else None
-            probs = None if score else ("probs" if "probs" in present else _p_columns(cols) or None)
-            if score is None and probs is None:
-                raise ValueError(f"predictions have neither a score column (binary) nor probs or p0..p{{K-1}} "
-                                 f"columns; columns: {', '.join(cols)}. Pass score='...' or probs=[...]")
+        score, probs = prediction_columns(cols, score, probs, "predictions have")
         if score is not None:
             fields["score"] = _column(data, cols, score, "score").tolist()
         elif isinstance(probs, (list, tuple)) and all(isinstance(c, str) for c in probs):
@@ -103,14 +99,14 @@ def _records(data: Any, kind: str, *, score: Column, probs: Column, label: Colum
         fields["label"] = [int(v) if isinstance(v, (bool, np.bool_)) else v
                            for v in _column(data, cols, label, "label").tolist()]
     # the predictions of the model to check (as --model); outcomes all go to the join, which finds their model
-    keep, chosen = _model_rows(data, cols, model) if kind == "prediction" else (None, None)
+    keep = _model_rows(data, cols, model)[0] if kind == "prediction" else None
     models = _raw(data["model"]).astype(str).tolist() if "model" in present else None
     n = len(next(iter(fields.values())))
     if any(len(v) != n for v in fields.values()):
         shown = ", ".join(f"{k}: {len(v)}" for k, v in fields.items())
         raise ValueError(f"{kind}s: Found input variables with inconsistent numbers of samples: [{shown}]")
     rows = range(n) if keep is None else np.flatnonzero(keep).tolist()
-    default_model = model or "default"
+    default_model = model or DEFAULT_MODEL  # a table without model column, as calmon check names it
     encode = _ENCODER.encode
     batch: list[bytes] = []
     numbers: list[int] = []
@@ -126,7 +122,7 @@ def _records(data: Any, kind: str, *, score: Column, probs: Column, label: Colum
         if models is not None:
             rec["model"] = models[i]
         elif kind == "prediction":
-            rec["model"] = chosen or default_model
+            rec["model"] = default_model
         batch.append(encode(rec))
         numbers.append(i + 1)
         if len(batch) == CHUNK_ROWS:

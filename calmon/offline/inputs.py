@@ -85,7 +85,7 @@ _JSONL_SUFFIXES = (".jsonl", ".json", ".ndjson")
 _SNIFF = 1 << 16
 _PIECE = 4 << 20
 _MAX_LINE = 16 << 20  # a longer line of a compressed input is too_large, read past without being held
-_DEFAULT_MODEL = "default"  # the model of a table without model column when no --model is given
+DEFAULT_MODEL = "default"  # the model of a table without model column when no --model is given
 
 
 def read_input(path: str, model: str | None = None, skip_invalid: bool = False,
@@ -271,7 +271,7 @@ class _Inputs:
                 if self.mapping is not None:
                     plan = mapped_plan(table.names, self.mapping.columns)
                 else:
-                    plan = canonical_plan(table.names, self.model or _DEFAULT_MODEL)
+                    plan = canonical_plan(table.names, self.model or DEFAULT_MODEL)
                 self.injected |= bool(plan.const)
 
                 def chunks(table: TableFile = table, plan: Any = plan, label: str = label) -> Iterator[Chunk]:
@@ -293,7 +293,7 @@ class _Inputs:
         """The labeled dataset of every input (events joined together, then the rows of CSV/NPZ inputs)."""
         parts: list[Dataset] = []
         if self.acc is not None:
-            ds = self.acc.dataset(name, model or (_DEFAULT_MODEL if self.injected else None), skip_invalid)
+            ds = self.acc.dataset(name, model or (DEFAULT_MODEL if self.injected else None), skip_invalid)
             if self.injected and model is None:
                 ds.model = None  # like a CSV file: no model named anywhere
             ds.top_label_only = bool(self.top_label) and ds.classes == 2
