@@ -34,7 +34,7 @@ import numpy as np
 from calmon.cluster.changes import Pairs
 from calmon.cluster.frames import is_frame, pack_frame, unpack_frame
 from calmon.cluster.records import MAX_RECORD, BadRecord
-from calmon.state.buckets import BucketStats, ModelWindows
+from calmon.state.buckets import BucketPart, BucketStats, ModelWindows
 from calmon.state.checkpoint.schema import SchemaError, convert
 from calmon.state.counters import Counters
 from calmon.state.windows import ARCHIVE_TIER
@@ -130,14 +130,37 @@ class DeltaDoc(_RangeDoc):
     buckets: list[DeltaBucketDoc]
 
 
-@dataclass(frozen=True)
 class DeltaBucket:
-    """The statistics one range added to one bucket of one segment's ring (``tier`` -1: the archive)."""
+    """The statistics one range added to one bucket of one segment's ring (``tier`` -1: the archive).
 
-    segment: str
-    tier: int
-    start: float
-    bucket: BucketStats
+    Built by the ingest stage with its :class:`BucketStats`; decoded from a binary record as a
+    :class:`~calmon.state.buckets.BucketPart` (read-only views of the record's payload), which
+    :func:`merge_delta` adds straight into the ring's buckets -- :attr:`bucket` is then built on first use only.
+    """
+
+    __slots__ = ("segment", "tier", "start", "_bucket", "part")
+
+    def __init__(self, segment: str, tier: int, start: float, bucket: BucketStats | None = None,
+                 part: BucketPart | None = None) -> None:
+        if (bucket is None) == (part is None):
+            raise ValueError("a delta bucket needs its statistics or their part, and not both")
+        self.segment, self.tier, self.start = segment, tier, start
+        self._bucket, self.part = bucket, part
+
+    @property
+    def bucket(self) -> BucketStats:
+        """The bucket's statistics (built from :attr:`part` on first use)."""
+        if self._bucket is None:
+            assert self.part is not None
+            self._bucket = BucketStats.from_part(self.part)
+        return self._bucket
+
+    def shape(self) -> tuple[int, int, int]:
+        """(classes, fine-grid bins, reliability bins)."""
+        if self.part is not None:
+            return self.part.shape()
+        b = self.bucket
+        return b.stats.classes, b.stats.fine.bins, b.rel.bins
 
     def to_dict(self) -> dict[str, Any]:
         return {"segment": self.segment, "tier": self.tier,
@@ -231,7 +254,7 @@ class Delta:
             raise DeltaError(f"delta arrays: {exc}", "format") from None
         try:
             buckets = [DeltaBucket(b.segment, b.tier, _start(b.tier, b.start),
-                                   BucketStats.from_parts(b.parts, unpacker)) for b in doc.buckets]
+                                   part=BucketStats.read_part(b.parts, unpacker)) for b in doc.buckets]
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as exc:
             raise DeltaError(f"malformed bucket: {type(exc).__name__}: {exc}") from None
         pairs = None
@@ -361,6 +384,7 @@ def check_fits(windows: ModelWindows, delta: Delta) -> None:
         ``unknown_segment`` (the stages run with different ``models``, or a forged segment) or ``incompatible``.
     """
     p = windows.params
+    blank = windows.factory()
     if delta.classes != windows.classes:
         raise DeltaError(f"model {delta.model!r} has {windows.classes} classes here, the delta {delta.classes}",
                          "incompatible")
@@ -369,16 +393,24 @@ def check_fits(windows: ModelWindows, delta: Delta) -> None:
             raise DeltaError(f"segment {b.segment!r} of model {delta.model!r} is not configured here "
                              f"(segments {sorted(windows.rings)}): run both stages with the same models section",
                              "unknown_segment")
-        got = b.bucket.stats
-        shape = (got.classes, got.fine.bins, b.bucket.rel.bins)
+        shape = b.shape()
         want = (windows.classes, p["bins"], p["reliability_bins"])
         if shape != want:
             raise DeltaError(f"a bucket of model {delta.model!r} has (classes, bins, reliability bins) {shape}, "
                              f"the model {want}: run both stages with the same models section", "incompatible")
+        if b.part is not None:  # every grid and the reservoir's width, so that the direct merge cannot stop halfway
+            try:
+                blank.check_part(b.part)
+            except ValueError as exc:
+                raise DeltaError(f"a bucket of model {delta.model!r}: {exc}", "incompatible") from None
 
 
 def merge_delta(windows: ModelWindows, delta: Delta) -> None:
     """Add a delta's buckets to a model's rings (exact; see the module docstring for why order does not matter).
+
+    The buckets of one segment are placed at once, at the delta's watermark (one vectorised placement per
+    ring, :meth:`~calmon.state.windows.TieredRing.add`); a decoded binary delta's buckets are added straight
+    from their views (:meth:`BucketStats.merge_part`: no bucket built per delta bucket).
 
     Raises
     ------
@@ -386,12 +418,20 @@ def merge_delta(windows: ModelWindows, delta: Delta) -> None:
         The delta does not fit the model (:func:`check_fits`); nothing was merged.
     """
     check_fits(windows, delta)
+    by_segment: dict[str, list[DeltaBucket]] = {}
     for b in delta.buckets:
-        at = _ARCHIVE_TIME if b.tier == ARCHIVE_TIER else b.start
-        windows.rings[b.segment].add(np.array([at]), _merger(b.bucket), watermark=delta.watermark)
+        by_segment.setdefault(b.segment, []).append(b)
+    for segment, buckets in by_segment.items():
+        at = np.array([_ARCHIVE_TIME if b.tier == ARCHIVE_TIER else b.start for b in buckets])
+        windows.rings[segment].add(at, _merger(buckets), watermark=delta.watermark)
 
 
-def _merger(bucket: BucketStats) -> Callable[[BucketStats, np.ndarray], None]:
-    def merge(state: BucketStats, _idx: np.ndarray) -> None:
-        state.merge(bucket)
+def _merger(buckets: list[DeltaBucket]) -> Callable[[BucketStats, np.ndarray], None]:
+    def merge(state: BucketStats, idx: np.ndarray) -> None:
+        for i in idx.tolist():
+            b = buckets[i]
+            if b.part is not None:
+                state.merge_part(b.part)
+            else:
+                state.merge(b.bucket)
     return merge

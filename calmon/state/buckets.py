@@ -38,14 +38,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Sequence
 from itertools import repeat
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
 from calmon.state.windows import TieredRing, bucket_cells
 from calmon.stats import sparse
-from calmon.stats.grid import ScoreGrid, cell_index, event_sums
-from calmon.stats.model import ModelStats, top_label
+from calmon.stats.grid import GridPart, ScoreGrid, cell_index, event_sums
+from calmon.stats.model import ModelPart, ModelStats, top_label
 from calmon.stats.packed import Packer, Unpacker
 
 FORMAT = "calmon.bucket"
@@ -279,6 +279,23 @@ def bincount_one(pred: bool, keys: np.ndarray, sums: np.ndarray, length: int) ->
 _NO_OUTCOME = np.array([[1], [1], [0], [1], [0], [1]], dtype=np.int64)
 
 
+class BucketPart(NamedTuple):
+    """A bucket as :meth:`BucketStats.read_part` reads it from a packed payload: read-only views, checked."""
+
+    stats: ModelPart
+    rel: GridPart
+    pred: GridPart
+
+    def shape(self) -> tuple[int, int, int]:
+        """(classes, fine-grid bins, reliability bins), as :func:`calmon.cluster.deltas.check_fits` compares."""
+        return self.stats.classes, self.stats.fine.bins, self.rel.bins
+
+    def count(self) -> int:
+        """Events of the bucket (its fine grid's count)."""
+        fine = self.stats.fine
+        return int((fine.dense if fine.dense is not None else fine.vals)[0].sum())
+
+
 class BucketStats:
     """The statistics of one time bucket (or the sum of several): model statistics + reliability grid.
 
@@ -429,6 +446,40 @@ class BucketStats:
         self.stats.merge(other.stats)
         self._rel.merge(other.rel)
         self._pred.merge(other.pred)
+
+    @staticmethod
+    def read_part(d: dict[str, Any], unpacker: Unpacker) -> BucketPart:
+        """The bucket :meth:`to_parts` wrote, checked as :meth:`from_parts` checks it, as read-only views of the
+        payload (``ValueError``, ``KeyError`` or ``TypeError`` when damaged): what :meth:`merge_part` adds,
+        without building a bucket (a delta record of the partitioned agent holds hundreds)."""
+        return BucketPart(ModelStats.read_part(d["stats"], unpacker), ScoreGrid.read_part(d["rel"], unpacker),
+                          ScoreGrid.read_part(d["pred"], unpacker))
+
+    @classmethod
+    def from_part(cls, part: BucketPart) -> BucketStats:
+        """The bucket of a :meth:`read_part` (arrays copied): equal to :meth:`from_parts` of the same parts."""
+        out = cls._shell()
+        out._stats = ModelStats.from_part(part.stats)
+        out._rel, out._pred = ScoreGrid.from_part(part.rel), ScoreGrid.from_part(part.pred)
+        return out
+
+    def check_part(self, part: BucketPart) -> None:
+        """Raise ``ValueError`` unless :meth:`merge_part` can add ``part`` whole (its classes and grid shapes)."""
+        self.stats.check_part(part.stats)
+        for grid, got in ((self._rel, part.rel), (self._pred, part.pred)):
+            if (got.bins, got.channels) != (grid.bins, grid.channels):
+                raise ValueError(f"cannot combine grids of shapes {grid.shape} and bins {got.bins}, channels "
+                                 f"{got.channels}")
+
+    def merge_part(self, part: BucketPart) -> None:
+        """:meth:`merge` of the bucket of a :meth:`read_part`, straight from its views into this bucket's grids:
+        the grids end with the same integers and storage as ``merge(BucketStats.from_part(part))``; the
+        reservoir is a uniform sample of the union (:meth:`ModelStats.merge_part`).  Check with
+        :meth:`check_part` first."""
+        self._thaw()
+        self.stats.merge_part(part.stats)
+        self._rel.merge_part(part.rel)
+        self._pred.merge_part(part.pred)
 
     def summed(self, others: Sequence[BucketStats]) -> BucketStats:
         """A new bucket equal to ``self.copy()`` into which ``others`` are merged in turn (:meth:`merge`),

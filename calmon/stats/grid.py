@@ -34,7 +34,7 @@ the cells are occupied), so it does not depend on the history of merges.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -52,6 +52,17 @@ SPARSE_VERSION = 2
 #: Grids with fewer cells are always dense (a sparse index would not pay).
 SPARSE_MIN_CELLS = 64
 _F = len(FIELDS)
+
+
+class GridPart(NamedTuple):
+    """A grid as :meth:`ScoreGrid.read_part` reads it from a packed payload: ``dense`` ``(6, size)``, or (``dense``
+    None) the sorted unique occupied ``cells`` and their sums ``vals`` ``(6, len(cells))``; read-only views."""
+
+    bins: int
+    channels: int | None
+    dense: np.ndarray | None
+    cells: np.ndarray
+    vals: np.ndarray
 
 
 def cell_index(z: np.ndarray, bins: int) -> np.ndarray:
@@ -596,6 +607,67 @@ class ScoreGrid:
             raise ValueError("sparse grid cells must be sorted, unique and inside the grid")
         out._set_sparse(cells, vals)
         return out
+
+    @classmethod
+    def read_part(cls, d: dict[str, Any], unpacker: Unpacker) -> GridPart:
+        """The grid :meth:`to_parts` wrote, checked as :meth:`from_parts` checks it, as read-only views of the
+        payload (no grid built, nothing copied): what :meth:`merge_part` adds.
+
+        Raises
+        ------
+        ValueError
+            The part is damaged.
+        """
+        if d.get("quantum_bits") != QUANTUM_BITS:
+            raise ValueError(f"grid uses quantum 2^-{d.get('quantum_bits')}, this build uses 2^-{QUANTUM_BITS}")
+        bins, channels = d["bins"], d["channels"]
+        if type(bins) is not int or bins < 1 or not (channels is None or (type(channels) is int and channels >= 1)):
+            raise ValueError(f"grid needs a positive integer bins and channels null or positive, got {bins!r}, "
+                             f"{channels!r}")
+        size = bins * (channels or 1)
+        if "dense" in d:
+            return GridPart(bins, channels, unpacker.get(d["dense"], "<i8", (_F, size)), _NO_CELLS, _NO_VALUES)
+        cells = unpacker.get(d["cells"], "<i8")
+        vals = unpacker.get(d["values"], "<i8", (_F, cells.size))
+        if cells.ndim != 1 or (cells.size and (cells[0] < 0 or cells[-1] >= size
+                                               or not (cells[1:] > cells[:-1]).all())):
+            raise ValueError("sparse grid cells must be sorted, unique and inside the grid")
+        return GridPart(bins, channels, None, cells, vals)
+
+    @classmethod
+    def from_part(cls, part: GridPart) -> ScoreGrid:
+        """The grid of a :meth:`read_part` (copies: the payload is not kept alive), as :meth:`from_parts`."""
+        out = cls.__new__(cls)
+        out.bins, out.channels = part.bins, part.channels
+        out._dense, out._cells, out._vals = None, _NO_CELLS, _NO_VALUES
+        if part.dense is not None:
+            out._dense = part.dense.copy()
+        else:
+            out._set_sparse(part.cells.copy(), part.vals.copy())
+        return out
+
+    def merge_part(self, part: GridPart) -> None:
+        """:meth:`merge` of the grid of a :meth:`read_part`, straight from its views: the same integers and the
+        same storage as ``merge(ScoreGrid.from_part(part))``, without building that grid.
+
+        Raises
+        ------
+        ValueError
+            The part's shape is not this grid's (nothing was added).
+        """
+        if part.bins != self.bins or part.channels != self.channels:
+            raise ValueError(f"cannot combine grids of shapes {self.shape} and bins {part.bins}, channels "
+                             f"{part.channels}")
+        if part.dense is not None:
+            self._densify()
+            assert self._dense is not None
+            self._dense += part.dense
+        elif not part.cells.size:
+            return
+        elif self._dense is not None:
+            self._dense[:, part.cells] += part.vals
+        else:  # combine() copies what it keeps: no view of the payload stays in the grid
+            self._set_sparse(*sparse.combine(self._cells, self._vals, part.cells, part.vals))
 
     def __repr__(self) -> str:
         ch = "" if self.channels is None else f", channels={self.channels}"

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from calmon.stats.data import CalibrationData
-from calmon.stats.grid import ScoreGrid
+from calmon.stats.grid import GridPart, ScoreGrid
 from calmon.stats.levelset import LevelSetStats
 from calmon.stats.packed import Packer, Unpacker
-from calmon.stats.reservoir import Reservoir
+from calmon.stats.reservoir import Reservoir, ReservoirPart
 
 FORMAT = "calmon.model_stats"
 FORMAT_VERSION = 1
@@ -49,6 +49,17 @@ def top_label(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.nda
     """Top-label confidence and correctness (ties go to the lowest class index, as numpy's argmax)."""
     pred = probs.argmax(axis=1)
     return probs[np.arange(len(probs)), pred], (pred == labels).astype(np.float64)
+
+
+class ModelPart(NamedTuple):
+    """Model statistics as :meth:`ModelStats.read_part` reads them from a packed payload (views, checked)."""
+
+    classes: int
+    fine: GridPart
+    ece: GridPart
+    classwise: GridPart | None
+    reservoir: ReservoirPart | None
+    levelset: LevelSetStats | None
 
 
 class ModelStats:
@@ -264,6 +275,60 @@ class ModelStats:
         out.reservoir = None if d["reservoir"] is None else Reservoir.from_parts(d["reservoir"], unpacker)
         out.levelset = None if d.get("levelset") is None else LevelSetStats.from_dict(d["levelset"])
         return out
+
+    @classmethod
+    def read_part(cls, d: dict[str, Any], unpacker: Unpacker) -> ModelPart:
+        """The statistics :meth:`to_parts` wrote, checked as :meth:`from_parts` checks them, as read-only views
+        of the payload: what :meth:`merge_part` adds (nothing is built but a level set, a small document)."""
+        classes = int(d["classes"])
+        if classes < 2:
+            raise ValueError(f"classes must be >= 2, got {classes}")
+        return ModelPart(classes, ScoreGrid.read_part(d["fine"], unpacker), ScoreGrid.read_part(d["ece"], unpacker),
+                         None if d["classwise"] is None else ScoreGrid.read_part(d["classwise"], unpacker),
+                         None if d["reservoir"] is None else Reservoir.read_part(d["reservoir"], unpacker),
+                         None if d.get("levelset") is None else LevelSetStats.from_dict(d["levelset"]))
+
+    @classmethod
+    def from_part(cls, part: ModelPart) -> ModelStats:
+        """The statistics of a :meth:`read_part` (arrays copied), as :meth:`from_parts` builds them."""
+        out = cls.__new__(cls)
+        out.classes = part.classes
+        out.fine, out.ece = ScoreGrid.from_part(part.fine), ScoreGrid.from_part(part.ece)
+        out.classwise = None if part.classwise is None else ScoreGrid.from_part(part.classwise)
+        out.reservoir = None if part.reservoir is None else Reservoir.from_part(part.reservoir)
+        out.levelset = None if part.levelset is None else part.levelset.copy()
+        return out
+
+    def check_part(self, part: ModelPart) -> None:
+        """Raise ``ValueError`` unless :meth:`merge_part` can add ``part`` whole (classes and grid shapes)."""
+        if part.classes != self.classes:
+            raise ValueError(f"cannot merge statistics of {self.classes} and {part.classes} classes")
+        for grid, got in ((self.fine, part.fine), (self.ece, part.ece), (self.classwise, part.classwise)):
+            if grid is not None and got is not None and (got.bins, got.channels) != (grid.bins, grid.channels):
+                raise ValueError(f"cannot combine grids of shapes {grid.shape} and bins {got.bins}, channels "
+                                 f"{got.channels}")
+        res = part.reservoir
+        if self.reservoir is not None and res is not None and res.width != self.reservoir.width:
+            raise ValueError(f"cannot merge reservoirs of widths {self.reservoir.width} and {res.width}")
+
+    def merge_part(self, part: ModelPart) -> None:
+        """:meth:`merge` of the statistics of a :meth:`read_part`, straight from its views: the grids get the
+        same integers (and storage) as ``merge(ModelStats.from_part(part))``; the reservoir becomes a uniform
+        sample of the union by :meth:`Reservoir.absorb` (in place, drawing from its own generator) -- an
+        equally valid sample, not the same rows as :meth:`merge`'s reseeded one.  Call :meth:`check_part`
+        first (then nothing here raises)."""
+        self.fine.merge_part(part.fine)
+        self.ece.merge_part(part.ece)
+        if self.classwise is not None and part.classwise is not None:
+            self.classwise.merge_part(part.classwise)
+        res = part.reservoir
+        if self.reservoir is not None and res is not None:
+            if res.capacity == self.reservoir.capacity:
+                self.reservoir.absorb(res.rows, res.seen)
+            else:  # (not between buckets of one model) the general merge
+                self.reservoir = self.reservoir.merged(Reservoir.from_part(res), np.random.default_rng(self.count))
+        if self.levelset is not None and part.levelset is not None:
+            self.levelset.merge(part.levelset)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ModelStats) and self.to_dict() == other.to_dict()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import zlib
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -14,6 +14,17 @@ from calmon.stats.packed import Packer, Unpacker
 FORMAT = "calmon.reservoir"
 #: 2: rows as a :func:`calmon.formats.jsonio.pack_array` document; 1 (still read): a bare base64 string.
 FORMAT_VERSION = 2
+
+
+class ReservoirPart(NamedTuple):
+    """A reservoir as :meth:`Reservoir.read_part` reads it from a packed payload: its sample ``rows`` (a read-only
+    view, ``min(seen, capacity)`` rows) of ``seen`` rows, and the document (for :meth:`Reservoir.from_parts`)."""
+
+    capacity: int
+    width: int
+    seen: int
+    rows: np.ndarray
+    doc: dict[str, Any]
 
 
 class Reservoir:
@@ -214,6 +225,58 @@ class Reservoir:
         out._data = np.concatenate([a, b]).take(rng.permutation(take), axis=0)
         return out
 
+    def absorb(self, rows: np.ndarray, seen: int) -> None:
+        """Merge in place a uniform sample ``rows`` of another stream of ``seen`` rows (another reservoir of
+        this capacity: ``len(rows) == min(seen, capacity)``): afterwards this reservoir is a uniform sample of
+        the union, as :meth:`merged` makes it, at a fraction of its cost (the evaluators of the partitioned
+        agent merge one small delta reservoir per bucket of every range, ``calmon.cluster.deltas``).
+
+        When both fit, the rows are appended and nothing is drawn.  Otherwise the number kept from each side
+        is drawn hypergeometrically (the split of a uniform ``capacity``-subset of the union); the rows that
+        ``rows`` contributes overwrite uniformly chosen slots of this sample (the kept rows are then a uniform
+        subset of it) or are appended.  The draws come from this reservoir's own generator, which a merge
+        never reseeds (no seeding per merge: that cost more than the merge); ``rows`` is only read (a view of
+        a record's payload is fine).
+
+        Examples
+        --------
+        >>> r = Reservoir(4, 1, seed=0)
+        >>> r.update(np.array([[1.0], [2.0]]))
+        >>> r.absorb(np.array([[3.0]]), 1)
+        >>> r.seen, r.rows[:, 0].tolist()
+        (3, [1.0, 2.0, 3.0])
+        >>> r.absorb(np.array([[5.0], [6.0], [7.0], [8.0]]), 10)
+        >>> r.seen, r.rows.shape
+        (13, (4, 1))
+        """
+        rows = np.asarray(rows, dtype=np.float64)
+        if rows.ndim != 2 or rows.shape[1] != self.width or len(rows) != min(seen, self.capacity):
+            raise ValueError(f"absorb: expected a sample of shape ({min(seen, self.capacity)}, {self.width}) of "
+                             f"{seen} rows, got {rows.shape}")
+        if not seen:
+            return
+        have = min(self.seen, self.capacity)
+        total = self.seen + seen
+        take = min(self.capacity, total)
+        if take == total:  # every row of both: the union itself
+            self._reserve(total)
+            self._data[have:total] = rows
+            self.seen = total
+            return
+        rng = self._rng
+        k_a = int(rng.hypergeometric(self.seen, seen, take)) if self.seen else 0
+        k_b = take - k_a
+        theirs = rows.take(rng.permutation(len(rows))[:k_b], axis=0) if k_b < len(rows) else rows
+        if have == take:  # full (the common case): theirs replace k_b uniformly chosen slots
+            if k_b:
+                self._data[rng.permutation(have)[:k_b]] = theirs
+        else:  # room left: keep a uniform k_a-subset of ours (all of it when k_a == have), then append theirs
+            self._reserve(take)
+            if k_a < have:
+                self._data[:k_a] = self._data[:have].take(rng.permutation(have)[:k_a], axis=0)
+            self._data[k_a:take] = theirs
+        self.seen = total
+
     def to_dict(self) -> dict[str, Any]:
         """Versioned, pickle-free document (rows packed with :func:`calmon.formats.jsonio.pack_array`)."""
         return {"format": FORMAT, "version": FORMAT_VERSION, "capacity": self.capacity, "width": self.width,
@@ -259,9 +322,20 @@ class Reservoir:
         if not all(type(v) is int for v in (capacity, width, seen)) or capacity < 1 or width < 1 or seen < 0:
             raise ValueError(f"reservoir needs positive capacity and width and seen >= 0, got {capacity!r}, "
                              f"{width!r}, {seen!r}")
+        return cls._built(d, unpacker.get(d["rows"], "<f8", (min(seen, capacity), width), writable=True))
+
+    @classmethod
+    def from_part(cls, part: ReservoirPart) -> Reservoir:
+        """The reservoir of a :meth:`read_part` (its rows copied), as :meth:`from_parts` builds it."""
+        return cls._built(part.doc, part.rows.copy())
+
+    @classmethod
+    def _built(cls, d: dict[str, Any], rows: np.ndarray) -> Reservoir:
+        """A reservoir of the checked fields ``d`` of :meth:`to_parts` holding ``rows`` (its own array)."""
         out = cls.__new__(cls)  # no empty row array to allocate and drop
-        out.capacity, out.width, out.seen, out._seed, out._gen, out._state = capacity, width, seen, 0, None, None
-        out._data = unpacker.get(d["rows"], "<f8", (min(seen, capacity), width), writable=True)
+        out.capacity, out.width, out.seen, out._seed, out._gen, out._state = (d["capacity"], d["width"], d["seen"],
+                                                                              0, None, None)
+        out._data = rows
         if "rng" in d:  # a generator state, then the draws owed after it (none when absent)
             out._state = _checked_state(d["rng"])
             out._owed = int(d.get("owed", 0))
@@ -270,6 +344,24 @@ class Reservoir:
         if out._owed < 0:
             raise ValueError(f"reservoir draws owed must be >= 0, got {out._owed}")
         return out
+
+    @classmethod
+    def read_part(cls, d: dict[str, Any], unpacker: Unpacker) -> ReservoirPart:
+        """The sample :meth:`to_parts` wrote, checked as :meth:`from_parts` checks it (the generator state
+        included), its rows a read-only view of the payload: what :meth:`absorb` merges."""
+        capacity, width, seen = d["capacity"], d["width"], d["seen"]
+        if not all(type(v) is int for v in (capacity, width, seen)) or capacity < 1 or width < 1 or seen < 0:
+            raise ValueError(f"reservoir needs positive capacity and width and seen >= 0, got {capacity!r}, "
+                             f"{width!r}, {seen!r}")
+        if "rng" in d:
+            _checked_state(d["rng"])
+            owed = d.get("owed", 0)
+        else:
+            int(d["seed"])
+            owed = d["owed"]
+        if int(owed) < 0:
+            raise ValueError(f"reservoir draws owed must be >= 0, got {owed}")
+        return ReservoirPart(capacity, width, seen, unpacker.get(d["rows"], "<f8", (min(seen, capacity), width)), d)
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, Reservoir) and self.seen == other.seen and self.width == other.width
