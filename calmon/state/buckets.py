@@ -290,7 +290,7 @@ class BucketPart(NamedTuple):
         """(classes, fine-grid bins, reliability bins), as :func:`calmon.cluster.deltas.check_fits` compares."""
         return self.stats.classes, self.stats.fine.bins, self.rel.bins
 
-    def count(self) -> int:
+    def events(self) -> int:
         """Events of the bucket (its fine grid's count)."""
         fine = self.stats.fine
         return int((fine.dense if fine.dense is not None else fine.vals)[0].sum())
