@@ -572,12 +572,15 @@ class ScoreGrid:
     def to_parts(self, packer: Packer) -> dict[str, Any]:
         """The grid for a packed document (:mod:`calmon.stats.packed`): the same content and the same
         storage rule as :meth:`to_dict`, its arrays put into ``packer``."""
+        out: dict[str, Any] = {"bins": self.bins, "channels": self.channels, "quantum_bits": QUANTUM_BITS}
+        if self.size < SPARSE_MIN_CELLS:  # always dense (the ECE and reliability grids): no occupied cells to find
+            out["dense"] = packer.put(self._all(), "<i8")
+            return out
         if self._dense is None:
             cells, vals = sparse.prune(self._cells, self._vals)
         else:
             cells, vals = sparse.from_dense(self._dense)
-        out: dict[str, Any] = {"bins": self.bins, "channels": self.channels, "quantum_bits": QUANTUM_BITS}
-        if self.size >= SPARSE_MIN_CELLS and cells.size <= self.size // 4:
+        if cells.size <= self.size // 4:
             out.update(cells=packer.put(cells, "<i8"), values=packer.put(vals, "<i8"))
         else:
             out["dense"] = packer.put(self._all(), "<i8")
