@@ -12,8 +12,9 @@ One command prints a table (and the JSON of every figure):
    * the evaluate stage's work (decoding and merging those deltas, :func:`merge_delta`), per *input* record,
    * the two stages together (``n / (ingest + evaluate CPU seconds)``, the goal of #33.3: >= 0.6 of single);
 
-   each stage with the delta format 2 (JSON, packed buckets; the baseline) and 3 (binary frames), and the delta
-   bytes per input record at the given range size (``--range``, 20,000 by default).
+   each stage with the delta format 2 (JSON, packed buckets; the baseline), 3 (binary frames, zlib level 1: what
+   the ingest stage writes) and 3 without zlib (``v3raw``), and the delta bytes per input record at the given
+   range size (``--range``, 20,000 by default).
 2. **scaling** (``--workers 1,2,4``): that many processes, each running the ingest stage's compute on its share
    of ``--partitions`` (12) partitions at once; records per second per worker against one worker's.  No broker:
    it measures whether the stage's own work scales across processes on this machine (it cannot beyond its cores:
@@ -74,7 +75,7 @@ def single(cfg, values, batch):
     return time.process_time() - t0
 
 
-def ingest_stage(cfg, records, partitions, size, version=3):
+def ingest_stage(cfg, records, partitions, size, version=3, compress=None):
     from calmon.cluster.intents import Intent
     from calmon.cluster.partition import PartitionIngest
     from connectors.base import Batch
@@ -93,7 +94,7 @@ def ingest_stage(cfg, records, partitions, size, version=3):
             chunk = mine[start:start + size]
             intent = Intent(key, start, start + len(chunk), 1767225600.0, "w", start, {})
             applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), intent)
-            encoded += [d.to_bytes(version) for d in applied.deltas]
+            encoded += [d.to_bytes(version, compress) for d in applied.deltas]
             applied.state.to_bytes()
     return time.process_time() - t0, encoded
 
@@ -110,7 +111,9 @@ def evaluate_stage(cfg, encoded):
     return time.process_time() - t0
 
 
-VERSIONS = (2, 3)  #: delta format 2 (JSON, packed buckets: the baseline) and 3 (binary frames), same run
+#: The delta formats measured in the same run: 2 (JSON, packed buckets: the baseline), 3 (binary frames, zlib
+#: level 1: what the ingest stage writes) and 3 without zlib (the CPU and bytes of compressing, #33.3).
+FORMATS: dict[str, tuple[int, bool | None]] = {"v2": (2, None), "v3": (3, True), "v3raw": (3, False)}
 
 
 def compute(args) -> dict:
@@ -120,24 +123,24 @@ def compute(args) -> dict:
     records, _ = make_traffic(args.events, seed=args.seed, partitions=args.partitions)
     values = [v for _, _, v in records]
     rows: dict[str, list[float]] = {"single": []}
-    for v in VERSIONS:
-        rows[f"ingest_v{v}"], rows[f"evaluate_v{v}"], rows[f"together_v{v}"] = [], [], []
-    encoded: dict[int, list[bytes]] = {}
+    for f in FORMATS:
+        rows[f"ingest_{f}"], rows[f"evaluate_{f}"], rows[f"together_{f}"] = [], [], []
+    encoded: dict[str, list[bytes]] = {}
     load = [os.getloadavg()[0]]
     for _ in range(args.rounds):  # interleaved: each round runs every stage once
         rows["single"].append(single(cfg, values, args.range))
-        for v in VERSIONS:
-            t, encoded[v] = ingest_stage(cfg, records, args.partitions, args.range, v)
-            e = evaluate_stage(cfg, encoded[v])
-            rows[f"ingest_v{v}"].append(t)
-            rows[f"evaluate_v{v}"].append(e)
-            rows[f"together_v{v}"].append(t + e)
+        for f, (version, compress) in FORMATS.items():
+            t, encoded[f] = ingest_stage(cfg, records, args.partitions, args.range, version, compress)
+            e = evaluate_stage(cfg, encoded[f])
+            rows[f"ingest_{f}"].append(t)
+            rows[f"evaluate_{f}"].append(e)
+            rows[f"together_{f}"].append(t + e)
         load.append(os.getloadavg()[0])
     n = len(records)
     out: dict = {"records": n, "partitions": args.partitions, "range": args.range, "rounds": args.rounds,
-                 "delta_records": len(encoded[3]), "load": [min(load), max(load)]}
-    for v in VERSIONS:
-        out[f"delta_bytes_per_record_v{v}"] = sum(map(len, encoded[v])) / n
+                 "delta_records": len(encoded["v3"]), "load": [min(load), max(load)]}
+    for f in FORMATS:
+        out[f"delta_bytes_per_record_{f}"] = sum(map(len, encoded[f])) / n
     for k, ts in rows.items():
         out[f"{k}_records_per_cpu_s_best"] = n / min(ts)
         out[f"{k}_records_per_cpu_s_median"] = n / statistics.median(ts)
@@ -215,10 +218,11 @@ def table(res: dict) -> str:
              f"{res['rounds']} interleaved rounds, load {res['load'][0]:.1f}-{res['load'][1]:.1f}",
              "", "| row | records/CPU-s best | median | vs single best | median | delta bytes/record |",
              "| --- | ---: | ---: | ---: | ---: | ---: |"]
-    for k in ["single", *(f"{s}_v{v}" for v in VERSIONS for s in ("ingest", "evaluate", "together"))]:
+    for k in ["single", *(f"{s}_{f}" for f in FORMATS for s in ("ingest", "evaluate", "together"))]:
         ratio = ("", "") if k == "single" else (f"{res[f'{k}_vs_single_best']:.2f}",
                                                 f"{res[f'{k}_vs_single_median']:.2f}")
-        size = f"{res[f'delta_bytes_per_record_{k[-2:]}']:.1f}" if k.startswith("ingest") else ""
+        fmt = k.partition("_")[2]
+        size = f"{res[f'delta_bytes_per_record_{fmt}']:.1f}" if k.startswith("ingest") else ""
         lines.append(f"| {k} | {res[f'{k}_records_per_cpu_s_best']:,.0f} | {res[f'{k}_records_per_cpu_s_median']:,.0f}"
                      f" | {ratio[0]} | {ratio[1]} | {size} |")
     if "cpus" in res:

@@ -204,11 +204,12 @@ class Delta:
                 "end": self.end, "model": self.model, "classes": self.classes, "watermark": self.watermark,
                 "buckets": [b.to_dict() for b in self.buckets], "events": dict(self.events), "late": self.late}
 
-    def to_bytes(self, version: int = VERSION) -> bytes:
-        """The record value on the deltas topic: a binary frame (version 3, see the module docstring), or a JSON
-        document of version 2 or 1 as older ingest workers wrote them (tests and benchmarks of the upgrade)."""
+    def to_bytes(self, version: int = VERSION, compress: bool | None = None) -> bytes:
+        """The record value on the deltas topic: a binary frame (version 3, see the module docstring; its payload
+        zlib-compressed if ``compress``, default :data:`COMPRESS`), or a JSON document of version 2 or 1 as older
+        ingest workers wrote them (tests and benchmarks of the upgrade)."""
         if version == 3:
-            return self._frame()
+            return self._frame(COMPRESS if compress is None else compress)
         doc = self.to_dict()
         if version == 1:
             doc["version"] = 1
@@ -218,7 +219,7 @@ class Delta:
             raise ValueError(f"delta version {version} cannot be written (1, 2 or 3)")
         return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
-    def _frame(self) -> bytes:
+    def _frame(self, compress: bool) -> bytes:
         packer = Packer()
         buckets = [(b.segment, b.tier, None if b.tier == ARCHIVE_TIER else b.start, b.bucket.to_parts(packer))
                    for b in self.buckets]
@@ -228,7 +229,7 @@ class Delta:
         header = {"source": self.source, "start": self.start, "end": self.end, "model": self.model,
                   "classes": self.classes, "watermark": self.watermark, "events": self.events, "late": self.late,
                   "arrays": table, "buckets": buckets, "pairs": pairs}
-        return pack_frame(KIND, VERSION, msgspec.json.encode(header), payload, COMPRESS)
+        return pack_frame(KIND, VERSION, msgspec.json.encode(header), payload, compress)
 
     @classmethod
     def _from_frame(cls, data: bytes) -> Delta:
@@ -242,12 +243,15 @@ class Delta:
             except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
                 raise BadRecord("not_json", f"delta header is not JSON: {exc}") from None
             docs.append(doc)
-            return sum(8 * math.prod(dims) for _, dims in doc.arrays)
+            words = 0
+            for _, dims in doc.arrays:  # (a loop: hundreds of arrays a record)
+                words += math.prod(dims)
+            return 8 * words
 
         try:
             frame = unpack_frame(data, KIND, (VERSION,), expected, "delta record")
             doc = docs[0]
-            unpacker = Unpacker.of([[t, d] for t, d in doc.arrays], frame.payload)
+            unpacker = Unpacker.of(doc.arrays, frame.payload)  # its (dtype, dims) pairs as they are
         except BadRecord as exc:
             raise DeltaError(str(exc), exc.reason) from None
         except ValueError as exc:

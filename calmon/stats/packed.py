@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import zlib
 from typing import Any
 
@@ -79,7 +78,7 @@ class Unpacker:
     Raises ``ValueError`` naming what is wrong when the table or the payload is damaged.
     """
 
-    __slots__ = ("_raw", "_entries")
+    __slots__ = ("_raw", "_entries", "_words")
 
     def __init__(self, doc: dict[str, Any]) -> None:
         table, data = doc.get("arrays"), doc.get("data")
@@ -94,6 +93,7 @@ class Unpacker:
         if end != len(self._raw):
             raise ValueError(f"packed payload holds {len(self._raw)} bytes, its arrays need {end}")
         self._entries = entries
+        self._words: np.ndarray | None = None
 
     @classmethod
     def of(cls, table: Any, raw: bytes | memoryview) -> Unpacker:
@@ -106,7 +106,7 @@ class Unpacker:
         if end != len(raw):
             raise ValueError(f"packed payload holds {len(raw)} bytes, its arrays need {end}")
         out = cls.__new__(cls)
-        out._raw, out._entries = raw, entries
+        out._raw, out._entries, out._words = raw, entries, None
         return out
 
     def get(self, ref: Any, dtype: str, shape: tuple[int, ...] | None = None, writable: bool = False) -> np.ndarray:
@@ -121,22 +121,29 @@ class Unpacker:
             raise ValueError(f"packed array {ref} has dtype {got!r}, expected {dtype!r}")
         if shape is not None and dims != shape:
             raise ValueError(f"packed array {ref} has shape {list(dims)}, expected {list(shape)}")
-        a = np.frombuffer(self._raw, dtype=dtype, count=n, offset=at).reshape(dims)
+        words = self._words
+        if words is None:  # the payload as 8-byte words once: a slice per array, not a frombuffer (hundreds a record)
+            words = self._words = np.frombuffer(self._raw, dtype="<i8")
+        a = words[at >> 3:(at >> 3) + n]
+        a = (a if dtype == "<i8" else a.view("<f8")).reshape(dims)
         return a.copy() if writable else a
 
 
 def _table(table: list[Any]) -> list[tuple[str, tuple[int, ...], int, int]]:
-    """``(dtype, shape, values, byte offset)`` of each array of a table (``ValueError`` naming a bad entry)."""
+    """``(dtype, shape, values, byte offset)`` of each array of a table (``ValueError`` naming a bad entry).
+
+    A delta record's table has hundreds of entries: plain loops and type tests, no generator per entry."""
     entries: list[tuple[str, tuple[int, ...], int, int]] = []
     end = 0
     for i, entry in enumerate(table):
-        try:
-            dtype, dims = entry
-            n = math.prod(dims)
-        except (TypeError, ValueError):
-            raise ValueError(f"packed array {i}: expected [dtype, shape], got {entry!r:.60}") from None
-        if dtype not in _DTYPES or type(dims) is not list or any(type(s) is not int or s < 0 for s in dims):
+        dims = entry[1] if type(entry) in (list, tuple) and len(entry) == 2 else None
+        if type(dims) is not list or entry[0] not in _DTYPES:
             raise ValueError(f"packed array {i}: expected [dtype, shape], got {entry!r:.60}")
-        entries.append((dtype, tuple(dims), n, end))
+        n = 1
+        for s in dims:
+            if type(s) is not int or s < 0:
+                raise ValueError(f"packed array {i}: expected [dtype, shape], got {entry!r:.60}")
+            n *= s
+        entries.append((entry[0], tuple(dims), n, end))
         end += 8 * n
     return entries
