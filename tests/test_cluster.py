@@ -178,6 +178,23 @@ def test_partitioned_deltas_merged_in_any_order_equal_the_single_process_windows
     assert ring.window_sum(None).count > 0 and any(ring.buckets[1:])
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_binary_deltas_merged_straight_from_their_records_equal_the_single_process_windows(seed):
+    """The evaluator's path (#33.3): every delta through its version-3 record, its cells added from the record's
+    payload into the ring's buckets (no bucket built per delta bucket), in any order."""
+    cfg = config()
+    records, _ = traffic(1500, models=5, seed=seed)
+    ref = reference_models(cfg, records)
+    deltas = [Delta.from_bytes(d.to_bytes()) for d in partitioned_deltas(cfg, records)]
+    np.random.default_rng(seed).shuffle(deltas)
+    st = AgentState(stage_config(cfg))
+    for d in deltas:
+        merge_delta(st.windows_of(d.model, d.classes), d)
+    assert all(b.part is not None and b._bucket is None for d in deltas for b in d.buckets)
+    wm = max(d.watermark for d in deltas) + 1
+    assert normalized(ref, wm) == normalized(st.models, wm)
+
+
 def test_replaying_an_intent_after_a_crash_gives_the_same_deltas_dead_letters_and_state():
     cfg = config()
     records, _ = traffic(800, models=3)
