@@ -17,7 +17,9 @@ bucket's start time, which lands it in the finest tier whose bounds still accept
 move forward with the watermark, so a bucket placed at a lower watermark lies where rolling would
 have put its events anyway: after every ring is advanced to the same watermark, rings built from
 deltas in any order equal the single-process agent's (reservoir *samples* aside: those depend on
-arrival order, their counts do not).
+arrival order, their counts do not).  A decoded binary delta is merged without building a bucket per
+delta bucket: its cells are added from read-only views of the record's payload straight into the
+ring's buckets (:meth:`BucketStats.merge_part`), the same integers as merging a decoded bucket.
 """
 
 from __future__ import annotations
