@@ -164,3 +164,20 @@ def test_a_bucket_built_from_its_part_equals_the_decoded_bucket():
     for a, b in zip(lazy.buckets, delta.buckets):
         assert a.bucket.stats == b.bucket.stats and a.bucket.to_dict() == b.bucket.to_dict()
         assert isinstance(a.bucket, BucketStats) and a.part is not None
+
+
+def test_merges_of_streams_past_a_billion_rows_still_split_uniformly():
+    """numpy's hypergeometric draw refuses populations of 10**9 (an archive bucket of a long-running agent): the
+    split is then drawn item by item; its mean is the hypergeometric one (and the merge does not raise)."""
+    big, small = 3 * 10**9, 10**9
+    kept = []
+    for seed in range(300):
+        a, b = Reservoir(20, 1, seed=seed), Reservoir(20, 1, seed=10_000 + seed)
+        a.update(np.zeros((20, 1)))
+        b.update(np.ones((20, 1)))
+        a.seen, b.seen = big, small  # (counts as a long stream leaves them; the rows are a sample of it)
+        m = a.merged(b, np.random.default_rng(seed))
+        a.absorb(b.rows, b.seen)
+        assert m.seen == a.seen == big + small
+        kept += [(m.rows[:, 0] == 0).sum(), (a.rows[:, 0] == 0).sum()]
+    assert abs(np.mean(kept) - 20 * big / (big + small)) < 0.25  # 15 of 20 expected; sd of the mean ~0.06

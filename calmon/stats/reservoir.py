@@ -16,6 +16,26 @@ FORMAT = "calmon.reservoir"
 FORMAT_VERSION = 2
 
 
+#: numpy's hypergeometric draw takes populations below this; larger ones are split by :func:`_split`'s own draws.
+_HYPERGEOMETRIC_MAX = 10**9
+
+
+def _split(rng: np.random.Generator, a: int, b: int, take: int) -> int:
+    """How many of a uniform ``take``-subset of ``a + b`` items are among the first ``a``: hypergeometric.
+
+    numpy refuses populations of ``10**9`` or more (an archive bucket's stream of a long-running agent): those
+    are drawn item by item (``take`` draws, without replacement), exact up to the float resolution of a draw."""
+    if a < _HYPERGEOMETRIC_MAX and b < _HYPERGEOMETRIC_MAX:
+        return int(rng.hypergeometric(a, b, take))
+    k, left_a, left = 0, a, a + b
+    for u in rng.random(take).tolist():
+        if u * left < left_a:
+            k += 1
+            left_a -= 1
+        left -= 1
+    return k
+
+
 class ReservoirPart(NamedTuple):
     """A reservoir as :meth:`Reservoir.read_part` reads it from a packed payload: its sample ``rows`` (a read-only
     view, ``min(seen, capacity)`` rows) of ``seen`` rows, and the document (for :meth:`Reservoir.from_parts`)."""
@@ -216,7 +236,7 @@ class Reservoir:
         elif take == total:  # every row of both: hypergeometric() would return seen_a and draw nothing
             k_a = seen_a
         else:
-            k_a = int(rng.hypergeometric(seen_a, seen_b, take))
+            k_a = _split(rng, seen_a, seen_b, take)
         mine = self._data[: min(seen_a, self.capacity)]
         theirs = other._data[: min(seen_b, other.capacity)]
         # take(): the rows fancy indexing gives, for a fraction of its cost on arrays this small
@@ -264,7 +284,7 @@ class Reservoir:
             self.seen = total
             return
         rng = self._rng
-        k_a = int(rng.hypergeometric(self.seen, seen, take)) if self.seen else 0
+        k_a = _split(rng, self.seen, seen, take) if self.seen else 0
         k_b = take - k_a
         theirs = rows.take(rng.permutation(len(rows))[:k_b], axis=0) if k_b < len(rows) else rows
         if have == take:  # full (the common case): theirs replace k_b uniformly chosen slots
