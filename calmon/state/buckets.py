@@ -305,7 +305,7 @@ class BucketStats:
     (3, 1.0)
     """
 
-    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed")
+    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed", "_proto")
 
     def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20, seed: int = 0) -> None:
@@ -322,6 +322,8 @@ class BucketStats:
         self._hold: Hold | None = None
         #: A restored packed document (its JSON bytes) not decoded yet (see :meth:`load`), or None.
         self._packed: bytes | None = None
+        #: The pristine bucket this one is still an unmaterialised copy of (see :meth:`blank`), or None.
+        self._proto: BucketStats | None = None
 
     @property
     def stats(self) -> ModelStats:
@@ -346,9 +348,11 @@ class BucketStats:
         return self.stats.count
 
     def layout(self) -> Layout:
-        """The grids of this bucket, as :class:`EventCells` lays them out."""
-        st = self.stats
-        return st.fine.bins, st.ece.bins, st.classes, self._rel.bins
+        """The grids of this bucket, as :class:`EventCells` lays them out (a bucket not materialised yet stays so:
+        its pristine bucket's)."""
+        src = self if self._proto is None else self._proto
+        st = src.stats
+        return st.fine.bins, st.ece.bins, st.classes, src._rel.bins
 
     def update(self, score: np.ndarray | None = None, probs: np.ndarray | None = None,
                labels: np.ndarray | None = None, predictions: bool = False) -> None:
@@ -389,6 +393,8 @@ class BucketStats:
         """
         if self._packed is not None:
             self._unpack()
+        if self._proto is not None:
+            self._materialise()
         if not self._pending:
             return
         pending, self._pending, self._pending_cells = self._pending, [], 0
@@ -452,15 +458,25 @@ class BucketStats:
         return out
 
     def blank(self) -> BucketStats:
-        """A new empty bucket of this one's parameters, as the constructor makes it: a copy of an untouched
-        bucket (a ring creates a bucket for most events at thousands of models -- a copy costs half the
-        constructor's validation and allocations).  Call it on a bucket never updated (:meth:`ModelWindows.factory`
-        keeps one)."""
+        """A new empty bucket of this one's parameters, as the constructor makes it, *not materialised*: it
+        holds nothing but its folded events until its first read, which copies this untouched bucket's grids,
+        reservoir and level sets (:meth:`_materialise`).  At thousands of models a ring creates a bucket for
+        every two or three events, most never read before they roll into a coarser tier: a bucket that is
+        only its pending rows costs neither the copy (~8 us) nor a dozen objects for the garbage collector to
+        traverse.  Call it on a bucket never updated (:meth:`ModelWindows.factory` keeps one): the copy taken
+        on the first read is then the one taken here before, bit for bit (the same pristine state, the same
+        reservoir seed)."""
         out = BucketStats._shell()
-        out._stats = self._stats.copy()
-        out._rel = self._rel.copy()
-        out._pred = self._pred.copy()
+        out._proto = self if self._proto is None else self._proto
         return out
+
+    def _materialise(self) -> None:
+        """Give a bucket made by :meth:`blank` its own copy of the pristine statistics (on its first read)."""
+        proto, self._proto = self._proto, None
+        assert proto is not None
+        self._stats = proto._stats.copy()
+        self._rel = proto._rel.copy()
+        self._pred = proto._pred.copy()
 
     def copy(self) -> BucketStats:
         out = BucketStats._shell()
@@ -497,6 +513,8 @@ class BucketStats:
         pend = sum(k.nbytes + v.nbytes + (0 if r is None else r.nbytes) for _, k, v, r in self._pending)
         if self._packed is not None:  # not decoded yet: its document's bytes
             return len(self._packed) + pend
+        if self._proto is not None:  # not materialised: its folded events only
+            return pend
         return self._stats.nbytes() + self._rel.nbytes() + self._pred.nbytes() + pend
 
     def to_dict(self) -> dict[str, Any]:
@@ -529,7 +547,7 @@ class BucketStats:
         """An instance whose transient fields (folds and merges waiting, the packed form) are empty: the one
         way to make a bucket without ``__init__`` (the readers fill ``_stats``, ``_rel`` and ``_pred``)."""
         out = cls.__new__(cls)
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out._pending, out._pending_cells, out._hold, out._packed, out._proto = [], 0, None, None, None
         return out
 
     @classmethod
