@@ -45,7 +45,8 @@ import numpy as np
 from calmon.state.windows import TieredRing, bucket_cells
 from calmon.stats import sparse
 from calmon.stats.grid import ScoreGrid, cell_index, event_sums
-from calmon.stats.model import ModelStats, top_label
+from calmon.stats.model import ModelStats, _generator, _seeded_state, top_label
+from calmon.stats.reservoir import Reservoir
 from calmon.stats.packed import Packer, Unpacker
 
 FORMAT = "calmon.bucket"
@@ -435,6 +436,53 @@ class BucketStats:
         self.stats.merge(other.stats)
         self._rel.merge(other.rel)
         self._pred.merge(other.pred)
+
+    def absorb(self, child: BucketStats) -> None:
+        """:meth:`merge` of a bucket rolling into this coarser one (:meth:`TieredRing.advance
+        <calmon.state.windows.TieredRing.advance>`), with the same result, bit for bit.
+
+        A child never read since :meth:`blank` (at thousands of models, most minute buckets: two or three
+        events each) is not materialised: its folded events join this bucket's pending ones, summed with
+        them on the next read (one flush for many children, grid sums being exact integers in any order),
+        and only its reservoir is merged now, from its rows -- the sample it would hold (a fresh
+        reservoir below its capacity keeps every row it is offered, in order, drawing nothing), merged with
+        the seed :meth:`merge` uses (the count after the merge).  Any other child (read, restored, with level
+        sets, or holding more rows than its reservoir keeps) is merged by :meth:`merge`.
+        """
+        proto = child._proto
+        if proto is None or child._packed is not None or proto._stats.levelset is not None:
+            self.merge(child)
+            return
+        pending = child._pending
+        rows = [p[3] for p in pending if p[3] is not None]
+        res = proto._stats.reservoir
+        seen = sum(r.shape[0] for r in rows)
+        if res is not None and seen > res.capacity:
+            self.merge(child)
+            return
+        self._thaw()
+        if self._proto is not None:  # materialised now: its reservoir is merged into below
+            self._materialise()
+        if any(p[3] is not None and p[3].size for p in self._pending):  # its own rows sampled before the merge
+            self._flush()
+        st = self._stats
+        if st.reservoir is not None and res is not None:
+            # the count after the merge: what merge() seeds the reservoirs' merge with (ModelStats.merge)
+            count = st.fine.count + sum(p[1].shape[1] for p in self._pending if p[3] is not None) + seen
+            sample = Reservoir.__new__(Reservoir)
+            sample.capacity, sample.width, sample.seen = res.capacity, res.width, seen
+            sample._seed, sample._owed, sample._gen, sample._state = 0, 0, None, None
+            sample._data = np.concatenate(rows) if rows else np.zeros((0, res.width))
+            gen = _generator()
+            gen.bit_generator.state = _seeded_state(count)  # gen is now default_rng(count)
+            st.reservoir = st.reservoir.merged(sample, gen)
+        width = 2 if st.classes == 2 else st.classes + 1
+        empty = np.zeros((0, width))  # labeled, sampled already: counted on the grids only
+        for pred, keys, sums, r in pending:
+            self._pending.append((pred, keys, sums, None if r is None else empty))
+            self._pending_cells += keys.size
+        if self._pending_cells >= PENDING_CELLS:
+            self._flush()
 
     def summed(self, others: Sequence[BucketStats]) -> BucketStats:
         """A new bucket equal to ``self.copy()`` into which ``others`` are merged in turn (:meth:`merge`),

@@ -166,14 +166,14 @@ class TieredRing(Generic[S]):
                 if self.archive is None:
                     self.archive = state
                 else:
-                    self.archive.merge(state)
+                    _roll(self.archive, state)
                 self.archive_version = self.version
             return
         have = self.buckets[tier].get(key)
         if have is None:
             self.buckets[tier][key] = state
         else:
-            have.merge(state)
+            _roll(have, state)
         self.bucket_versions[tier][key] = self.version
 
     def advance(self, watermark: float) -> None:
@@ -351,6 +351,17 @@ class TieredRing(Generic[S]):
         ring.bucket_versions = [dict.fromkeys(tier, ring.version) for tier in ring.buckets]
         ring.archive_version = ring.version if ring.archive is not None else 0
         return ring
+
+
+def _roll(into: Any, state: Any) -> None:
+    """Merge a bucket leaving its tier into ``into``: its ``absorb`` where it has one (the same result as
+    ``merge``, cheaper for a bucket never read, :meth:`BucketStats.absorb
+    <calmon.state.buckets.BucketStats.absorb>`), else ``merge``."""
+    absorb = getattr(into, "absorb", None)
+    if absorb is not None:
+        absorb(state)
+    else:
+        into.merge(state)
 
 
 def bucket_cells(tiers: list[tuple[float, int]], ts: np.ndarray, bounds: list[float]
