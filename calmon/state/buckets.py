@@ -46,8 +46,8 @@ from calmon.state.windows import TieredRing, bucket_cells
 from calmon.stats import sparse
 from calmon.stats.grid import ScoreGrid, cell_index, event_sums
 from calmon.stats.model import ModelStats, _generator, _seeded_state, top_label
-from calmon.stats.reservoir import Reservoir
 from calmon.stats.packed import Packer, Unpacker
+from calmon.stats.reservoir import Reservoir
 
 FORMAT = "calmon.bucket"
 #: Version of the packed bucket document (:meth:`BucketStats.to_packed`); unversioned documents are version 1.
