@@ -15,7 +15,8 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from calmon.state.buckets import BucketStats, ModelWindows, fold
+from calmon.state.buckets import PACKED_PREFIX, BucketStats, ModelWindows, fold
+from calmon.state.checkpoint.store import encode
 
 TIERS = [(60.0, 3), (600.0, 2), (3600.0, 2)]
 
@@ -43,9 +44,21 @@ def _models(classes: int, reservoir: int, levelset: int | None) -> list[ModelWin
                          reservoir=reservoir, levelset_lambda=levelset) for i in range(4)]
 
 
+def _restore(models: list[ModelWindows]) -> None:
+    """Every bucket replaced by its packed checkpoint form, as a restore keeps it (decoded on first use)."""
+    for mw in models:
+        for ring in mw.rings.values():
+            for tier in ring.buckets:
+                for key, b in tier.items():
+                    raw = encode(b.to_packed())
+                    assert raw.startswith(PACKED_PREFIX)
+                    tier[key] = BucketStats.load(raw)
+
+
 def _traffic(seed: int, classes: int, read: bool, models: list[ModelWindows]) -> None:
     """Batches of predictions and labeled events over 4 h, a few per (model, minute), some late; with ``read``,
-    some buckets are read between batches (materialising them before they roll)."""
+    some buckets are read between batches (materialising them before they roll); half way, every bucket is
+    restored from its packed form (kept packed until read)."""
     rng = np.random.default_rng(seed)
     t0, wm = 1_767_225_600.0, 0.0
     for step in range(60):
@@ -61,6 +74,8 @@ def _traffic(seed: int, classes: int, read: bool, models: list[ModelWindows]) ->
         if step % 3:
             fold(parts, ts, seg, None, wm, score=score, probs=probs)
         fold(parts, ts, seg, labels, wm, score=score, probs=probs, predictions=bool(step % 2))
+        if step == 30:
+            _restore(models)
         if read and step % 7 == 3:
             for mw in models:
                 for ring in mw.rings.values():

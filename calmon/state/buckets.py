@@ -463,10 +463,12 @@ class BucketStats:
         A child never read since :meth:`blank` (at thousands of models, most minute buckets: two or three
         events each) is not materialised: its folded events join this bucket's pending ones, summed with
         them on the next read (one flush for many children, grid sums being exact integers in any order),
-        and only its reservoir is merged now, from its rows -- the sample it would hold (a fresh
-        reservoir below its capacity keeps every row it is offered, in order, drawing nothing), merged with
-        the seed :meth:`merge` uses (the count after the merge).  Any other child (read, restored, with level
-        sets, or holding more rows than its reservoir keeps) is merged by :meth:`merge`.
+        and only its reservoir is merged now, from its rows -- the sample it would hold (a fresh reservoir
+        below its capacity keeps every row it is offered, in order, drawing nothing) -- with the seed
+        :meth:`merge` uses (the count after the merge), after this bucket's own pending rows are sampled (as
+        a flush would: a sample does not depend on how its rows are split into updates).  Any other child
+        (read, restored, with level sets, or holding more rows than its reservoir keeps) is merged by
+        :meth:`merge`.
         """
         proto = child._proto
         if proto is None or child._packed is not None or proto._stats.levelset is not None:
@@ -480,11 +482,18 @@ class BucketStats:
             self.merge(child)
             return
         self._thaw()
+        if self._packed is not None:  # a restored bucket: decoded now (its pending folds stay pending)
+            self._unpack()
         if self._proto is not None:  # materialised now: its reservoir is merged into below
             self._materialise()
-        if any(p[3] is not None and p[3].size for p in self._pending):  # its own rows sampled before the merge
-            self._flush()
         st = self._stats
+        width = 2 if st.classes == 2 else st.classes + 1
+        empty = np.zeros((0, width))  # labeled, sampled already: counted on the grids only
+        own = [p[3] for p in self._pending if p[3] is not None and p[3].size]
+        if own and st.reservoir is not None:
+            # sampled now, in order; their cells stay pending, summed with the children's on the next read
+            st.reservoir.update(np.concatenate(own))
+            self._pending = [(pr, k, v, None if r is None else empty) for pr, k, v, r in self._pending]
         if st.reservoir is not None and res is not None:
             # the count after the merge: what merge() seeds the reservoirs' merge with (ModelStats.merge)
             count = st.fine.count + sum(p[1].shape[1] for p in self._pending if p[3] is not None) + seen
@@ -495,8 +504,6 @@ class BucketStats:
             gen = _generator()
             gen.bit_generator.state = _seeded_state(count)  # gen is now default_rng(count)
             st.reservoir = st.reservoir.merged(sample, gen)
-        width = 2 if st.classes == 2 else st.classes + 1
-        empty = np.zeros((0, width))  # labeled, sampled already: counted on the grids only
         for pred, keys, sums, r in pending:
             self._pending.append((pred, keys, sums, None if r is None else empty))
             self._pending_cells += keys.size
@@ -902,7 +909,8 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
         return
     rid = np.repeat(np.arange(len(rings)), np.diff([*heads, ss.size]))  # dense ring index, in sorted order
     ev = ev[by_slot]
-    tier, key, code = bucket_cells(tiers, ts[ev], first.bounds(watermark))
+    bounds = first.bounds(watermark)  # the same for every ring here: same tiers, none ahead of ``watermark``
+    tier, key, code = bucket_cells(tiers, ts[ev], bounds)
     order = _by_ring_then_code(rid, code, [*heads, ss.size])  # each (ring, bucket) keeps its events in batch order
     sr, sc = rid[order], code[order]
     cut = (np.flatnonzero((sr[1:] != sr[:-1]) | (sc[1:] != sc[:-1])) + 1).tolist()
@@ -914,7 +922,7 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
         groups[r].append((t, k, slice(a, b)))  # a bucket's events: a contiguous range of the sorted batch
     update = sorted_cells.fold_range
     for ring, g in zip(rings, groups):
-        ring.add(None, update, watermark, groups=g)  # rolls the ring to ``watermark`` first
+        ring.add(None, update, watermark, groups=g, bounds=bounds)  # rolls the ring to ``watermark`` first
 
 
 #: Rings up to which the events are sorted by bucket ring by ring rather than by one lexsort of the batch.
