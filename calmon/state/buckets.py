@@ -26,7 +26,10 @@ are occupied, then 48 bytes per cell; the small grids are dense (about 1.7 kB); 
 allocated as they fill (16 bytes per row, binary).  So a bucket of ``m`` labeled events costs about
 ``1.7 kB + 56 (c_fine + c_pred) + 16 min(m, r)`` bytes with ``c <= m`` occupied cells, and at most
 ``6 * 8 * (bins + 15 + 20 + 256) + 16 r`` (67 kB at ``bins = 1024``, ``r = 256``) once its grids are
-full.  Folded events wait as rows (at most :data:`PENDING_CELLS` cells) until the bucket is next read.
+full.  Folded events wait as rows (at most :data:`PENDING_CELLS` cells) until the bucket is next read.  A new
+bucket holds nothing else until its first read (:meth:`BucketStats.blank`: at thousands of models most minute
+buckets get two or three events and are never read before they roll into a coarser tier, where
+:meth:`BucketStats.absorb` hands their rows to the coarser bucket instead of materialising them).
 
 Merges are applied at once (:meth:`BucketStats.merge`). Deferring them until the next read (one pass per grid)
 saved CPU at thousands of models, but the partitioned agent's evaluators then differed from the single process
@@ -739,7 +742,7 @@ class ModelWindows:
             seg: TieredRing(self.tiers, self.factory) for seg in ["all", *self.segments]}
 
     def factory(self) -> BucketStats:
-        """A new empty bucket: a copy of this model's pristine one (:meth:`BucketStats.blank`)."""
+        """A new empty bucket: this model's pristine one, copied on its first read (:meth:`BucketStats.blank`)."""
         if self._blank is None:  # never handed out, so never updated
             self._blank = BucketStats(**self.params)
         return self._blank.blank()
