@@ -26,7 +26,10 @@ are occupied, then 48 bytes per cell; the small grids are dense (about 1.7 kB); 
 allocated as they fill (16 bytes per row, binary).  So a bucket of ``m`` labeled events costs about
 ``1.7 kB + 56 (c_fine + c_pred) + 16 min(m, r)`` bytes with ``c <= m`` occupied cells, and at most
 ``6 * 8 * (bins + 15 + 20 + 256) + 16 r`` (67 kB at ``bins = 1024``, ``r = 256``) once its grids are
-full.  Folded events wait as rows (at most :data:`PENDING_CELLS` cells) until the bucket is next read.
+full.  Folded events wait as rows (at most :data:`PENDING_CELLS` cells) until the bucket is next read.  A new
+bucket holds nothing else until its first read (:meth:`BucketStats.blank`: at thousands of models most minute
+buckets get two or three events and are never read before they roll into a coarser tier, where
+:meth:`BucketStats.absorb` hands their rows to the coarser bucket instead of materialising them).
 
 Merges are applied at once (:meth:`BucketStats.merge`). Deferring them until the next read (one pass per grid)
 saved CPU at thousands of models, but the partitioned agent's evaluators then differed from the single process
@@ -45,8 +48,9 @@ import numpy as np
 from calmon.state.windows import TieredRing, bucket_cells
 from calmon.stats import sparse
 from calmon.stats.grid import GridPart, ScoreGrid, cell_index, event_sums
-from calmon.stats.model import ModelPart, ModelStats, top_label
+from calmon.stats.model import ModelPart, ModelStats, _generator, _seeded_state, top_label
 from calmon.stats.packed import Packer, Unpacker
+from calmon.stats.reservoir import Reservoir
 
 FORMAT = "calmon.bucket"
 #: Version of the packed bucket document (:meth:`BucketStats.to_packed`); unversioned documents are version 1.
@@ -221,6 +225,25 @@ class EventCells:
         """``bucket.fold(self, idx)``: the update a :class:`~calmon.state.windows.TieredRing` calls per bucket."""
         bucket.fold(self, idx)
 
+    def fold_range(self, bucket: BucketStats, idx: slice) -> None:
+        """:meth:`fold_into` of a range ``slice(a, b)`` of a batch sorted by bucket (:func:`fold`'s case: a
+        bucket for every two or three events at thousands of models), without :meth:`_take`'s generality:
+        the same pending rows, copied (the batch is not kept), or aggregated at once past
+        :data:`PENDING_CELLS`."""
+        a, b = idx.start, idx.stop
+        if b <= a:
+            return
+        if bucket._hold is not None:
+            bucket._thaw()
+        keys, rows = self.keys[:, a:b], self.rows
+        bucket._pending_cells += keys.size
+        if bucket._pending_cells >= PENDING_CELLS:  # aggregated now: views of the batch are not kept
+            bucket._pending.append((self.pred, keys, self.sums[..., a:b], None if rows is None else rows[a:b]))
+            bucket._flush()
+            return
+        bucket._pending.append((self.pred, keys.copy(), self.sums[..., a:b].copy(),
+                                None if rows is None else rows[a:b].copy()))
+
 
 def _keys(grids: list[tuple[np.ndarray, int, int]], n: int) -> np.ndarray:
     """Combined cells ``(len(grids), n)``: row ``i`` the cells of the values ``z`` on a grid of ``bins`` cells
@@ -322,7 +345,7 @@ class BucketStats:
     (3, 1.0)
     """
 
-    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed")
+    __slots__ = ("_stats", "_rel", "_pred", "_pending", "_pending_cells", "_hold", "_packed", "_proto")
 
     def __init__(self, classes: int = 2, bins: int = 1024, reservoir: int = 256, levelset_lambda: int | None = None,
                  reliability_bins: int = 20, seed: int = 0) -> None:
@@ -339,6 +362,8 @@ class BucketStats:
         self._hold: Hold | None = None
         #: A restored packed document (its JSON bytes) not decoded yet (see :meth:`load`), or None.
         self._packed: bytes | None = None
+        #: The pristine bucket this one is still an unmaterialised copy of (see :meth:`blank`), or None.
+        self._proto: BucketStats | None = None
 
     @property
     def stats(self) -> ModelStats:
@@ -363,9 +388,11 @@ class BucketStats:
         return self.stats.count
 
     def layout(self) -> Layout:
-        """The grids of this bucket, as :class:`EventCells` lays them out."""
-        st = self.stats
-        return st.fine.bins, st.ece.bins, st.classes, self._rel.bins
+        """The grids of this bucket, as :class:`EventCells` lays them out (a bucket not materialised yet stays so:
+        its pristine bucket's)."""
+        src = self if self._proto is None else self._proto
+        st = src.stats
+        return st.fine.bins, st.ece.bins, st.classes, src._rel.bins
 
     def update(self, score: np.ndarray | None = None, probs: np.ndarray | None = None,
                labels: np.ndarray | None = None, predictions: bool = False) -> None:
@@ -406,6 +433,8 @@ class BucketStats:
         """
         if self._packed is not None:
             self._unpack()
+        if self._proto is not None:
+            self._materialise()
         if not self._pending:
             return
         pending, self._pending, self._pending_cells = self._pending, [], 0
@@ -481,6 +510,60 @@ class BucketStats:
         self._rel.merge_part(part.rel)
         self._pred.merge_part(part.pred)
 
+    def absorb(self, child: BucketStats) -> None:
+        """:meth:`merge` of a bucket rolling into this coarser one (:meth:`TieredRing.advance
+        <calmon.state.windows.TieredRing.advance>`), with the same result, bit for bit.
+
+        A child never read since :meth:`blank` (at thousands of models, most minute buckets: two or three
+        events each) is not materialised: its folded events join this bucket's pending ones, summed with
+        them on the next read (one flush for many children, grid sums being exact integers in any order),
+        and only its reservoir is merged now, from its rows -- the sample it would hold (a fresh reservoir
+        below its capacity keeps every row it is offered, in order, drawing nothing) -- with the seed
+        :meth:`merge` uses (the count after the merge), after this bucket's own pending rows are sampled (as
+        a flush would: a sample does not depend on how its rows are split into updates).  Any other child
+        (read, restored, with level sets, or holding more rows than its reservoir keeps) is merged by
+        :meth:`merge`.
+        """
+        proto = child._proto
+        if proto is None or child._packed is not None or proto._stats.levelset is not None:
+            self.merge(child)
+            return
+        pending = child._pending
+        rows = [p[3] for p in pending if p[3] is not None]
+        res = proto._stats.reservoir
+        seen = sum(r.shape[0] for r in rows)
+        if res is not None and seen > res.capacity:
+            self.merge(child)
+            return
+        self._thaw()
+        if self._packed is not None:  # a restored bucket: decoded now (its pending folds stay pending)
+            self._unpack()
+        if self._proto is not None:  # materialised now: its reservoir is merged into below
+            self._materialise()
+        st = self._stats
+        width = 2 if st.classes == 2 else st.classes + 1
+        empty = np.zeros((0, width))  # labeled, sampled already: counted on the grids only
+        own = [p[3] for p in self._pending if p[3] is not None and p[3].size]
+        if own and st.reservoir is not None:
+            # sampled now, in order; their cells stay pending, summed with the children's on the next read
+            st.reservoir.update(np.concatenate(own))
+            self._pending = [(pr, k, v, None if r is None else empty) for pr, k, v, r in self._pending]
+        if st.reservoir is not None and res is not None:
+            # the count after the merge: what merge() seeds the reservoirs' merge with (ModelStats.merge)
+            count = st.fine.count + sum(p[1].shape[1] for p in self._pending if p[3] is not None) + seen
+            sample = Reservoir.__new__(Reservoir)
+            sample.capacity, sample.width, sample.seen = res.capacity, res.width, seen
+            sample._seed, sample._owed, sample._gen, sample._state = 0, 0, None, None
+            sample._data = np.concatenate(rows) if rows else np.zeros((0, res.width))
+            gen = _generator()
+            gen.bit_generator.state = _seeded_state(count)  # gen is now default_rng(count)
+            st.reservoir = st.reservoir.merged(sample, gen)
+        for pred, keys, sums, r in pending:
+            self._pending.append((pred, keys, sums, None if r is None else empty))
+            self._pending_cells += keys.size
+        if self._pending_cells >= PENDING_CELLS:
+            self._flush()
+
     def summed(self, others: Sequence[BucketStats]) -> BucketStats:
         """A new bucket equal to ``self.copy()`` into which ``others`` are merged in turn (:meth:`merge`),
         bit for bit, in one pass per grid (:meth:`ModelStats.summed`); nothing is changed (pending
@@ -503,15 +586,25 @@ class BucketStats:
         return out
 
     def blank(self) -> BucketStats:
-        """A new empty bucket of this one's parameters, as the constructor makes it: a copy of an untouched
-        bucket (a ring creates a bucket for most events at thousands of models -- a copy costs half the
-        constructor's validation and allocations).  Call it on a bucket never updated (:meth:`ModelWindows.factory`
-        keeps one)."""
+        """A new empty bucket of this one's parameters, as the constructor makes it, *not materialised*: it
+        holds nothing but its folded events until its first read, which copies this untouched bucket's grids,
+        reservoir and level sets (:meth:`_materialise`).  At thousands of models a ring creates a bucket for
+        every two or three events, most never read before they roll into a coarser tier: a bucket that is
+        only its pending rows costs neither the copy (~8 us) nor a dozen objects for the garbage collector to
+        traverse.  Call it on a bucket never updated (:meth:`ModelWindows.factory` keeps one): the copy taken
+        on the first read is then the one taken here before, bit for bit (the same pristine state, the same
+        reservoir seed)."""
         out = BucketStats._shell()
-        out._stats = self._stats.copy()
-        out._rel = self._rel.copy()
-        out._pred = self._pred.copy()
+        out._proto = self if self._proto is None else self._proto
         return out
+
+    def _materialise(self) -> None:
+        """Give a bucket made by :meth:`blank` its own copy of the pristine statistics (on its first read)."""
+        proto, self._proto = self._proto, None
+        assert proto is not None
+        self._stats = proto._stats.copy()
+        self._rel = proto._rel.copy()
+        self._pred = proto._pred.copy()
 
     def copy(self) -> BucketStats:
         out = BucketStats._shell()
@@ -548,6 +641,8 @@ class BucketStats:
         pend = sum(k.nbytes + v.nbytes + (0 if r is None else r.nbytes) for _, k, v, r in self._pending)
         if self._packed is not None:  # not decoded yet: its document's bytes
             return len(self._packed) + pend
+        if self._proto is not None:  # not materialised: its folded events only
+            return pend
         return self._stats.nbytes() + self._rel.nbytes() + self._pred.nbytes() + pend
 
     def to_dict(self) -> dict[str, Any]:
@@ -580,7 +675,7 @@ class BucketStats:
         """An instance whose transient fields (folds and merges waiting, the packed form) are empty: the one
         way to make a bucket without ``__init__`` (the readers fill ``_stats``, ``_rel`` and ``_pred``)."""
         out = cls.__new__(cls)
-        out._pending, out._pending_cells, out._hold, out._packed = [], 0, None, None
+        out._pending, out._pending_cells, out._hold, out._packed, out._proto = [], 0, None, None, None
         return out
 
     @classmethod
@@ -698,7 +793,7 @@ class ModelWindows:
             seg: TieredRing(self.tiers, self.factory) for seg in ["all", *self.segments]}
 
     def factory(self) -> BucketStats:
-        """A new empty bucket: a copy of this model's pristine one (:meth:`BucketStats.blank`)."""
+        """A new empty bucket: this model's pristine one, copied on its first read (:meth:`BucketStats.blank`)."""
         if self._blank is None:  # never handed out, so never updated
             self._blank = BucketStats(**self.params)
         return self._blank.blank()
@@ -868,7 +963,8 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
         return
     rid = np.repeat(np.arange(len(rings)), np.diff([*heads, ss.size]))  # dense ring index, in sorted order
     ev = ev[by_slot]
-    tier, key, code = bucket_cells(tiers, ts[ev], first.bounds(watermark))
+    bounds = first.bounds(watermark)  # the same for every ring here: same tiers, none ahead of ``watermark``
+    tier, key, code = bucket_cells(tiers, ts[ev], bounds)
     order = _by_ring_then_code(rid, code, [*heads, ss.size])  # each (ring, bucket) keeps its events in batch order
     sr, sc = rid[order], code[order]
     cut = (np.flatnonzero((sr[1:] != sr[:-1]) | (sc[1:] != sc[:-1])) + 1).tolist()
@@ -878,9 +974,9 @@ def _place(group: Sequence[tuple[ModelWindows, np.ndarray]], segment: np.ndarray
     groups: list[list[tuple[int, float, slice]]] = [[] for _ in rings]
     for r, t, k, a, b in zip(sr[starts].tolist(), tier[heads_at].tolist(), key[heads_at].tolist(), starts, ends):
         groups[r].append((t, k, slice(a, b)))  # a bucket's events: a contiguous range of the sorted batch
-    update = sorted_cells.fold_into
+    update = sorted_cells.fold_range
     for ring, g in zip(rings, groups):
-        ring.add(None, update, watermark, groups=g)  # rolls the ring to ``watermark`` first
+        ring.add(None, update, watermark, groups=g, bounds=bounds)  # rolls the ring to ``watermark`` first
 
 
 #: Rings up to which the events are sorted by bucket ring by ring rather than by one lexsort of the batch.

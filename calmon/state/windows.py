@@ -166,18 +166,19 @@ class TieredRing(Generic[S]):
                 if self.archive is None:
                     self.archive = state
                 else:
-                    self.archive.merge(state)
+                    _roll(self.archive, state)
                 self.archive_version = self.version
             return
         have = self.buckets[tier].get(key)
         if have is None:
             self.buckets[tier][key] = state
         else:
-            have.merge(state)
+            _roll(have, state)
         self.bucket_versions[tier][key] = self.version
 
-    def advance(self, watermark: float) -> None:
-        """Move the watermark forward (never back) and roll buckets into coarser tiers."""
+    def advance(self, watermark: float, bounds: list[float] | None = None) -> None:
+        """Move the watermark forward (never back) and roll buckets into coarser tiers (``bounds``: this ring's
+        :meth:`bounds` at ``watermark``, when the caller has them -- the rings of a batch share them)."""
         if not watermark > self.watermark:
             return
         same = self.watermark > -math.inf and (
@@ -186,7 +187,8 @@ class TieredRing(Generic[S]):
         self.version += 1
         if same:  # still in the same finest bucket: the bounds did not move, nothing leaves its tier
             return
-        bounds = self.bounds()
+        if bounds is None:
+            bounds = self.bounds()
         for tier in range(len(self.tiers)):
             held = self.buckets[tier]
             if not held or min(held) >= bounds[tier]:  # the common case, at C speed (once per ring and batch)
@@ -200,7 +202,7 @@ class TieredRing(Generic[S]):
 
     # -- updates ----------------------------------------------------------------------------
     def add(self, ts: np.ndarray | None, update: Callable[[S, Any], None], watermark: float | None = None,
-            groups: Sequence[tuple[int, float, Any]] | None = None) -> None:
+            groups: Sequence[tuple[int, float, Any]] | None = None, bounds: list[float] | None = None) -> None:
         """Add events at times ``ts``: ``update(state, indices)`` is called once per bucket touched.
 
         Parameters
@@ -217,6 +219,8 @@ class TieredRing(Generic[S]):
             :meth:`bounds` at ``watermark`` (which must then be given and not be behind any event): a caller
             that places the events of many rings at once (one vectorised pass for a whole batch) passes them.
             The indices are passed to ``update`` as they are (e.g. a ``slice`` of a batch sorted by bucket).
+        bounds
+            With ``groups``: the :meth:`bounds` at ``watermark`` they were placed under (computed here if not given).
         """
         if groups is None:
             ts = np.asarray(ts, dtype=np.float64)
@@ -227,7 +231,7 @@ class TieredRing(Generic[S]):
         else:
             if watermark is None:
                 raise ValueError("add(groups=...) needs the watermark the groups were placed at")
-            self.advance(watermark)
+            self.advance(watermark, bounds)
         if not self.keep_archive and all(t >= len(self.tiers) for t, _, _ in groups):
             return  # nothing lands
         self.version += 1
@@ -351,6 +355,17 @@ class TieredRing(Generic[S]):
         ring.bucket_versions = [dict.fromkeys(tier, ring.version) for tier in ring.buckets]
         ring.archive_version = ring.version if ring.archive is not None else 0
         return ring
+
+
+def _roll(into: Any, state: Any) -> None:
+    """Merge a bucket leaving its tier into ``into``: its ``absorb`` where it has one (the same result as
+    ``merge``, cheaper for a bucket never read, :meth:`BucketStats.absorb
+    <calmon.state.buckets.BucketStats.absorb>`), else ``merge``."""
+    absorb = getattr(into, "absorb", None)
+    if absorb is not None:
+        absorb(state)
+    else:
+        into.merge(state)
 
 
 def bucket_cells(tiers: list[tuple[float, int]], ts: np.ndarray, bounds: list[float]
