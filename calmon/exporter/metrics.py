@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 from prometheus_client.utils import floatToGoString
 
+from calmon.exporter.live import render_live
 from calmon.exporter.rounds import TIERS, WINDOW_GAUGES, RoundPart, RoundRenderer, SeriesBudget, as_number
 from calmon.exporter.views import LiveView, RoundView
 from calmon.formats.collection import collection_paused
@@ -213,11 +214,13 @@ class AgentMetrics:
 
     def __init__(self, state_fn: Callable[[], LiveView], budget: SeriesBudget | None = None,
                  clock: Callable[[], float] = time.time) -> None:
+        #: the evaluation-latency histogram's registry (the live part is written by :func:`render_live`)
         self.registry = CollectorRegistry(auto_describe=False)
         self.evaluation_duration = Histogram("calmon_evaluation_duration_seconds", "Duration of one evaluation round",
                                              buckets=EVALUATION_BUCKETS, registry=self.registry)
+        #: the live part's families as a ``prometheus_client`` collector (for a registry of one's own) and the
+        #: series budget's counters; a scrape writes the same text by :func:`render_live`
         self.collector = AgentCollector(state_fn)
-        self.registry.register(self.collector)
         self.budget = budget or SeriesBudget()
         self.clock = clock
         self._round: RoundPart | None = None
@@ -255,4 +258,8 @@ class AgentMetrics:
             part = RoundPart.build(RoundView(), self.budget)
         if collect is not None:
             return part.render(collect, self.clock())
-        return generate_latest(self.registry) + part.render(None, self.clock())
+        # paused: a collection falling due among the scrape's allocations would traverse the agent's whole state
+        # (seconds at a thousand models) on the request path; it runs after the scrape, as the round's does
+        with collection_paused():
+            live = render_live(self.collector.state_fn(), self.collector.dropped).encode()
+            return generate_latest(self.registry) + live + part.render(None, self.clock())
