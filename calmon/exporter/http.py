@@ -8,7 +8,10 @@ within ``header_timeout``, a keep-alive connection is closed after ``idle_timeou
 request, and at most ``max_connections`` are open (a new one evicts the longest-idle one), so
 idle or slow clients never hold threads for long and ``/metrics`` stays reachable.
 Basic authentication (RFC 7617) protects every path except ``/healthz`` and ``/readyz``,
-which carry no data and must stay reachable by orchestrator probes.
+which carry no data and must stay reachable by orchestrator probes.  A response's head and body
+leave in one write, on plain HTTP a blocking one (:func:`send_all`): a multi-MB ``/metrics`` then
+takes the GIL back once, not once per chunk the socket buffer takes, while the agent's other
+threads run Python.
 """
 
 from __future__ import annotations

@@ -9,7 +9,9 @@ counter where the checkpoint left it instead of resetting it.  ``/metrics`` has 
   budget) and served as cached bytes: a scrape neither takes the state lock for it nor re-renders it;
 * the **live part** (event, join and source counters, lags, checkpoint, change detectors, the
   evaluation-latency histogram, test ages) is read at scrape time through ``state_fn``, a
-  :class:`~calmon.exporter.views.LiveView` copied under the state lock in O(models + sources).
+  :class:`~calmon.exporter.views.LiveView` copied under the state lock in O(models + sources), and written
+  straight to text by :func:`calmon.exporter.live.render_live` (the text :class:`AgentCollector` gives
+  ``generate_latest``, at a seventh of the cost), with the cyclic collector paused.
 
 Both parts are read from the typed views of :mod:`calmon.exporter.views`, by attribute.  A plain
 ``/metrics`` serves the live part and the round part's default tiers (headline gauges, tester p-values and
