@@ -137,14 +137,17 @@ def test_a_client_that_stops_reading_is_cut_by_the_send_timeout():
     """The blocking write keeps the old bound: a client that reads nothing for ``timeout`` gets the write cut
     (``TimeoutError``), and the socket has its Python timeout back."""
     listener = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(listener.getsockname())
+    client = socket.socket()
+    client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 16)  # small buffers: 16 MB cannot fit them
+    client.connect(listener.getsockname())
     server, _ = listener.accept()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 16)
     server.settimeout(30.0)
     outcome: list[BaseException | None] = []
 
     def write():
         try:
-            send_all(server, b"x" * (256 << 20), 0.3)  # far more than the socket buffers hold
+            send_all(server, b"x" * (16 << 20), 0.3)
             outcome.append(None)
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             outcome.append(exc)
