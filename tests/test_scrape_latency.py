@@ -163,3 +163,4 @@ def test_a_client_that_stops_reading_is_cut_by_the_send_timeout():
     finally:
         for s in (client, server, listener):
             s.close()
+

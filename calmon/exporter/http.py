@@ -64,8 +64,9 @@ def send_all(sock: socket.socket, data: bytes, timeout: float | None) -> None:
     """Write ``data`` to ``sock`` whole, with one release of the GIL on a plain socket; ``timeout`` bounds each stall.
 
     A socket with a Python timeout is non-blocking underneath: ``sendall`` writes what the socket buffer takes,
-    polls, and takes the GIL back after every partial write -- a few dozen times for a 3 MB ``/metrics`` -- and
-    while the agent's other threads run Python, each take waits up to the switch interval (5 ms).  So a large
+    polls, and takes the GIL back after every partial write -- once per buffer's worth of a 3 MB ``/metrics``
+    while the client reads slower than the agent writes -- and while the agent's other threads run Python, each
+    take waits up to the switch interval (5 ms).  So a large
     response is written on the blocking socket, the kernel's send timeout (``SO_SNDTIMEO``) bounding a client
     that stops reading as the Python timeout did (a stall longer than ``timeout`` raises ``TimeoutError``); the
     thread then holds no GIL until the last byte is in the kernel.  TLS sockets keep the Python timeout (a blocking
@@ -164,9 +165,10 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: Connecti
             self.send_header("Cache-Control", "no-store")
             for k, v in (extra or {}).items():
                 self.send_header(k, v)
-            # the head and the body in one write (end_headers would flush the head as a write of its own)
-            self._headers_buffer.append(b"\r\n")
-            head = b"".join(self._headers_buffer)
+            # the head and the body in one write (end_headers would flush the head as a write of its own); an
+            # HTTP/0.9 request has no head (send_header buffered nothing)
+            lines = getattr(self, "_headers_buffer", [])
+            head = b"".join(lines) + b"\r\n" if self.request_version != "HTTP/0.9" else b""
             self._headers_buffer = []
             send_all(self.connection, head if self.command == "HEAD" else head + body, self.timeout)
 
