@@ -279,6 +279,10 @@ def _rounds(agent: Any, lock: TimedLock, k: int, traffic: Traffic) -> dict[str, 
     before = agent.sched_info.get("overruns", 0)
     windows = 0
     last: dict[tuple[str, str, str], Any] = {}
+    # per (window, tester): rounds in a row without a fresh result so far, and the longest such run -- strictly,
+    # and counting as served a window that kept its result because its statistics did not change
+    waiting: dict[tuple[tuple[str, str, str], str, bool], int] = {}
+    longest: dict[bool, dict[str, int]] = {strict: dict.fromkeys(TESTERS, 0) for strict in (True, False)}
     for minute in range(k):
         _ingest_all(agent, _more(traffic.models, max(1000, traffic.events // 100), traffic.seed + 1 + minute,
                                  minute), lock)
@@ -297,12 +301,23 @@ def _rounds(agent: Any, lock: TimedLock, k: int, traffic: Traffic) -> dict[str, 
         for name in TESTERS:
             counts[name].append(sum(1 for e in evs if _fresh((e.get("tests") or {}).get(name), since)))
         now = {(e["model"], e["segment"], e["window"]): e for e in evs}
+        for key, e in now.items():
+            kept = _same_window(last.get(key), e)
+            for name in TESTERS:
+                result = (e.get("tests") or {}).get(name)
+                fresh = _fresh(result, since)
+                served = fresh or (kept and _fresh(result, 0.0))
+                for strict, ok in ((True, fresh), (False, served)):
+                    w = 0 if ok else waiting.get((key, name, strict), 0) + 1
+                    waiting[key, name, strict] = w
+                    longest[strict][name] = max(longest[strict][name], w)
         unchanged.append(sum(1 for k, e in now.items() if not _fresh((e.get("tests") or {}).get("tcal"), since)
                              and _same_window(last.get(k), e)))
         last = now
     return {"round_s": times, "round_cpu": cpu, "deferred": deferred, "round_lock": lock.longest.get("round", 0.0),
             "round_lock_cpu": lock.longest_cpu.get("round", 0.0), "windows": windows,
-            "results": counts, "unchanged": unchanged, "overruns": agent.sched_info.get("overruns", 0) - before}
+            "results": counts, "unchanged": unchanged, "overruns": agent.sched_info.get("overruns", 0) - before,
+            "longest_wait": longest[True], "longest_wait_kept": longest[False]}
 
 
 def _same_window(before: Any, now: Mapping[str, Any]) -> bool:

@@ -292,6 +292,8 @@ def child(models: int, events: int, rate: float, seconds: float, within: float, 
     out.update(models=models, rings=models * (1 + len(SEGMENTS)), rate=spent[1] / max(spent[0], 1e-9),
                records=spent[1], overruns_last_min=max(last) - min(last), scrape_s=max(took[-3:]) if took else 0.0,
                scrape_med_s=statistics.median(took) if took else 0.0,
+               scrape_min_s=min(took) if took else 0.0, scrape_max_s=max(took) if took else 0.0,
+               scrape_all_s=[round(t, 3) for t in took],
                metrics_bytes=obs.scrapes[-1][1] if obs.scrapes else 0,
                metrics_gzip=obs.scrapes[-1][2] if obs.scrapes else 0,
                series=obs.scrapes[-1][3] if obs.scrapes else 0)

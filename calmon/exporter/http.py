@@ -8,7 +8,10 @@ within ``header_timeout``, a keep-alive connection is closed after ``idle_timeou
 request, and at most ``max_connections`` are open (a new one evicts the longest-idle one), so
 idle or slow clients never hold threads for long and ``/metrics`` stays reachable.
 Basic authentication (RFC 7617) protects every path except ``/healthz`` and ``/readyz``,
-which carry no data and must stay reachable by orchestrator probes.
+which carry no data and must stay reachable by orchestrator probes.  A response's head and body
+leave in one write, on plain HTTP a blocking one (:func:`send_all`): a multi-MB ``/metrics`` then
+takes the GIL back once, not once per chunk the socket buffer takes, while the agent's other
+threads run Python.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import hmac
 import json
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +31,7 @@ from urllib.parse import parse_qs
 
 from calmon.exporter.connections import ConnectionTable, HTTPLimits
 
-__all__ = ["Endpoints", "HTTPExporter", "HTTPLimits", "accepts_gzip", "tls_context"]
+__all__ = ["Endpoints", "HTTPExporter", "HTTPLimits", "accepts_gzip", "send_all", "tls_context"]
 
 OPEN_PATHS = ("/healthz", "/readyz")
 CONTENT_TYPE_METRICS = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,6 +54,44 @@ def accepts_gzip(header: str | None) -> bool:
             except ValueError:
                 return False
     return False
+
+
+#: Below this many bytes a response is written as any socket write (it fits the socket's buffer at once).
+BLOCKING_WRITE_BYTES = 64 * 1024
+
+
+def send_all(sock: socket.socket, data: bytes, timeout: float | None) -> None:
+    """Write ``data`` to ``sock`` whole, with one release of the GIL on a plain socket; ``timeout`` bounds each stall.
+
+    A socket with a Python timeout is non-blocking underneath: ``sendall`` writes what the socket buffer takes,
+    polls, and takes the GIL back after every partial write -- once per buffer's worth of a 3 MB ``/metrics``
+    while the client reads slower than the agent writes -- and while the agent's other threads run Python, each
+    take waits up to the switch interval (5 ms).  So a large
+    response is written on the blocking socket, the kernel's send timeout (``SO_SNDTIMEO``) bounding a client
+    that stops reading as the Python timeout did (a stall longer than ``timeout`` raises ``TimeoutError``); the
+    thread then holds no GIL until the last byte is in the kernel.  TLS sockets keep the Python timeout (a blocking
+    ``SSL_write`` would retry a timed-out send forever), as does a platform without ``SO_SNDTIMEO``.
+    """
+    if len(data) < BLOCKING_WRITE_BYTES or isinstance(sock, ssl.SSLSocket) or not hasattr(socket, "SO_SNDTIMEO"):
+        sock.sendall(data)
+        return
+    before = sock.gettimeout()
+    try:
+        if timeout is not None:
+            sec = int(timeout)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO,
+                            struct.pack("ll", sec, int((timeout - sec) * 1e6)))
+        sock.settimeout(None)
+    except OSError:  # an option this platform's socket refuses: the ordinary write
+        sock.settimeout(before)
+        sock.sendall(data)
+        return
+    try:
+        sock.sendall(data)
+    except BlockingIOError as exc:  # the kernel's send timeout: the client read nothing for ``timeout``
+        raise TimeoutError(f"client read nothing for {timeout} s") from exc
+    finally:
+        sock.settimeout(before)
 
 
 class Endpoints:
@@ -100,6 +142,7 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: Connecti
         protocol_version = "HTTP/1.1"
         #: per recv/send: bounds the writes to a client that stops reading (reads are bounded by the table)
         timeout = table.limits.header_timeout + table.limits.idle_timeout
+        _headers_buffer: list[bytes]  # BaseHTTPRequestHandler's head being written (send_header appends to it)
 
         def parse_request(self) -> bool:
             ok = super().parse_request()
@@ -122,9 +165,12 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: Connecti
             self.send_header("Cache-Control", "no-store")
             for k, v in (extra or {}).items():
                 self.send_header(k, v)
-            self.end_headers()
-            if self.command != "HEAD":
-                self.wfile.write(body)
+            # the head and the body in one write (end_headers would flush the head as a write of its own); an
+            # HTTP/0.9 request has no head (send_header buffered nothing)
+            lines = getattr(self, "_headers_buffer", [])
+            head = b"".join(lines) + b"\r\n" if self.request_version != "HTTP/0.9" else b""
+            self._headers_buffer = []
+            send_all(self.connection, head if self.command == "HEAD" else head + body, self.timeout)
 
         def _metrics(self, collect: list[str] | None) -> None:
             if collect is None:
@@ -183,8 +229,8 @@ def _handler(endpoints: Endpoints, auth: tuple[str, str] | None, table: Connecti
                     self._send(200, html.encode(), "text/html; charset=utf-8")
                 else:
                     self._send(404, b"not found\n", "text/plain; charset=utf-8")
-            except (BrokenPipeError, ConnectionResetError):
-                pass
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                self.close_connection = True  # a response cut short: the connection cannot carry another
             except Exception as exc:  # noqa: BLE001 - a failing page must not kill the server
                 self._send(500, f"internal error: {type(exc).__name__}: {exc}\n".encode(), "text/plain; charset=utf-8")
 

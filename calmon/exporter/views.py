@@ -4,7 +4,7 @@ The agent builds both (:mod:`calmon.agent.views`) and hands them over; they are 
 view taken on one thread can be rendered on another:
 
 * :class:`LiveView` -- counters, join, sources, checkpoint and change detectors, copied under the
-  state lock at every scrape (the live part of ``/metrics``, :class:`calmon.exporter.metrics.AgentCollector`);
+  state lock at every scrape (the live part of ``/metrics``, :func:`calmon.exporter.live.render_live`);
 * :class:`RoundView` -- one published evaluation round (the round part of ``/metrics``, rendered
   once per round by :class:`calmon.exporter.rounds.RoundPart`).
 
