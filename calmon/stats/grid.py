@@ -588,28 +588,11 @@ class ScoreGrid:
 
     @classmethod
     def from_parts(cls, d: dict[str, Any], unpacker: Unpacker) -> ScoreGrid:
-        """Rebuild from :meth:`to_parts` output; storage chosen by content as in :meth:`from_dict`."""
-        if d.get("quantum_bits") != QUANTUM_BITS:
-            raise ValueError(f"grid uses quantum 2^-{d.get('quantum_bits')}, this build uses 2^-{QUANTUM_BITS}")
-        bins, channels = d["bins"], d["channels"]
-        if type(bins) is not int or bins < 1 or not (channels is None or (type(channels) is int and channels >= 1)):
-            raise ValueError(f"grid needs a positive integer bins and channels null or positive, got {bins!r}, "
-                             f"{channels!r}")
-        out = cls.__new__(cls)  # no empty dense array to allocate and drop
-        out.bins, out.channels = bins, channels
-        out._dense, out._cells, out._vals = None, _NO_CELLS, _NO_VALUES
-        size = out.size
-        if "dense" in d:  # to_parts chose it by content: the grid is small or more than a quarter occupied
-            out._dense = unpacker.get(d["dense"], "<i8", (_F, size), writable=True)
-            return out
-        # copies, so that the decoded payload is freed (a view would keep all of it alive)
-        cells = unpacker.get(d["cells"], "<i8", writable=True)
-        vals = unpacker.get(d["values"], "<i8", (_F, cells.size), writable=True)
-        if cells.ndim != 1 or (cells.size and (cells[0] < 0 or cells[-1] >= size
-                                               or not (cells[1:] > cells[:-1]).all())):
-            raise ValueError("sparse grid cells must be sorted, unique and inside the grid")
-        out._set_sparse(cells, vals)
-        return out
+        """Rebuild from :meth:`to_parts` output; storage chosen by content as in :meth:`from_dict`.
+
+        The part is checked by :meth:`read_part` and copied by :meth:`from_part`, so that the decoded payload
+        is freed (a view would keep all of it alive)."""
+        return cls.from_part(cls.read_part(d, unpacker))
 
     @classmethod
     def read_part(cls, d: dict[str, Any], unpacker: Unpacker) -> GridPart:
