@@ -75,8 +75,8 @@ def single(cfg, values, batch):
 
 
 def ingest_stage(cfg, records, partitions, size, version=3):
-    from calmon.cluster.intents import Intent
     from calmon.cluster.partition import PartitionIngest
+    from calmon.cluster.topics import Range
     from connectors.base import Batch
     encoded: list[bytes] = []
     t0 = time.process_time()
@@ -88,8 +88,8 @@ def ingest_stage(cfg, records, partitions, size, version=3):
             continue
         for start in range(0, len(mine), size):
             chunk = mine[start:start + size]
-            intent = Intent(key, start, start + len(chunk), 1767225600.0, "w", start, {})
-            applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), intent)
+            rng = Range(key, start, start + len(chunk), 1767225600.0, "w")
+            applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), rng)
             encoded += [d.to_bytes(version) for d in applied.deltas]
             applied.state.to_bytes()
     return time.process_time() - t0, encoded

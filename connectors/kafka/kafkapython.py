@@ -25,6 +25,7 @@ from connectors.kafka.clients import (
     KafkaConfigError,
     header_tuple,
 )
+from connectors.kafka.committed import Stats
 from connectors.kafka.positions import TP
 from connectors.kafka.settings import check_client, client_keys
 
@@ -129,6 +130,9 @@ class KafkaPythonConsumer:
         self._consumer: Any = None
         #: ``poll`` returns ``(offset, value)`` tuples (:mod:`connectors.kafka.valuerecords`), not ConsumerRecords.
         self.raw_values = False
+        #: with ``isolation_level: read_committed``: what the client-side filtering of aborted transactions did
+        #: (:mod:`connectors.kafka.committed`)
+        self.txn_stats = Stats()
 
     @staticmethod
     def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -169,7 +173,12 @@ class KafkaPythonConsumer:
                 self._consumer = KafkaConsumer(**cfg)
             except (TypeError, ValueError, KafkaConfigurationError) as exc:
                 raise KafkaConfigError(str(exc)) from exc
-        if not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
+        if cfg.get("isolation_level") == "read_committed":  # aborted transactions dropped by their markers
+            from connectors.kafka.committed import install as install_committed
+
+            done = install_committed(self._consumer, values=not self.settings.metadata, stats=self.txn_stats)
+            self.raw_values = done is not None and not self.settings.metadata
+        elif not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
             from connectors.kafka.valuerecords import install
 
             self.raw_values = install(self._consumer)
@@ -282,6 +291,24 @@ class KafkaPythonConsumer:
         except IllegalStateError:  # revoked meanwhile
             return None
         return None if hw is None else int(hw)
+
+    def fetched(self) -> dict[TP, int]:
+        """The fetch position of each assigned partition (past transaction markers and dropped aborted records,
+        unlike the position of the last record returned); empty while records are held for a marker
+        (:mod:`connectors.kafka.committed`).  No network call."""
+        from connectors.kafka.committed import held
+
+        consumer = self._consumer
+        if consumer is None or held(consumer):
+            return {}
+        out: dict[TP, int] = {}
+        try:
+            for ktp, state in list(consumer._subscription.assignment.items()):
+                if state.position is not None:
+                    out[TP(ktp.topic, ktp.partition)] = int(state.position.offset)
+        except AttributeError:  # internals of another kafka-python version
+            return {}
+        return out
 
     def beginning_offset(self, tp: TP, timeout: float) -> int:
         with mapped("beginning_offsets"):

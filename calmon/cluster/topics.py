@@ -1,25 +1,20 @@
-"""The ingest stage's write-ahead log: intents (first writer wins) and per-partition states, on Kafka topics.
+"""The ingest stage's internal topics: per-partition states, the producers and the readers.
 
-Two topics, both keyed by the input partition (``"topic/partition"``):
-
-* the **intents topic** holds :class:`Intent` records ``(source, start, end, now, writer, seq)``: "I am
-  about to publish the deltas of the records ``[start, end)`` of ``source``".  Among the intents with
-  the same ``(source, start)``, the **first in the log wins** -- the log order of one Kafka partition is
-  the arbiter, so two workers that both believe they own a partition (a rebalance with a stalled
-  worker, a zombie) agree on which of them goes on, without a coordinator of our own.  A worker
-  publishes only the range of the winning intent (its own, or the winner's, replayed).  Retention
-  must keep intents longer than a range takes to process (delete policy; compaction would keep the
-  *last* intent per key, not the first).
-* the **state topic** holds :class:`PartitionState` records (offset, join buffers, decoder state)
-  written after a range's deltas are acknowledged; every state is at a point of the chain of winning
-  ranges, so the one with the largest offset is the most advanced (compaction may keep any of them).
+* the **state topic** holds :class:`PartitionState` records (offset, join buffers, decoder state, dead-letter
+  position), keyed by the input partition and written in the same Kafka transaction as the range's deltas
+  and consumed offsets (:mod:`calmon.cluster.transactions`), so a committed state and its deltas are visible
+  together or not at all; the one with the largest offset is the most advanced (compaction may keep any);
+* :class:`TopicReader` reads an internal topic with ``isolation_level=read_committed`` up to its end as of the
+  read: what a still open transaction wrote is not returned (the broker stops at it), what an aborted one wrote
+  is dropped by its ABORT marker (:mod:`connectors.kafka.committed`: also on brokers that list no aborted
+  transactions);
+* :class:`Range` is one range ``[start, end)`` of an input partition as applied (no longer written anywhere).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -33,38 +28,26 @@ from calmon.cluster.records import BadRecord, BadRecords, decode_doc, decode_jso
 from calmon.state.checkpoint.schema import DecoderDoc, JoinDoc
 from connectors.kafka.admin import ensure_topic
 from connectors.kafka.clients import KafkaClientError
+from connectors.kafka.committed import held as committed_held
+from connectors.kafka.committed import install as install_committed
 from connectors.kafka.kafkapython import mapped
 from connectors.kafka.settings import common_options
 
 log = logging.getLogger("calmon.cluster")
 
-__all__ = ["Intent", "PartitionState", "IntentLog", "StateStore", "Producer", "ClusterError", "new_writer_id"]
+__all__ = ["Range", "PartitionState", "StateStore", "Producer", "TopicReader", "ClusterError", "ensure_topics",
+           "new_writer_id", "READ_COMMITTED"]
 
-INTENT_FORMAT = "calmon.intent"
 STATE_FORMAT = "calmon.ingest_state"
-#: Version of both documents written, and the versions read (records written before it carry no ``version``
-#: key, which reads as 1).
-VERSION = 1
-READABLE = (1,)
-#: Largest intent record read (an intent is a few hundred bytes; its dead-letter position one entry per partition).
-MAX_INTENT = 1 << 20
+#: Version of the state document written, and the versions read (records written before it carry no ``version``
+#: key, which reads as 1; version 2 adds the dead-letter position).
+VERSION = 2
+READABLE = (1, 2)
+#: Consumer option of every reader of an internal topic: records of aborted or open transactions are not read.
+READ_COMMITTED = {"isolation_level": "read_committed"}
 
 _Offset = Annotated[int, msgspec.Meta(ge=0)]
 _Key = Annotated[str, msgspec.Meta(min_length=1, max_length=1000)]
-
-
-class IntentDoc(msgspec.Struct):
-    """An intent record (:meth:`Intent.to_bytes`); keys not listed are allowed."""
-
-    format: str
-    source: _Key
-    start: _Offset
-    end: _Offset
-    now: float
-    writer: Annotated[str, msgspec.Meta(max_length=200)]
-    seq: int
-    dead_letter: dict[str, int | str] = {}  #: a Kafka sink's offsets, or a file sink's path, inode and size
-    version: int = 1
 
 
 class PartitionStateDoc(msgspec.Struct):
@@ -77,6 +60,8 @@ class PartitionStateDoc(msgspec.Struct):
     join: JoinDoc
     decoder: DecoderDoc
     writer: Annotated[str, msgspec.Meta(max_length=200)] = ""
+    #: the dead-letter sink's position after the range (a new owner skips letters already written after it)
+    dead_letter: dict[str, int | str] = msgspec.field(default_factory=dict)
     version: int = 1
 
 
@@ -85,51 +70,26 @@ class ClusterError(RuntimeError):
 
 
 def new_writer_id() -> str:
-    """A process-unique writer id (intents of two workers never compare equal)."""
+    """A process-unique worker id (labels its metrics and the states it writes)."""
     return uuid.uuid4().hex[:16]
 
 
 @dataclass(frozen=True)
-class Intent:
-    """The write-ahead record of one range of one input partition.
+class Range:
+    """One range ``[start, end)`` of an input partition, as applied.
 
     Examples
     --------
-    >>> i = Intent("events/3", 100, 250, 1767225600.0, "w1", 7, {"dlq/0": 12})
-    >>> Intent.from_bytes(i.to_bytes()) == i
-    True
+    >>> Range("events/3", 100, 250, 1767225600.0, "w1").end
+    250
     """
 
     source: str
     start: int
     end: int
-    #: the arrival time given to events of the range without ``ts`` (a replay must use the same one)
+    #: the arrival time given to events of the range without ``ts``
     now: float
     writer: str
-    seq: int
-    #: the dead-letter sink's position when the intent was written (a replay skips what was written after it)
-    dead_letter: Mapping[str, int | str] = field(default_factory=dict)
-
-    def to_bytes(self) -> bytes:
-        doc = {"format": INTENT_FORMAT, "version": VERSION, **asdict(self), "dead_letter": dict(self.dead_letter)}
-        return json.dumps(doc, separators=(",", ":")).encode()
-
-    @classmethod
-    def from_bytes(cls, data: bytes | None, key: bytes | None = None) -> Intent:
-        """Decode and check a record value (and its ``key``, when given).
-
-        Raises
-        ------
-        BadRecord
-            With its reason (:data:`calmon.cluster.records.REASONS`).
-        """
-        d = decode_doc(decode_json(data, "intent", MAX_INTENT), IntentDoc, "intent", INTENT_FORMAT, READABLE)
-        if d.end <= d.start:
-            raise BadRecord("invalid", f"intent range [{d.start}, {d.end}) is empty")
-        if not math.isfinite(d.now):
-            raise BadRecord("invalid", f"intent time {d.now} is not finite")
-        _same_key(key, d.source, "intent")
-        return cls(d.source, d.start, d.end, d.now, d.writer, d.seq, d.dead_letter)
 
 
 @dataclass(frozen=True)
@@ -141,9 +101,12 @@ class PartitionState:
     join: dict[str, Any]
     decoder: dict[str, Any]
     writer: str = ""
+    #: the dead-letter sink's position after the range (see :meth:`connectors.base.DeadLetterSink.seek`)
+    dead_letter: Mapping[str, int | str] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
-        return json.dumps({"format": STATE_FORMAT, "version": VERSION, **asdict(self)}, separators=(",", ":")).encode()
+        doc = {"format": STATE_FORMAT, "version": VERSION, **asdict(self), "dead_letter": dict(self.dead_letter)}
+        return json.dumps(doc, separators=(",", ":")).encode()
 
     @classmethod
     def from_bytes(cls, data: bytes | None, key: bytes | None = None) -> PartitionState:
@@ -158,7 +121,7 @@ class PartitionState:
         raw = decode_json(data, "state")
         d = decode_doc(raw, PartitionStateDoc, "state", STATE_FORMAT, READABLE)
         _same_key(key, d.source, "state")
-        return cls(d.source, d.offset, raw["join"], raw["decoder"], d.writer)
+        return cls(d.source, d.offset, raw["join"], raw["decoder"], d.writer, d.dead_letter)
 
 
 def _same_key(key: bytes | None, source: str, what: str) -> None:
@@ -214,7 +177,8 @@ def ensure_topics(bootstrap: str, client: Mapping[str, Any], topics: Mapping[str
 
 
 class TopicReader:
-    """A consumer assigned to every partition of one topic, outside any group, kept open between reads."""
+    """A ``read_committed`` consumer assigned to every partition of one topic, outside any group, kept open
+    between reads."""
 
     def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any]) -> None:
         from kafka import KafkaConsumer, TopicPartition
@@ -223,23 +187,49 @@ class TopicReader:
         with _cluster_errors(f"read {topic}"):
             self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           bootstrap_timeout_ms=5000, max_partition_fetch_bytes=16 << 20,
-                                          **common_options(client, "consumer"))
+                                          **common_options(client, "consumer"), **READ_COMMITTED)
+            # aborted transactions dropped by their markers, on brokers that list none (connectors/kafka/committed.py)
+            self.committed = install_committed(self.consumer, values=False)
             parts = sorted(self.consumer.partitions_for_topic(topic) or ())
             self.tps = {p: TopicPartition(topic, p) for p in parts}
             self.consumer.assign(list(self.tps.values()))
 
     def read_all(self, visit: Callable[[Any], None], timeout: float = 60.0) -> None:
-        """``visit`` every record from the beginning of every partition to its end (as of the last fetch)."""
+        """``visit`` every committed record from the beginning of every partition to its end as of the read.
+
+        The end of a partition is its end offset as of the read (the broker's answer, raised by the high watermark
+        of the first fetch after the seek -- never one a fetch before the seek reported): a ``read_committed``
+        consumer stops at the first open transaction, so it reaches that end once the transactions open then have
+        finished (a range's transaction takes seconds; a fenced one is aborted by the fencing); the read also goes on
+        until no record is held for a transaction marker beyond that end (``connectors.kafka.committed``).
+        Waiting for the high watermark of every later fetch instead would never end while other workers keep
+        committing.
+        """
         deadline = time.monotonic() + timeout
         tps = list(self.tps.values())
         with _cluster_errors(f"read {self.topic}"):
             self.consumer.seek_to_beginning(*tps)
+            # the end as of now: the high watermark the consumer holds is the one of its last fetch -- of the previous
+            # read, minutes old after a long pause (a zombie's restore ended at that old end and took no state, so
+            # it replayed its partitions from 0) -- so forget it, and ask the broker for the end offsets (a floor:
+            # Tansu answers the base offset of the last batch + 1); a fetch after the seek may raise the target
+            for tp in tps:
+                _forget_highwater(self.consumer, tp)
+            target = {tp: int(off) for tp, off in self.consumer.end_offsets(tps).items() if off is not None}
+            seen: set[Any] = set()
             while True:
                 for records in self.consumer.poll(timeout_ms=100).values():
                     for r in records:
                         visit(r)
-                hw = {tp: self.consumer.highwater(tp) for tp in tps}
-                if all(hw[tp] is not None and self.consumer.position(tp) >= hw[tp] for tp in tps):
+                for tp in tps:
+                    hw = self.consumer.highwater(tp)
+                    if tp not in seen and hw is not None:  # the first fetch after the seek
+                        seen.add(tp)
+                        target[tp] = max(target.get(tp, 0), int(hw))
+                # past the end, and nothing held for a marker not yet read: a committed record behind an undecided
+                # transaction of another producer is held too (delivery in offset order), and must be visited
+                if len(seen) == len(tps) and all(self.consumer.position(tp) >= target[tp] for tp in tps) \
+                        and not committed_held(self.consumer):
                     return
                 if time.monotonic() > deadline:
                     raise ClusterError(f"read {self.topic}: not read to its end within {timeout} s")
@@ -278,88 +268,12 @@ class TopicReader:
             self.consumer.close()
 
 
-class IntentLog:
-    """Claims on the intents topic and the first intent per ``(source, start)`` of the tracked sources.
-
-    A record that is not a valid intent of its key is skipped (counted in ``bad``): it wins nothing.
-
-    Parameters
-    ----------
-    bootstrap, topic, client
-        Where the intents topic is.
-    producer
-        The shared producer.
-    bad
-        The worker's count of skipped internal records.
-    """
-
-    def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any], producer: Producer,
-                 bad: BadRecords | None = None) -> None:
-        self.topic, self.producer = topic, producer
-        self.bad = bad if bad is not None else BadRecords("ingest", "")
-        self.reader = TopicReader(bootstrap, topic, client)
-        #: source -> start -> the first intent in the log with that start (tracked sources only)
-        self.first: dict[str, dict[int, Intent]] = {}
-
-    def track(self, floors: Mapping[str, int]) -> None:
-        """Start tracking sources: learn their first intents with ``start >= floor`` (one read of the whole topic).
-
-        Re-reading what tracked sources already know changes nothing: the first intent stays the first.
-        """
-        for source in floors:
-            self.first[source] = {}
-
-        def visit(record: Any) -> None:
-            floor = floors.get(_key(record))
-            if floor is None:
-                return
-            intent = self._intent(record)
-            if intent is not None and intent.start >= floor:
-                self.first[intent.source].setdefault(intent.start, intent)
-
-        self.reader.read_all(visit)
-
-    def forget(self, source: str) -> None:
-        self.first.pop(source, None)
-
-    def settle(self, source: str, offset: int) -> None:
-        """Forget the intents of ``source`` before ``offset`` (the chain has passed them)."""
-        known = self.first.get(source)
-        if known:
-            for start in [s for s in known if s < offset]:
-                del known[start]
-
-    def winner(self, source: str, start: int) -> Intent | None:
-        """The first intent of ``(source, start)`` read so far (``None``: none yet)."""
-        return self.first.get(source, {}).get(start)
-
-    def claim(self, intent: Intent) -> Intent:
-        """Write ``intent``, read the log up to it and return the winner of its ``(source, start)``."""
-        [(partition, offset)] = self.producer.send_all(self.topic, [(intent.source.encode(), intent.to_bytes())])
-        self.reader.read_until(partition, offset + 1, self._visit)
-        won = self.winner(intent.source, intent.start)
-        if won is None:  # cannot happen once our own record was read: the log lost it
-            raise ClusterError(f"intent {intent.source}@{intent.start} not found at offset {offset} of {self.topic}")
-        return won
-
-    def _visit(self, record: Any) -> None:
-        known = self.first.get(_key(record))
-        if known is None:
-            return
-        intent = self._intent(record)
-        if intent is not None:
-            known.setdefault(intent.start, intent)
-
-    def _intent(self, record: Any) -> Intent | None:
-        """The intent of a record of a tracked key, or None (counted) when it is not one."""
-        try:
-            return Intent.from_bytes(record.value, record.key)
-        except BadRecord as exc:
-            self.bad.count("intent", exc, f"{self.topic}/{record.partition}@{record.offset}")
-            return None
-
-    def close(self) -> None:
-        self.reader.close()
+def _forget_highwater(consumer: Any, tp: Any) -> None:
+    """Forget the high watermark kafka-python keeps from the last fetch of ``tp`` (``highwater`` is that value, never
+    reset by a seek), so that the next one seen comes from a fetch after the seek."""
+    state = getattr(getattr(consumer, "_subscription", None), "assignment", {}).get(tp)
+    if state is not None and hasattr(state, "highwater"):
+        state.highwater = None
 
 
 def _key(record: Any) -> str:
@@ -375,16 +289,18 @@ class StateStore:
 
     A record that is not a valid state of its key, or that lies beyond its input partition's end, is
     skipped (counted in ``bad``); a restore falls back to the next most advanced state
-    (:meth:`candidates`), which is exact while the intents since it are kept (its ranges are replayed
-    and the evaluators drop their repeated deltas).
+    (:meth:`candidates`): its ranges are processed again and the evaluators drop the deltas of ranges
+    ending at or before the last one they applied (exact when the ranges are cut at the same offsets,
+    as full ranges are: see ``docs/cluster.md``).  States are written by
+    :class:`~calmon.cluster.transactions.PartitionProducer`, in the range's transaction.
     """
 
     #: States kept per partition while reading, most advanced first (the fallbacks of :meth:`candidates`).
     KEEP = 3
 
-    def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any], producer: Producer,
-                 bad: BadRecords | None = None) -> None:
-        self.topic, self.producer = topic, producer
+    def __init__(self, bootstrap: str, topic: str, client: Mapping[str, Any], bad: BadRecords | None = None
+                 ) -> None:
+        self.topic = topic
         self.bad = bad if bad is not None else BadRecords("ingest", "")
         self.reader = TopicReader(bootstrap, topic, client)
 
@@ -418,9 +334,6 @@ class StateStore:
     def load(self, sources: list[str], ends: Mapping[str, int] | None = None) -> dict[str, PartitionState]:
         """The most advanced valid state (largest offset) of each of ``sources`` that has one."""
         return {k: v[0] for k, v in self.candidates(sources, ends).items() if v}
-
-    def save(self, state: PartitionState) -> None:
-        self.producer.send_all(self.topic, [(state.source.encode(), state.to_bytes())])
 
     def close(self) -> None:
         self.reader.close()
