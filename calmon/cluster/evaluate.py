@@ -41,7 +41,7 @@ from calmon.agent.runtime import Agent
 from calmon.cluster.changes import feed as feed_changes
 from calmon.cluster.changes import restore_detector
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
-from calmon.cluster.ownership import render_ownership
+from calmon.cluster.ownership import GROUP_REPAIRS_HELP, render_ownership
 from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshot_store import SnapshotStore
 from calmon.cluster.snapshot_writer import SnapshotWriter
@@ -557,7 +557,8 @@ class EvaluateMetrics:
                  d.aborted_records),
                 ("snapshots_total", "Model snapshots written to the snapshots topic.", d.snapshots_written),
                 ("snapshot_bytes_total", "Bytes of snapshot records written.", d.snapshot_bytes),
-                ("snapshot_models_restored_total", "Models restored from snapshots.", d.snapshot_models_restored)):
+                ("snapshot_models_restored_total", "Models restored from snapshots.", d.snapshot_models_restored),
+                ("group_repairs_total", GROUP_REPAIRS_HELP, d.deltas.group_watch.repairs)):
             lines += [f"# HELP calmon_cluster_{name} {text}", f"# TYPE calmon_cluster_{name} counter",
                       f"calmon_cluster_{name}{{{base}}} {v}"]
         return ("\n".join(lines) + "\n").encode()

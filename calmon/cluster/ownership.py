@@ -17,7 +17,11 @@ if TYPE_CHECKING:
     from calmon.cluster.partition import Applied
     from calmon.cluster.topics import Range
     from connectors.kafka import KafkaSource
-__all__ = ["IngestMetrics", "render_ownership", "escape"]
+__all__ = ["IngestMetrics", "render_ownership", "escape", "GROUP_REPAIRS_HELP"]
+
+#: ``calmon_cluster_group_repairs_total`` (both stages; :mod:`connectors.kafka.groupwatch`)
+GROUP_REPAIRS_HELP = ("Repairs of this worker's consumer group after it did not form for several session timeouts "
+                      "(the departed leader it waited for expired by one JoinGroup under its id).")
 
 
 def escape(value: str) -> str:
@@ -87,6 +91,8 @@ class IngestMetrics:
     restores: int = 0
     #: next offset of each owned partition (the state's)
     position: dict[str, int] = field(default_factory=dict)
+    #: repairs of the consumer group (``calmon_cluster_group_repairs_total``, :mod:`connectors.kafka.groupwatch`)
+    group_repairs: int = 0
     #: state records skipped (``calmon_cluster_bad_records_total``)
     bad: BadRecords = field(init=False)
 
@@ -109,6 +115,7 @@ class IngestMetrics:
 
     def update_source(self, source: KafkaSource) -> None:
         self.lag = dict(source.lag())
+        self.group_repairs = source.group_watch.repairs
 
     def render(self) -> bytes:
         base = f'stage="ingest",worker="{escape(self.worker)}"'
@@ -121,7 +128,8 @@ class IngestMetrics:
             ("errors", "Ranges abandoned on an internal-topic error (restored from the state topic).", self.errors),
             ("restores", "Partitions restored from the state topic.", self.restores),
             ("delta_records", "Delta records published.", self.delta_records),
-            ("delta_bytes", "Bytes of delta records published.", self.delta_bytes)]
+            ("delta_bytes", "Bytes of delta records published.", self.delta_bytes),
+            ("group_repairs", GROUP_REPAIRS_HELP, self.group_repairs)]
         for name, help_, value in counters:
             lines += [f"# HELP calmon_cluster_{name}_total {help_}", f"# TYPE calmon_cluster_{name}_total counter",
                       f"calmon_cluster_{name}_total{{{base}}} {value}"]

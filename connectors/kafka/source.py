@@ -26,6 +26,7 @@ from connectors.kafka.clients import (
 )
 from connectors.kafka.committed import Stats
 from connectors.kafka.confluent import ConfluentConsumer
+from connectors.kafka.groupwatch import GroupWatch
 from connectors.kafka.kafkapython import KafkaPythonConsumer
 from connectors.kafka.partitions import PartitionBook, Taken
 from connectors.kafka.positions import TP, key_tp, validate_position
@@ -136,6 +137,8 @@ class KafkaSource:
         #: records of aborted transactions dropped by their markers (``read_committed``, kafka-python:
         #: :mod:`connectors.kafka.committed`)
         self.txn_stats = Stats()
+        #: the consumer group's formation and its repairs (kafka-python: :mod:`connectors.kafka.groupwatch`)
+        self.group_watch = GroupWatch(10.0)
         self._book = PartitionBook()  # shared with the client's rebalance callbacks
         self._consumer: ConsumerClient | None = None
         self._backoff = Backoff(float(backoff_initial), float(backoff_max))
@@ -289,6 +292,7 @@ class KafkaSource:
             "lag": lag,
             "lag_total": int(sum(lag.values())),
             "consecutive_failures": self._backoff.failures,
+            "group_repairs": self.group_watch.repairs,
             **asdict(self.stats),
         }
 
@@ -351,8 +355,9 @@ class KafkaSource:
             time.sleep(min(wait, timeout))
             return None
         consumer = self.ADAPTER(self._settings())
-        if isinstance(consumer, KafkaPythonConsumer):  # one count of aborted records across reconnects
+        if isinstance(consumer, KafkaPythonConsumer):  # one count of aborted records and repairs across reconnects
             consumer.txn_stats = self.txn_stats
+            consumer.group_watch = self.group_watch
         self._consumer = consumer  # before start(): assignment callbacks pause through it
         try:
             consumer.start(self, timeout)
