@@ -63,12 +63,18 @@ def record(value, key=KEY.encode(), partition=0, offset=0):
 class FakeReader:
     """A :class:`~calmon.cluster.topics.TopicReader` over a list of records."""
 
-    def __init__(self, records):
+    def __init__(self, records, fetched=None):
         self.records = records
+        self.fetched = fetched or {}  # the ends a fetch reports, where the ends given are floors (Tansu)
+        self.asked = []
 
     def read_all(self, visit, timeout=60.0):
         for r in self.records:
             visit(r)
+
+    def fetched_ends(self, floors, timeout=10.0):
+        self.asked.append(dict(floors))
+        return {k: max(v, self.fetched.get(k, v)) for k, v in floors.items()}
 
     def read_until(self, partition, end, visit, timeout=30.0):
         self.read_all(visit)
@@ -141,6 +147,25 @@ def test_the_state_store_keeps_the_most_advanced_valid_states(state_doc):
     assert store.bad.counts == {("state", "format"): 1, ("state", "beyond_end"): 2}
     assert store.load([KEY], ends={KEY: 1000})[KEY].offset == 200
     assert store.load([KEY])[KEY].offset == 10**12  # (without ends nothing can be said about the offset)
+
+
+def test_a_state_past_an_end_offset_that_is_only_a_floor_is_kept_when_a_fetch_shows_the_end(state_doc):
+    """Tansu answers ListOffsets with the base offset of the last batch + 1, below the end when that batch holds
+    several records, and a new owner has fetched nothing yet: a valid state past that floor was skipped as
+    ``beyond_end``, an older one restored, and its committed ranges committed again -- their dead letters twice
+    (the CI-load kill test: 203 dead letters for 200).  Now the end a fetch reports decides."""
+    store = StateStore.__new__(StateStore)
+    store.topic, store.bad = "state", BadRecords("ingest", "w")
+    at = {o: enc({**state_doc, "offset": o}) for o in (100, 138, 200, 5000)}
+    store.reader = FakeReader([record(at[100]), record(at[138]), record(at[200]), record(at[5000])],
+                              fetched={KEY: 1000})
+    got = store.candidates([KEY], ends={KEY: 150})
+    assert [s.offset for s in got[KEY]] == [200, 138, 100]
+    assert store.bad.counts == {("state", "beyond_end"): 1}  # 5000 is past the fetched end too
+    assert store.reader.asked == [{KEY: 150}]
+    store.reader.asked.clear()
+    assert store.load([KEY], ends={KEY: 10_000})[KEY].offset == 5000
+    assert store.reader.asked == []  # nothing past the end given: no fetch
 
 
 def test_a_state_that_does_not_restore_falls_back_to_the_previous_one(state_doc):

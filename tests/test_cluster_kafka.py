@@ -771,6 +771,32 @@ def test_a_zombies_dead_letters_are_aborted_with_its_range(tmp_path):
 
 
 @pytest.mark.integration
+def test_the_end_of_an_input_partition_is_the_fetched_one_where_list_offsets_answers_a_floor():
+    """Tansu 0.6 answers ListOffsets with the base offset of the last batch + 1: 1 for 50 records in one batch.  A
+    restore checks states against the end a fetch reports (``TopicReader.fetched_ends``), so a valid state past the
+    floor is not skipped as ``beyond_end`` (which restored an older state and committed its ranges twice)."""
+    require_broker()
+    from kafka import KafkaProducer
+
+    from calmon.cluster.topics import TopicReader
+
+    with KafkaBroker() as broker:
+        broker.create_topic("in", partitions=1)
+        broker.create_topic("st", partitions=1)
+        p = KafkaProducer(bootstrap_servers=broker.bootstrap, linger_ms=200, batch_size=1 << 20)
+        for i in range(50):
+            p.send("in", b"x%d" % i, partition=0)
+        p.flush()
+        p.close()
+        reader = TopicReader(broker.bootstrap, "st", {})
+        try:
+            floor = reader.end_offsets(["in/0"])
+            assert floor["in/0"] <= 50
+            assert reader.fetched_ends(floor) == {"in/0": 50}
+        finally:
+            reader.close()
+
+
 def test_a_second_read_of_the_state_topic_reads_to_its_end_of_now_not_of_the_last_read():
     """#33.2: kafka-python keeps the high watermark of a partition's last fetch across seeks; the state restore took
     it as the end of the topic when the first poll after its seek returned before a fetch (a worker resumed from a

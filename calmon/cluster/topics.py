@@ -184,6 +184,7 @@ class TopicReader:
         from kafka import KafkaConsumer, TopicPartition
 
         self.topic = topic
+        self._bootstrap, self._client = bootstrap, dict(client)
         with _cluster_errors(f"read {topic}"):
             self.consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False,
                                           bootstrap_timeout_ms=5000, max_partition_fetch_bytes=16 << 20,
@@ -263,6 +264,41 @@ class TopicReader:
             ends = self.consumer.end_offsets(list(tps))
         return {tps[tp]: int(off) for tp, off in ends.items() if off is not None}
 
+    def fetched_ends(self, floors: Mapping[str, int], timeout: float = 10.0) -> dict[str, int]:
+        """The end of partitions ``"topic/partition"`` as a fetch reports it (its high watermark), each fetched from
+        one record before ``floors[key]``: the exact end where :meth:`end_offsets` answers a floor (Tansu 0.6
+        answers the base offset of the last batch + 1).  A short-lived consumer, outside any group."""
+        from kafka import KafkaConsumer, TopicPartition
+
+        tps = {}
+        for key in floors:
+            topic, _, part = key.rpartition("/")
+            if topic and part.isdigit():
+                tps[TopicPartition(topic, int(part))] = key
+        if not tps:
+            return {}
+        deadline = time.monotonic() + timeout
+        with _cluster_errors("read end offsets by a fetch"):
+            consumer = KafkaConsumer(bootstrap_servers=self._bootstrap, enable_auto_commit=False,
+                                     bootstrap_timeout_ms=5000, **common_options(self._client, "consumer"))
+            try:
+                consumer.assign(list(tps))
+                for tp, key in tps.items():
+                    consumer.seek(tp, max(0, int(floors[key]) - 1))  # a record exists there: the fetch answers
+                out: dict[str, int] = {}
+                while len(out) < len(tps):
+                    consumer.poll(timeout_ms=100, max_records=1)
+                    for tp, key in tps.items():
+                        hw = consumer.highwater(tp)
+                        if hw is not None:
+                            out[key] = max(int(hw), int(floors[key]))
+                    if time.monotonic() > deadline:
+                        raise ClusterError(f"no fetch answered for {sorted(set(tps.values()) - set(out))} "
+                                           f"within {timeout} s")
+            finally:
+                consumer.close()
+        return out
+
     def close(self) -> None:
         with _cluster_errors(f"close {self.topic} reader"):
             self.consumer.close()
@@ -307,9 +343,19 @@ class StateStore:
     def candidates(self, sources: list[str], ends: Mapping[str, int] | None = None
                    ) -> dict[str, list[PartitionState]]:
         """Up to :attr:`KEEP` valid states of each of ``sources`` with distinct offsets, largest offset first
-        (one read of the topic); with ``ends`` (input partition -> end offset), states past the end are skipped."""
+        (one read of the topic); with ``ends`` (input partition -> end offset), states past the end are skipped.
+
+        ``ends`` may be floors (Tansu answers ListOffsets with the base offset of the last batch + 1, and a new
+        owner has fetched nothing yet): a state past its floor is checked against the end a fetch reports
+        (:meth:`TopicReader.fetched_ends`) before it is skipped -- skipping a valid state would restore an older
+        one and commit its ranges a second time (their dead letters twice; the evaluators drop the deltas)."""
         wanted = set(sources)
         best: dict[str, list[PartitionState]] = {}
+        beyond: list[tuple[str, str, PartitionState]] = []
+
+        def keep(key: str, st: PartitionState) -> None:
+            kept = [s for s in best.get(key, []) if s.offset != st.offset] + [st]
+            best[key] = sorted(kept, key=lambda s: -s.offset)[:self.KEEP]
 
         def visit(record: Any) -> None:
             key = _key(record)
@@ -318,17 +364,26 @@ class StateStore:
             where = f"{self.topic}/{record.partition}@{record.offset}"
             try:
                 st = PartitionState.from_bytes(record.value, record.key)
-                end = None if ends is None else ends.get(key)
-                if end is not None and st.offset > end:
-                    raise BadRecord("beyond_end", f"state of {key} at offset {st.offset}, past the partition's "
-                                                  f"end {end}")
             except BadRecord as exc:
                 self.bad.count("state", exc, where)
                 return
-            kept = [s for s in best.get(key, []) if s.offset != st.offset] + [st]
-            best[key] = sorted(kept, key=lambda s: -s.offset)[:self.KEEP]
+            end = None if ends is None else ends.get(key)
+            if end is not None and st.offset > end:
+                beyond.append((key, where, st))  # decided after the read, against the fetched end
+                return
+            keep(key, st)
 
         self.reader.read_all(visit)
+        if beyond and ends is not None:
+            floors = {key: ends[key] for key, _, _ in beyond}
+            fetched = self.reader.fetched_ends(floors)
+            for key, where, st in beyond:
+                end = fetched.get(key, floors[key])
+                if st.offset > end:
+                    self.bad.count("state", BadRecord("beyond_end", f"state of {key} at offset {st.offset}, past "
+                                                                    f"the partition's end {end}"), where)
+                else:
+                    keep(key, st)
         return best
 
     def load(self, sources: list[str], ends: Mapping[str, int] | None = None) -> dict[str, PartitionState]:
