@@ -76,8 +76,8 @@ def single(cfg, values, batch):
 
 
 def ingest_stage(cfg, records, partitions, size, version=3, compress=None):
-    from calmon.cluster.intents import Intent
     from calmon.cluster.partition import PartitionIngest
+    from calmon.cluster.topics import Range
     from connectors.base import Batch
     encoded: list[bytes] = []
     by_partition: dict[int, list[bytes]] = {}
@@ -92,8 +92,8 @@ def ingest_stage(cfg, records, partitions, size, version=3, compress=None):
             continue
         for start in range(0, len(mine), size):
             chunk = mine[start:start + size]
-            intent = Intent(key, start, start + len(chunk), 1767225600.0, "w", start, {})
-            applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), intent)
+            rng = Range(key, start, start + len(chunk), 1767225600.0, "w")
+            applied = part.apply(Batch(chunk, {}, "events", [f"{key}@{start + i}" for i in range(len(chunk))]), rng)
             encoded += [d.to_bytes(version, compress) for d in applied.deltas]
             applied.state.to_bytes()
     return time.process_time() - t0, encoded

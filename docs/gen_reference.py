@@ -307,9 +307,10 @@ def _cluster_text() -> str:
     bad.count("deltas", BadRecord("not_json", "sample"), "deltas/0")
     deltas = SimpleNamespace(
         worker="w2", owned={"deltas/0"}, restore_seconds=0.1, dropped_repeats=1, bad_deltas=1, bad=bad,
-        deltas_read=1, snapshots_written=1, snapshot_bytes=1, snapshot_models_restored=1,
+        deltas_read=1, snapshots_written=1, snapshot_bytes=1, snapshot_models_restored=1, aborted_records=1,
         state=SimpleNamespace(models={"m": None}),
-        deltas=SimpleNamespace(lag=lambda: {"deltas/0": 1}, position=lambda: {"deltas/0": 1}))
+        deltas=SimpleNamespace(lag=lambda: {"deltas/0": 1}, position=lambda: {"deltas/0": 1},
+                               group_watch=SimpleNamespace(repairs=0)))
     return ingest.render().decode() + EvaluateMetrics(deltas).render().decode()  # type: ignore[arg-type]
 
 

@@ -127,7 +127,7 @@ def check(ref: dict[str, Any], run: dict[str, Any], records: list[tuple[int, byt
         "duplicated_series": len(run["series"][0] & run["series"][1]) if len(run["series"]) == 2 else None,
         **{name: sum(float(m.group(1)) for text in run["ingest_metrics"]
                      for m in re.finditer(rf"^calmon_cluster_{name}_total{{[^}}]*}} (\S+)$", text, re.M))
-           for name in ("replays", "claims_lost", "restores")},
+           for name in ("fenced", "errors", "restores")},
         "malformed": n_bad,
     }
 

@@ -1,11 +1,10 @@
-"""Internal topics are input too (#31.3): a bad intent, state, delta or snapshot record is counted by reason, logged
+"""Internal topics are input too (#31.3): a bad state, delta or snapshot record is counted by reason, logged
 once and skipped -- never a crash loop -- and the evaluator admits models and segments from deltas as the ingest
 stage admits them from events.  Unit tests of every decode path (no broker); the broker scenarios are at the end."""
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,10 +17,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from test_cluster import config, partitioned_deltas, traffic  # noqa: E402
 
 from calmon.cluster.deltas import Delta, DeltaError  # noqa: E402
-from calmon.cluster.intents import Intent, IntentLog, PartitionState, StateStore  # noqa: E402
 from calmon.cluster.partition import PartitionIngest  # noqa: E402
 from calmon.cluster.records import REASONS, BadRecord, BadRecords  # noqa: E402
 from calmon.cluster.snapshots import ModelSnapshot, SnapshotError  # noqa: E402
+from calmon.cluster.topics import PartitionState, Range, StateStore  # noqa: E402
 from calmon.state.buckets import ModelWindows  # noqa: E402
 from connectors.base import Batch  # noqa: E402
 
@@ -35,7 +34,7 @@ def good_state(offset: int = 138) -> dict:
     mine = [v for q, _, v in records if q == 0]
     part = PartitionIngest(cfg, KEY, "events", None)
     app = part.apply(Batch(mine, {KEY: len(mine)}, "events", [f"{KEY}@{i}" for i in range(len(mine))]),
-                     Intent(KEY, 0, offset, 100.0, "a", 1, {}))
+                     Range(KEY, 0, offset, 100.0, "a"))
     return json.loads(app.state.to_bytes())
 
 
@@ -62,80 +61,43 @@ def record(value, key=KEY.encode(), partition=0, offset=0):
 
 
 class FakeReader:
-    """A :class:`~calmon.cluster.intents.TopicReader` over a list of records."""
+    """A :class:`~calmon.cluster.topics.TopicReader` over a list of records."""
 
-    def __init__(self, records):
+    def __init__(self, records, fetched=None):
         self.records = records
+        self.fetched = fetched or {}  # the ends a fetch reports, where the ends given are floors (Tansu)
+        self.asked = []
 
     def read_all(self, visit, timeout=60.0):
         for r in self.records:
             visit(r)
 
+    def fetched_ends(self, floors, timeout=10.0):
+        self.asked.append(dict(floors))
+        return {k: max(v, self.fetched.get(k, v)) for k, v in floors.items()}
+
     def read_until(self, partition, end, visit, timeout=30.0):
         self.read_all(visit)
 
 
-# -- intents -----------------------------------------------------------------------------------------------------
-INTENT = Intent(KEY, 100, 250, 1767225600.0, "w1", 7, {"dlq/0": 12}).to_bytes()
-INTENT_DOC = json.loads(INTENT)
-
-
-@pytest.mark.parametrize("value, key, reason", [
-    (b"\xff\xfe", KEY.encode(), "not_json"),
-    (b"[" * 50_000 + b"]" * 50_000, KEY.encode(), "not_json"),
-    (b"[1, 2]", KEY.encode(), "format"),  # the old reader: AttributeError ('list' has no 'get')
-    (None, KEY.encode(), "format"),
-    (b'{"format": "calmon.delta"}', KEY.encode(), "format"),
-    (enc({**INTENT_DOC, "version": 2}), KEY.encode(), "version"),
-    (enc({**INTENT_DOC, "version": "1"}), KEY.encode(), "version"),
-    (enc({**INTENT_DOC, "start": "100"}), KEY.encode(), "schema"),
-    (enc({**INTENT_DOC, "end": True}), KEY.encode(), "schema"),
-    (enc({**INTENT_DOC, "dead_letter": {"dlq/0": [1]}}), KEY.encode(), "schema"),
-    (enc({**INTENT_DOC, "dead_letter": [1]}), KEY.encode(), "schema"),
-    (enc({k: v for k, v in INTENT_DOC.items() if k != "now"}), KEY.encode(), "schema"),
-    (enc({**INTENT_DOC, "start": -5}), KEY.encode(), "schema"),
-    (enc({**INTENT_DOC, "end": 100}), KEY.encode(), "invalid"),
-    (INTENT.replace(b'"now":1767225600.0', b'"now":NaN'), KEY.encode(), "invalid"),
-    (INTENT[:-7], KEY.encode(), "not_json"),  # truncated
-    (INTENT[:-1] + b',"pad":"' + b"x" * (1 << 20) + b'"}', KEY.encode(), "too_large"),
-    (INTENT, b"events/1", "key_mismatch"),
-])
-def test_a_bad_intent_record_gets_its_reason(value, key, reason):
-    with pytest.raises(BadRecord) as err:
-        Intent.from_bytes(value, key)
-    assert err.value.reason == reason and reason in REASONS
-    assert "\n" not in str(err.value) and len(str(err.value)) < 400
-
-
-def test_an_intent_keeps_a_file_sinks_dead_letter_position():
+# -- the dead-letter position in the state ---------------------------------------------------------------------
+def test_a_state_keeps_a_file_sinks_dead_letter_position():
+    """The dead-letter position moved from the intent to the state (#33.2): a new owner seeks the sink there."""
+    doc = good_state()
     pos = {"version": 1, "path": "/var/lib/calmon/deadletter.jsonl", "dev": 65024, "ino": 77, "size": 1234}
-    i = Intent(KEY, 0, 10, 1.0, "w", 1, pos)
-    assert Intent.from_bytes(i.to_bytes(), KEY.encode()) == i
+    st = PartitionState.from_bytes(enc({**doc, "dead_letter": pos}), KEY.encode())
+    assert dict(st.dead_letter) == pos
+    assert PartitionState.from_bytes(st.to_bytes(), KEY.encode()) == st
+    with pytest.raises(BadRecord) as err:
+        PartitionState.from_bytes(enc({**doc, "dead_letter": {"dlq/0": [1]}}), KEY.encode())
+    assert err.value.reason == "schema"
 
 
-def test_intents_written_before_the_version_key_still_read():
-    old = {k: v for k, v in INTENT_DOC.items()}
-    old.pop("version", None)
-    assert Intent.from_bytes(enc(old), KEY.encode()) == Intent.from_bytes(INTENT)
+def test_states_written_before_the_dead_letter_position_still_read():
+    old = {k: v for k, v in good_state().items() if k not in ("dead_letter", "version")}
+    st = PartitionState.from_bytes(enc(old), KEY.encode())
+    assert st.offset == 138 and dict(st.dead_letter) == {}
 
-
-def test_the_intent_log_skips_bad_records_and_counts_them(caplog):
-    """A garbage record before the real first intent of a range wins nothing and raises nothing (the old log
-    raised AttributeError on ``[1, 2]`` inside the topic read: a ClusterError at every restore)."""
-    log = IntentLog.__new__(IntentLog)
-    log.topic, log.bad, log.first = "intents", BadRecords("ingest", "w"), {}
-    winner = Intent(KEY, 0, 50, 1.0, "w1", 1, {})
-    log.reader = FakeReader([record(b"[1, 2]", offset=0), record(b"\xff", offset=1),
-                             record(Intent(KEY, 0, 40, 1.0, "zz", 1, {}).to_bytes(), key=b"events/9", offset=2),
-                             record(Intent("events/9", 0, 40, 1.0, "zz", 1, {}).to_bytes(), offset=3),
-                             record(winner.to_bytes(), offset=4), record(b"[1, 2]", offset=5),
-                             record(Intent(KEY, 0, 60, 1.0, "w2", 1, {}).to_bytes(), offset=6)])
-    with caplog.at_level(logging.WARNING, "calmon.cluster"):
-        log.track({KEY: 0})
-    assert log.winner(KEY, 0) == winner
-    assert log.bad.counts == {("intent", "format"): 2, ("intent", "not_json"): 1, ("intent", "key_mismatch"): 1}
-    # logged once per (topic, reason), not once per record
-    assert sum("bad intent record" in r.getMessage() for r in caplog.records) == 3
 
 
 # -- states ------------------------------------------------------------------------------------------------------
@@ -187,9 +149,28 @@ def test_the_state_store_keeps_the_most_advanced_valid_states(state_doc):
     assert store.load([KEY])[KEY].offset == 10**12  # (without ends nothing can be said about the offset)
 
 
+def test_a_state_past_an_end_offset_that_is_only_a_floor_is_kept_when_a_fetch_shows_the_end(state_doc):
+    """Tansu answers ListOffsets with the base offset of the last batch + 1, below the end when that batch holds
+    several records, and a new owner has fetched nothing yet: a valid state past that floor was skipped as
+    ``beyond_end``, an older one restored, and its committed ranges committed again -- their dead letters twice
+    (the CI-load kill test: 203 dead letters for 200).  Now the end a fetch reports decides."""
+    store = StateStore.__new__(StateStore)
+    store.topic, store.bad = "state", BadRecords("ingest", "w")
+    at = {o: enc({**state_doc, "offset": o}) for o in (100, 138, 200, 5000)}
+    store.reader = FakeReader([record(at[100]), record(at[138]), record(at[200]), record(at[5000])],
+                              fetched={KEY: 1000})
+    got = store.candidates([KEY], ends={KEY: 150})
+    assert [s.offset for s in got[KEY]] == [200, 138, 100]
+    assert store.bad.counts == {("state", "beyond_end"): 1}  # 5000 is past the fetched end too
+    assert store.reader.asked == [{KEY: 150}]
+    store.reader.asked.clear()
+    assert store.load([KEY], ends={KEY: 10_000})[KEY].offset == 5000
+    assert store.reader.asked == []  # nothing past the end given: no fetch
+
+
 def test_a_state_that_does_not_restore_falls_back_to_the_previous_one(state_doc):
     """A state that fits the schema but not the joiner's loader (forged buffers): counted as ``restore``, the
-    partition restarts from the previous valid state (its ranges are replayed from their intents)."""
+    partition restarts from the previous valid state (its ranges are processed again)."""
     from calmon.cluster.ingest import IngestWorker
 
     forged = changed(state_doc, "join.pending", {"ids": ["p"], "models": ["m00"], "ts": [1.0], "segments": [""],
@@ -386,7 +367,7 @@ def poison(boot: str, cfg_path: Path, state_doc: dict) -> None:
     from test_cluster_kafka import DELTA_PARTITIONS
 
     from calmon.cluster.ingest import internal_topics
-    from calmon.cluster.intents import ensure_topics
+    from calmon.cluster.topics import ensure_topics
     from calmon.config import load_config
 
     cfg = load_config(cfg_path)
@@ -401,8 +382,6 @@ def poison(boot: str, cfg_path: Path, state_doc: dict) -> None:
         (cl.state_topic, b"events/1", enc({**state_doc, "source": "events/1", "offset": 10**9})),  # beyond its end
         (cl.state_topic, b"events/2", enc({**forged_payload, "source": "events/2", "offset": 5})),  # does not restore
         (cl.state_topic, b"events/3", enc(state_doc)),  # keyed by another partition than it names
-        (cl.intents_topic, b"events/3", b'"x"'),
-        (cl.intents_topic, b"events/4", enc({**INTENT_DOC, "source": "events/4", "start": "0"})),
         *((cl.deltas_topic, k, v) for k, v in forged_deltas(300)),
         (cl.deltas_topic, b"m01", b"\x00garbage"),
     ]
@@ -416,7 +395,7 @@ def poison(boot: str, cfg_path: Path, state_doc: dict) -> None:
 
 @pytest.mark.integration
 def test_bad_internal_records_on_a_real_broker_are_skipped_and_every_event_is_ingested(tmp_path, state_doc):
-    """Garbage, forged and unrestorable records in the state, intents, deltas and snapshots topics: the ingest
+    """Garbage, forged and unrestorable records in the state, deltas and snapshots topics: the ingest
     workers and the evaluator stay up, every input record is ingested and merged (the events counted equal the
     single-process agent's), the evaluator admits at most ``max_models`` models, and every bad record is counted
     by reason."""
@@ -488,5 +467,4 @@ def test_bad_internal_records_on_a_real_broker_are_skipped_and_every_event_is_in
     assert bad['topic="delta",reason="not_json"'] == 1, bad
     assert bad['topic="state",reason="format"'] >= 1 and bad['topic="state",reason="beyond_end"'] >= 1, bad
     assert bad['topic="state",reason="restore"'] >= 1 and bad['topic="state",reason="key_mismatch"'] >= 1, bad
-    assert bad['topic="intent",reason="format"'] >= 1 and bad['topic="intent",reason="schema"'] >= 1, bad
     assert bad['topic="snapshot",reason="not_json"'] >= 1, bad

@@ -96,8 +96,8 @@ def test_merge_rule_and_restore_start():
 @pytest.mark.integration
 def test_snapshot_store_keeps_the_latest_record_per_model_and_partition():
     require_broker()
-    from calmon.cluster.intents import Producer, ensure_topics
     from calmon.cluster.snapshot_store import SnapshotStore
+    from calmon.cluster.topics import Producer, ensure_topics
     with KafkaBroker() as broker:
         boot = broker.bootstrap
         ensure_topics(boot, {}, {"snaps": (2, {"cleanup.policy": "compact"})})
@@ -141,8 +141,8 @@ def test_a_snapshot_over_16_mb_round_trips_in_chunks_on_the_broker():
     """A model snapshot bigger than one record (16 MB, the internal producer's limit) is written as chunks plus a
     head and read back whole; a second write replaces it and tombstones the first generation's chunks."""
     require_broker()
-    from calmon.cluster.intents import Producer, ensure_topics
     from calmon.cluster.snapshot_store import CHUNK, SnapshotStore, chunk_key
+    from calmon.cluster.topics import Producer, ensure_topics
     mw = big_windows(1_500_000)
     data = ModelSnapshot("big", 7, mw).to_bytes()
     assert len(data) > MAX_RECORD  # one record could not carry it
@@ -176,9 +176,9 @@ def test_a_restore_reads_only_its_partition_and_a_missing_chunk_means_replay(mon
     chunked snapshot with a chunk gone is counted as bad and drops the manifest (the partition is replayed)."""
     require_broker()
     import calmon.cluster.snapshot_store as mod
-    from calmon.cluster.intents import Producer, ensure_topics
     from calmon.cluster.records import BadRecords
     from calmon.cluster.snapshot_store import SnapshotStore, chunk_key
+    from calmon.cluster.topics import Producer, ensure_topics
     small, mw = windows(n=20), big_windows(20_000)
     monkeypatch.setattr(mod, "CHUNK", len(ModelSnapshot("b", 3, small).to_bytes()) + 100)  # b is one record, a not
     with KafkaBroker() as broker:

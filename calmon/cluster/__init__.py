@@ -3,8 +3,10 @@
 One concept per module:
 
 * :mod:`~calmon.cluster.deltas` -- the delta record (what one input range added to one model) and its merge;
-* :mod:`~calmon.cluster.intents` -- the ingest stage's write-ahead log: intents (first writer wins) and
-  per-partition states on Kafka topics, and the producer for the internal topics;
+* :mod:`~calmon.cluster.topics` -- the internal topics: per-partition states, the producer and the
+  ``read_committed`` readers;
+* :mod:`~calmon.cluster.transactions` -- one Kafka transaction per range: the transactional producer of an
+  input partition, which fences the partition's previous owner;
 * :mod:`~calmon.cluster.partition` -- one input partition's buffered records and join state, range by range;
 * :mod:`~calmon.cluster.ingest` -- the ingest worker (``calmon run --role ingest``);
 * :mod:`~calmon.cluster.evaluate` -- the evaluator (``calmon run --role evaluate``), the agent fed by deltas;

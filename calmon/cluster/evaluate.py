@@ -6,8 +6,14 @@ windows, scheduler, testers, alerts, recalibration, ``/metrics``, status page) b
 :func:`evaluate_agent` with a :class:`DeltasInput`, which merges deltas instead of decoding events,
 and an :class:`EvaluateMetrics` collector of its ``calmon_cluster_*`` families:
 
+* deltas are read ``read_committed``: a range's deltas are visible once its transaction committed (with its
+  state and consumed offset, see :mod:`calmon.cluster.transactions`), never if it aborted -- decided by the
+  transaction markers on the client (:mod:`connectors.kafka.committed`), so also on a broker that returns
+  aborted records (Tansu 0.6); ``calmon_cluster_aborted_records_total`` counts what was dropped;
 * a delta of ``(input partition, model)`` whose range ends at or before the last one applied for that
-  pair is dropped (a replayed range); the table of last ends is part of the state;
+  pair is dropped: after a snapshot restore the deltas partition is replayed from before what the snapshot
+  covers, which no transaction spans, and an ingest worker that falls back to an older state processes committed
+  ranges again; the table of last ends is part of the state;
 * every ``cluster.snapshot_every`` the changed models are written to the compacted snapshots topic
   (:mod:`calmon.cluster.snapshots`); a partition's new owner restores them and replays only the deltas
   from ``min(o_m)`` on (from the beginning without snapshots), so the agent's own checkpoints are off;
@@ -26,7 +32,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +41,12 @@ from calmon.agent.runtime import Agent
 from calmon.cluster.changes import feed as feed_changes
 from calmon.cluster.changes import restore_detector
 from calmon.cluster.deltas import Delta, DeltaError, merge_delta
-from calmon.cluster.intents import ClusterError, Producer, ensure_topics, new_writer_id
-from calmon.cluster.ownership import render_ownership
+from calmon.cluster.ownership import GROUP_REPAIRS_HELP, render_ownership
 from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshot_store import SnapshotStore
 from calmon.cluster.snapshot_writer import SnapshotWriter
 from calmon.cluster.snapshots import Manifest, ModelSnapshot, copy_windows, keep_delta, restore_start
+from calmon.cluster.topics import ClusterError, Producer, ensure_topics, new_writer_id
 from calmon.config import Config
 from calmon.formats.jsonio import write_json_atomic
 from calmon.state.agentstate import AgentState
@@ -59,6 +65,18 @@ DUMP_NAME = "owned-state.json"
 DELTA_BATCH = 100
 #: Seconds one read's deltas should take to merge (the batch size adapts to the measured cost per delta).
 READ_BUDGET = 0.5
+
+
+def read_committed(source: type[KafkaSource], client: Mapping[str, Any]) -> dict[str, Any]:
+    """``client`` with the isolation level ``read_committed`` in the spelling of ``source``'s client library.
+
+    Examples
+    --------
+    >>> read_committed(KafkaSource, {"client_id": "x"})
+    {'client_id': 'x', 'isolation_level': 'read_committed'}
+    """
+    key = "isolation.level" if source.ADAPTER.library == "confluent" else "isolation_level"
+    return {**dict(client), key: "read_committed"}
 
 
 def evaluate_config(cfg: Config) -> Config:
@@ -104,9 +122,10 @@ class DeltasInput:
 
     def __init__(self, cfg: Config) -> None:
         cl = cfg.cluster
+        # read_committed: the deltas of an aborted range (its worker died or was fenced) are never merged
         self.deltas = KafkaSource(cl.bootstrap_servers, [cl.deltas_topic], group_id=cl.evaluate_group,
-                                  name="deltas", client=dict(cl.client), position_policy="checkpoint",
-                                  auto_offset_reset="earliest")
+                                  name="deltas", client=read_committed(KafkaSource, cl.client),
+                                  position_policy="checkpoint", auto_offset_reset="earliest")
         self.sources: list[Source] = []
         self._agent: Host | None = None
         self.worker = new_writer_id()
@@ -214,6 +233,11 @@ class DeltasInput:
             log.warning("evaluate %s: cannot write %s: %s", self.worker, DUMP_NAME, exc)
 
     @property
+    def aborted_records(self) -> int:
+        """Delta records of aborted transactions dropped by their markers (``calmon_cluster_aborted_records_total``)."""
+        return self.deltas.txn_stats.aborted
+
+    @property
     def bad_deltas(self) -> int:
         """Delta records skipped (``calmon_cluster_bad_deltas_total``: every reason)."""
         return self.bad.total("delta")
@@ -302,6 +326,7 @@ class DeltasInput:
             health = self.deltas.health()
         self.owned = assigned
         position = self.deltas.position()
+        fetched = self.deltas.fetched() if self.restoring else {}
         for key, (since, target) in list(self.restoring.items()):
             if key not in assigned:
                 del self.restoring[key]
@@ -309,7 +334,13 @@ class DeltasInput:
             if target is None and key in health["lag"]:
                 target = position.get(key, 0) + int(health["lag"][key])
                 self.restoring[key] = (since, target)
-            if target is not None and position.get(key, 0) >= target:
+            # the target comes from the high watermark, which counts the commit marker after a transaction's last
+            # record; the source's position (one past the last record read) stops before it
+            # (or the client fetched to the target: what follows the last record returned can be markers and
+            # records of aborted transactions, dropped by connectors/kafka/committed.py)
+            at = position.get(key, 0)
+            if target is not None and (at >= target or (at == target - 1 and int(health["lag"].get(key, 2)) <= 1)
+                                       or fetched.get(key, -1) >= target):
                 del self.restoring[key]
                 self.restore_seconds = now - since
                 log.info("evaluate %s: %s restored in %.2f s", self.worker, key, self.restore_seconds)
@@ -522,9 +553,12 @@ class EvaluateMetrics:
                   f"calmon_cluster_bad_deltas_total{{{base}}} {d.bad_deltas}", *d.bad.render()]
         for name, text, v in (
                 ("deltas_read_total", "Delta records read (replays included).", d.deltas_read),
+                ("aborted_records_total", "Delta records of aborted transactions dropped by their ABORT marker.",
+                 d.aborted_records),
                 ("snapshots_total", "Model snapshots written to the snapshots topic.", d.snapshots_written),
                 ("snapshot_bytes_total", "Bytes of snapshot records written.", d.snapshot_bytes),
-                ("snapshot_models_restored_total", "Models restored from snapshots.", d.snapshot_models_restored)):
+                ("snapshot_models_restored_total", "Models restored from snapshots.", d.snapshot_models_restored),
+                ("group_repairs_total", GROUP_REPAIRS_HELP, d.deltas.group_watch.repairs)):
             lines += [f"# HELP calmon_cluster_{name} {text}", f"# TYPE calmon_cluster_{name} counter",
                       f"calmon_cluster_{name}{{{base}}} {v}"]
         return ("\n".join(lines) + "\n").encode()

@@ -3,26 +3,27 @@
 A consumer group over the event topics (keyed by prediction id, so a prediction and its outcome
 share a partition).  Per input partition (:class:`~calmon.cluster.partition.PartitionIngest`) the
 worker buffers records and, once ``ingest.batch_size`` of them are waiting or the oldest has waited
-``cluster.linger``, processes them as one range ``[c, e)``:
+``cluster.linger``, processes them as one range ``[c, e)`` (a full range is cut at exactly
+``ingest.batch_size`` records, so every owner cuts the same ranges from the same state):
 
-1. **claim**: write the intent ``(c, e, now)`` to the intents topic and read it back; the first
-   intent of ``(partition, c)`` in the log wins (:class:`~calmon.cluster.intents.IntentLog`).  If
-   another worker's intent won, this worker replays *that* range instead (same records, same ``now``);
-2. decode, join and bin the range into fresh rings; dead-letter its rejects (a replay first seeks
-   the dead-letter sink to the intent's position, so letters already written are skipped);
-3. publish one delta per model to the deltas topic (keyed by model) and wait for the acks;
-4. write the partition's state (offset ``e``, join buffers, decoder state) to the state topic;
-5. commit ``e`` to the consumer group (for lag dashboards only: the state topic is the truth).
+1. decode, join and bin the range into fresh rings;
+2. in **one Kafka transaction** (:class:`~calmon.cluster.transactions.PartitionProducer`): one delta per
+   model to the deltas topic (keyed by model), the range's dead letters when the dead-letter sink is a Kafka
+   topic, the partition's state (offset ``e``, join buffers, decoder state) to the state topic, and the
+   consumed offset ``e`` to the consumer group; commit;
+3. with any other dead-letter sink (a file), write the range's dead letters once the commit succeeded: a
+   fenced or failed range writes none.
 
-A partition's new owner (after a SIGKILL or a rebalance) loads the state with the largest offset
-and the first intents after it; a winning intent newer than the state is replayed as one range.
-Every range is applied by the evaluators at most once (they drop a ``(partition, model)`` range
-ending at or before the last one applied), and at least once (deltas are acknowledged before the
-state that moves past them), so every record counts exactly once.  See ``docs/cluster.md``.
+A partition's new owner (after a SIGKILL or a rebalance) first opens the partition's transactional id --
+which aborts the previous owner's open transaction and fences it -- then loads the committed state with
+the largest offset (``read_committed``) and seeks the consumer there.  The evaluators read the deltas
+``read_committed``, so every committed range counts once and an aborted one not at all.  See
+``docs/cluster.md``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import logging
@@ -31,23 +32,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from calmon.cluster.intents import (
-    ClusterError,
-    Intent,
-    IntentLog,
-    PartitionState,
-    Producer,
-    StateStore,
-    ensure_topics,
-    new_writer_id,
-)
 from calmon.cluster.ownership import IngestMetrics
 from calmon.cluster.partition import Applied, PartitionIngest
 from calmon.cluster.records import BadRecord
+from calmon.cluster.topics import ClusterError, PartitionState, Range, StateStore, ensure_topics, new_writer_id
+from calmon.cluster.transactions import Fenced, Item, PartitionProducer
 from calmon.config import Config
 from calmon.exporter.http import Endpoints, HTTPExporter
-from connectors.base import Batch, Committable, DeadLetterSink
+from connectors.base import Batch, DeadLetterSink
 from connectors.kafka import KafkaSource
+from connectors.kafka.deadletter import KafkaDeadLetterSink
 
 log = logging.getLogger("calmon.cluster")
 
@@ -55,6 +49,8 @@ __all__ = ["IngestWorker", "internal_topics", "PROCESS_BUDGET", "START_TIMEOUT",
 
 #: Seconds of range processing between two reads of the source (see :meth:`IngestWorker.run`).
 PROCESS_BUDGET = 0.5
+#: Seconds before a failed restore (or a partition forgotten after a failed range) is tried again.
+RESTORE_RETRY = 2.0
 #: Start-up: the longest time :meth:`IngestWorker.open_retrying` keeps retrying an unreachable broker, and the
 #: first and largest wait between two attempts (doubling in between).
 START_TIMEOUT = 300.0
@@ -65,8 +61,7 @@ def internal_topics(cfg: Config) -> dict[str, tuple[int, dict[str, str]]]:
     """The internal topics with their partitions and topic configuration."""
     cl = cfg.cluster
     return {cl.deltas_topic: (cl.partitions, {}),
-            cl.state_topic: (cl.partitions, {"cleanup.policy": "compact"}),
-            cl.intents_topic: (cl.partitions, {"cleanup.policy": "delete"})}
+            cl.state_topic: (cl.partitions, {"cleanup.policy": "compact"})}
 
 
 class IngestWorker:
@@ -77,21 +72,28 @@ class IngestWorker:
     cfg
         Validated configuration (``cluster.bootstrap_servers`` set, every source of type ``kafka``).
     clock
-        Wall clock: the ``now`` of new intents (arrival time of events without ``ts``).
+        Wall clock: the ``now`` of a range (arrival time of its events without ``ts``).
     """
 
     def __init__(self, cfg: Config, clock: Callable[[], float] = time.time) -> None:
         self.cfg = cfg
         self.clock = clock
         self.writer = new_writer_id()
-        self.seq = 0
         self.parts: dict[str, PartitionIngest] = {}
         self.metrics = IngestMetrics(self.writer)
         self._stop = threading.Event()
         self.source: KafkaSource | None = None
         self.dead_letter: DeadLetterSink | None = None
-        self.producer: Producer | None = None
-        self.intents: IntentLog | None = None
+        #: input partition -> its transactional producer (opened when the partition is restored)
+        self.txns: dict[str, PartitionProducer] = {}
+        #: input partitions this worker was fenced from: not restored again until the group assignment changes
+        #: (taking the id back would fence the rightful owner, which would take it back: a ping-pong)
+        self.fenced: set[str] = set()
+        self._assigned: set[str] = set()
+        #: input partitions to restore again (a restore or a range failed): their records already read would
+        #: otherwise wait for new ones to arrive; retried every :data:`RESTORE_RETRY` seconds
+        self._retry: set[str] = set()
+        self._next_retry = 0.0
         self.states: StateStore | None = None
         self.http: HTTPExporter | None = None
         #: the last start-up error while :meth:`open_retrying` waits for the broker (None once open)
@@ -99,15 +101,18 @@ class IngestWorker:
 
     # -- lifecycle -----------------------------------------------------------------------------
     def open(self) -> None:
-        """Create the internal topics if missing, connect the producer and the intents reader, build the source."""
+        """Build the dead-letter sink, create the internal topics (and a Kafka dead-letter topic) if missing, connect
+        the state reader, build the source."""
         from calmon.agent.build import build_dead_letter
         cl = self.cfg.cluster
-        ensure_topics(cl.bootstrap_servers, cl.client, internal_topics(self.cfg))
-        self.producer = Producer(cl.bootstrap_servers, cl.client)
-        self.intents = IntentLog(cl.bootstrap_servers, cl.intents_topic, cl.client, self.producer, self.metrics.bad)
-        self.states = StateStore(cl.bootstrap_servers, cl.state_topic, cl.client, self.producer, self.metrics.bad)
-        self.source = build_input(self.cfg)
         self.dead_letter = build_dead_letter(self.cfg)
+        topics = internal_topics(self.cfg)
+        if isinstance(self.dead_letter, KafkaDeadLetterSink):
+            check_dead_letter_servers(self.cfg, self.dead_letter)  # a configuration error: before any broker contact
+            topics[self.dead_letter.topic] = (self.dead_letter.partitions, {})
+        ensure_topics(cl.bootstrap_servers, cl.client, topics)
+        self.states = StateStore(cl.bootstrap_servers, cl.state_topic, cl.client, self.metrics.bad)
+        self.source = build_input(self.cfg)
 
     def open_retrying(self, timeout: float = START_TIMEOUT, backoff: tuple[float, float] = START_BACKOFF) -> bool:
         """:meth:`open`, retried while the broker cannot be reached (a worker started before its broker, or during
@@ -155,8 +160,9 @@ class IngestWorker:
 
     def _close_clients(self) -> None:
         """Close and forget the Kafka clients (a failed :meth:`open` may have built some of them)."""
-        closers = (self.source, self.dead_letter, self.intents, self.states, self.producer)
-        self.source = self.dead_letter = self.intents = self.states = self.producer = None
+        closers = (self.source, self.dead_letter, self.states, *self.txns.values())
+        self.source = self.dead_letter = self.states = None
+        self.txns = {}
         for closer in closers:
             if closer is None:
                 continue
@@ -166,7 +172,7 @@ class IngestWorker:
                 log.warning("closing %s: %s", type(closer).__name__, exc)
 
     def run(self, max_seconds: float | None = None) -> int:
-        """Read, buffer and process ranges until stopped; buffered records not yet claimed are simply re-read
+        """Read, buffer and process ranges until stopped; buffered records not yet committed are simply re-read
         by the partition's next owner."""
         if self.source is None:
             self.open()
@@ -176,6 +182,7 @@ class IngestWorker:
             while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
                 batch = self.source.read(self.cfg.ingest.batch_size, self.cfg.ingest.poll_timeout)
                 self._sync_assignment()
+                self._retry_restores()
                 if batch is not None and batch.records:
                     self._route(batch)
                 # between two reads at most PROCESS_BUDGET seconds of ranges: the consumer must poll well
@@ -198,8 +205,8 @@ class IngestWorker:
         m = self.metrics
         return {"stage": "ingest", "worker": self.writer, "connect_error": self.connect_error, "owned": list(m.owned),
                 "next": {k: p.next for k, p in list(self.parts.items())}, "lag": dict(m.lag),
-                "records": dict(m.records), "ranges": m.ranges, "replays": m.replays, "claims_lost": m.claims_lost,
-                "errors": m.errors, "rejected": dict(m.rejected),
+                "records": dict(m.records), "ranges": m.ranges, "fenced": m.fenced, "errors": m.errors,
+                "rejected": dict(m.rejected),
                 "bad_records": {f"{k}/{r}": n for (k, r), n in sorted(dict(m.bad.counts).items())}}
 
     def start_http(self) -> HTTPExporter:
@@ -215,26 +222,61 @@ class IngestWorker:
         """Forget partitions no longer assigned (a later owner restores them from the logs)."""
         assert self.source is not None
         assigned = set(self.source.health()["assigned"])
+        if assigned != self._assigned:  # a rebalance: what the group gives us now is ours
+            self._assigned = assigned
+            self.fenced.clear()
         for key in [k for k in self.parts if k not in assigned]:
             self._forget(key)
         self.metrics.owned = sorted(assigned)
 
     def _forget(self, key: str) -> None:
         self.parts.pop(key, None)
-        if self.intents is not None:
-            self.intents.forget(key)
+        txn = self.txns.pop(key, None)
+        if txn is not None:
+            txn.close()
+
+    def _try_restore(self, keys: list[str]) -> None:
+        """:meth:`_restore`, a failure logged and retried later (a broker slow to initialise a transactional id
+        under load must not end the worker)."""
+        try:
+            self._restore(keys)
+        except ClusterError as exc:
+            log.warning("ingest %s: restoring %s failed: %s; retrying in %.0f s", self.writer, ", ".join(keys), exc,
+                        RESTORE_RETRY)
+            self.metrics.errors += 1
+            for key in keys:
+                if key not in self.parts:
+                    self._forget(key)
+            self._retry.update(keys)
+            self._next_retry = time.monotonic() + RESTORE_RETRY
+
+    def _retry_restores(self) -> None:
+        """Restore again the partitions whose restore or range failed, if they are still ours."""
+        if not self._retry or time.monotonic() < self._next_retry:
+            return
+        keys = sorted((self._retry & self._assigned) - set(self.parts) - self.fenced)
+        self._retry.clear()
+        if keys:
+            self._try_restore(keys)
 
     def _restore(self, keys: list[str]) -> None:
-        """Load the partitions' states and intents; reposition the source at the states' offsets.
+        """Fence the partitions' previous owners, load their committed states, reposition the source there.
 
-        One read of each log for all the partitions of an assignment: a restore must stay well within
+        The transactional ids are opened first: that aborts a previous owner's open transaction, so the
+        ``read_committed`` read of the state topic that follows sees every state committed before it.  One
+        read of the state topic for all the partitions of an assignment: a restore must stay well within
         the consumer's ``max_poll_interval_ms``.
         """
-        assert self.states is not None and self.intents is not None and self.source is not None
+        assert self.states is not None and self.source is not None
         t0 = time.monotonic()
+        cl = self.cfg.cluster
+        for key in keys:
+            old = self.txns.pop(key, None)
+            if old is not None:
+                old.close()
+            self.txns[key] = PartitionProducer(cl.bootstrap_servers, cl.client, cl.ingest_group, key)
         states = self.states.candidates(keys, self._ends(keys))
         parts = {key: self._restored(key, states.get(key, [])) for key in keys}
-        self.intents.track({key: p.next for key, p in parts.items()})
         position = self.source.position()
         position.update({key: p.next for key, p in parts.items()})
         self.source.seek(position)  # records of these partitions read before the restore are dropped
@@ -263,7 +305,7 @@ class IngestWorker:
     def _restored(self, key: str, states: list[PartitionState]) -> PartitionIngest:
         """The partition rebuilt from its most advanced state that restores; a state that fits its schema but
         not the loaders (forged buffers) is counted and the next one tried; with none, the partition starts at
-        offset 0 and replays the chain of intents from there (their deltas are dropped as repeats)."""
+        offset 0 (the evaluators drop the deltas of ranges they applied already)."""
         assert self.source is not None
         for st in states:
             try:
@@ -288,10 +330,10 @@ class IngestWorker:
             offsets.append(int(off))
         now = time.monotonic()
         new = sorted(k for k in groups if k not in self.parts)
-        if new:
+        if [k for k in new if k not in self.fenced]:
             assert self.source is not None
             assigned = set(self.source.health()["assigned"])
-            self._restore(sorted(set(new) | (assigned - set(self.parts))))
+            self._try_restore(sorted((set(new) | (assigned - set(self.parts))) - self.fenced))
         for key, idx in groups.items():
             part = self.parts.get(key)
             if part is None or key in new:
@@ -304,7 +346,7 @@ class IngestWorker:
         """Partitions with a full range buffered, or whose oldest record waited ``cluster.linger``; oldest first."""
         now, size, linger = time.monotonic(), self.cfg.ingest.batch_size, self.cfg.cluster.linger
         due = [(p.since or now, k) for k, p in self.parts.items() if p.buffered and (
-            p.buffered >= size or p.replay is not None or (p.since is not None and now - p.since >= linger))]
+            p.buffered >= size or (p.since is not None and now - p.since >= linger))]
         return [k for _, k in sorted(due)]
 
     def _maybe_process(self, key: str) -> None:
@@ -313,51 +355,76 @@ class IngestWorker:
             return
         try:
             self._process(part)
+        except Fenced as exc:
+            # a newer owner opened the partition's transactional id: it is theirs (the group revokes it from us)
+            log.warning("ingest %s: %s: %s; dropping the partition", self.writer, key, exc)
+            self.metrics.fenced += 1
+            self._forget(key)
+            self.fenced.add(key)
         except ClusterError as exc:
-            # the logs decide: forget the partition; its next record restores it (replaying a claimed range)
-            log.warning("ingest %s: %s: %s; restoring the partition from the logs", self.writer, key, exc)
+            # the logs decide: forget the partition; its next record restores it (from the last committed state)
+            log.warning("ingest %s: %s: %s; restoring the partition from the state topic", self.writer, key, exc)
             self.metrics.errors += 1
             self._forget(key)
+            self._retry.add(key)
+            self._next_retry = time.monotonic() + RESTORE_RETRY
 
     def _process(self, part: PartitionIngest) -> None:
-        """Claim (or follow the winner of) the next ranges of a partition and complete them."""
-        assert self.intents is not None
-        while part.buffered:
-            target = part.replay or self.intents.winner(part.key, part.next)
-            replay = target is not None
-            if target is None:
-                self.seq += 1
-                dlq = self.dead_letter.position() if self.dead_letter is not None else {}
-                mine = Intent(part.key, part.next, part.end(), self.clock(), self.writer, self.seq, dlq)
-                target = self.intents.claim(mine)
-                replay = target != mine
-                if replay:
-                    self.metrics.claims_lost += 1
-            if not part.covers(target.end):
-                part.replay = target  # the winner read further than we have: wait for its records
-                return
-            part.replay = None
-            self._complete(part, part.apply(part.take(target.end), target), target, replay)
+        """Process the buffered records of a partition as ranges of at most ``ingest.batch_size`` records."""
+        size = self.cfg.ingest.batch_size
+        while part.buffered and part.key in self.parts:
+            end = part.cut(size)
+            rng = Range(part.key, part.next, end, self.clock(), self.writer)
+            self._complete(part, part.apply(part.take(end), rng), rng)
 
-    def _complete(self, part: PartitionIngest, applied: Applied, intent: Intent, replay: bool) -> None:
-        """Dead letters, deltas, state, commit -- in this order (see the module docstring)."""
-        assert self.producer is not None and self.states is not None and self.intents is not None
-        rej = applied.rejects
-        if rej.records and self.dead_letter is not None:
-            if replay:
-                self.dead_letter.seek(intent.dead_letter)
-            self.dead_letter.write(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
-            self.dead_letter.flush()
-        cl = self.cfg.cluster
-        items = [(d.model.encode(), d.to_bytes()) for d in applied.deltas]
-        if items:
-            self.producer.send_all(cl.deltas_topic, items)
-        self.states.save(applied.state)
-        self.intents.settle(part.key, intent.end)
-        src = self.source
-        if isinstance(src, Committable):
-            src.commit({part.key: intent.end})
-        self.metrics.completed(part.key, intent, applied, sum(len(v) for _, v in items), replay)
+    def _complete(self, part: PartitionIngest, applied: Applied, rng: Range) -> None:
+        """One transaction of deltas, dead letters (Kafka sink), state and consumed offset; then the dead letters of
+        any other sink (see the module docstring and docs/cluster.md, "Transaction boundaries")."""
+        txn = self.txns.get(part.key)
+        if txn is None:
+            raise ClusterError(f"no transactional producer for {part.key}")
+        rej, sink, cl = applied.rejects, self.dead_letter, self.cfg.cluster
+        deltas = [(d.model.encode(), d.to_bytes()) for d in applied.deltas]
+        records: dict[str, list[tuple[bytes, bytes] | Item]] = {cl.deltas_topic: list(deltas)}
+        letters = []
+        if isinstance(sink, KafkaDeadLetterSink) and rej.records:
+            # in the range's transaction: a fenced zombie's or an aborted range's letters are aborted with it
+            letters = sink.letters(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
+            records.setdefault(sink.topic, []).extend(Item(d.key, d.value, d.headers) for d in letters)
+        # no dead-letter position in the state: nothing is sought on a restore (Kafka letters commit with their
+        # range, file letters are written only after it)
+        state = dataclasses.replace(applied.state, dead_letter={})
+        txn.commit_range(records, rng.end, last={cl.state_topic: [(part.key.encode(), state.to_bytes())]})
+        if isinstance(sink, KafkaDeadLetterSink):
+            sink.stats.written += len(letters)
+        elif sink is not None and rej.records:
+            # a file (per machine, outside any transaction): written once the range is committed, never for a
+            # fenced or failed one; lost only if the process dies between the commit and this write
+            sink.write(rej.records, rej.reasons, rej.source, rej.origins, rej.meta or None)
+            sink.flush()
+        self.metrics.completed(part.key, rng, applied, sum(len(v) for _, v in deltas))
+
+
+def check_dead_letter_servers(cfg: Config, sink: KafkaDeadLetterSink) -> None:
+    """A Kafka dead-letter topic of the ingest stage must be on the cluster's brokers: its letters are written in the
+    ranges' transactions, which cannot span two clusters.
+
+    Raises
+    ------
+    StartupError
+        One line naming ``dead_letter.options.bootstrap_servers``.
+    """
+    from calmon.agent.build import StartupError
+
+    def servers(value: str | list[str]) -> set[str]:
+        items = value.split(",") if isinstance(value, str) else value
+        return {str(x).strip() for x in items if str(x).strip()}
+
+    cl = cfg.cluster
+    if not servers(sink.bootstrap_servers) & servers(cl.bootstrap_servers):
+        raise StartupError(f"dead_letter.options.bootstrap_servers: must name a broker of cluster.bootstrap_servers "
+                           f"({cl.bootstrap_servers}) for --role ingest, where dead letters are written in the Kafka "
+                           f"transaction of their range; got {sink.bootstrap_servers}")
 
 
 def build_input(cfg: Config) -> KafkaSource:

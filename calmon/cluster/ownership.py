@@ -14,10 +14,14 @@ from typing import TYPE_CHECKING, Any
 from calmon.cluster.records import BadRecords
 
 if TYPE_CHECKING:
-    from calmon.cluster.intents import Intent
     from calmon.cluster.partition import Applied
+    from calmon.cluster.topics import Range
     from connectors.kafka import KafkaSource
-__all__ = ["IngestMetrics", "render_ownership", "escape"]
+__all__ = ["IngestMetrics", "render_ownership", "escape", "GROUP_REPAIRS_HELP"]
+
+#: ``calmon_cluster_group_repairs_total`` (both stages; :mod:`connectors.kafka.groupwatch`)
+GROUP_REPAIRS_HELP = ("Repairs of this worker's consumer group after it did not form for several session timeouts "
+                      "(the departed leader it waited for expired by one JoinGroup under its id).")
 
 
 def escape(value: str) -> str:
@@ -78,8 +82,7 @@ class IngestMetrics:
     lag: dict[str, int] = field(default_factory=dict)
     records: dict[str, int] = field(default_factory=dict)
     ranges: int = 0
-    replays: int = 0
-    claims_lost: int = 0
+    fenced: int = 0
     errors: int = 0
     delta_records: int = 0
     delta_bytes: int = 0
@@ -88,7 +91,9 @@ class IngestMetrics:
     restores: int = 0
     #: next offset of each owned partition (the state's)
     position: dict[str, int] = field(default_factory=dict)
-    #: intent and state records skipped (``calmon_cluster_bad_records_total``)
+    #: repairs of the consumer group (``calmon_cluster_group_repairs_total``, :mod:`connectors.kafka.groupwatch`)
+    group_repairs: int = 0
+    #: state records skipped (``calmon_cluster_bad_records_total``)
     bad: BadRecords = field(init=False)
 
     def __post_init__(self) -> None:
@@ -98,10 +103,9 @@ class IngestMetrics:
         self.restores += partitions
         self.restore_seconds = seconds
 
-    def completed(self, key: str, intent: Intent, applied: Applied, delta_bytes: int, replay: bool) -> None:
+    def completed(self, key: str, rng: Range, applied: Applied, delta_bytes: int) -> None:
         self.ranges += 1
-        self.position[key] = intent.end
-        self.replays += int(replay)
+        self.position[key] = rng.end
         n = sum(applied.counters.records.values())
         self.records[key] = self.records.get(key, 0) + n
         self.delta_records += len(applied.deltas)
@@ -111,19 +115,21 @@ class IngestMetrics:
 
     def update_source(self, source: KafkaSource) -> None:
         self.lag = dict(source.lag())
+        self.group_repairs = source.group_watch.repairs
 
     def render(self) -> bytes:
         base = f'stage="ingest",worker="{escape(self.worker)}"'
         lines = render_ownership("ingest", self.worker, list(self.owned), dict(self.lag), None, self.restore_seconds,
                                  dict(self.position))
         counters: list[tuple[str, str, Any]] = [
-            ("ranges", "Ranges completed (claimed or replayed).", self.ranges),
-            ("replays", "Ranges replayed from a winning intent (after a restore or a lost claim).", self.replays),
-            ("claims_lost", "Intents that lost to an earlier intent of the same range start.", self.claims_lost),
-            ("errors", "Ranges abandoned on an internal-topic error (restored from the logs).", self.errors),
+            ("ranges", "Ranges committed (one Kafka transaction each).", self.ranges),
+            ("fenced", "Partitions dropped because a newer owner fenced this worker's transactional id.",
+             self.fenced),
+            ("errors", "Ranges abandoned on an internal-topic error (restored from the state topic).", self.errors),
             ("restores", "Partitions restored from the state topic.", self.restores),
             ("delta_records", "Delta records published.", self.delta_records),
-            ("delta_bytes", "Bytes of delta records published.", self.delta_bytes)]
+            ("delta_bytes", "Bytes of delta records published.", self.delta_bytes),
+            ("group_repairs", GROUP_REPAIRS_HELP, self.group_repairs)]
         for name, help_, value in counters:
             lines += [f"# HELP calmon_cluster_{name}_total {help_}", f"# TYPE calmon_cluster_{name}_total counter",
                       f"calmon_cluster_{name}_total{{{base}}} {value}"]

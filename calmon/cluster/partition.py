@@ -1,9 +1,10 @@
 """One input partition in the ingest stage: its records in offset order, join and decoder state, range by range.
 
-Applying a range is deterministic in (the partition state at its start, its records, the intent's
+Applying a range is deterministic in (the partition state at its start, its records, the range's
 ``now``): the joiner runs on event time only (watermarks and sweeps follow record order, see
-:mod:`calmon.state.join`), and events without ``ts`` take the intent's ``now`` instead of the wall
-clock.  So a replay of an intent gives the same deltas, dead letters and next state as the first run.
+:mod:`calmon.state.join`), and events without ``ts`` take the range's ``now`` instead of the wall
+clock.  A full range is cut at exactly ``ingest.batch_size`` records (:meth:`PartitionIngest.cut`), so
+a new owner restored from the same state cuts the same ranges as the previous one.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 
 from calmon.cluster.changes import PairRecorder
 from calmon.cluster.deltas import Delta, extract_deltas
-from calmon.cluster.intents import Intent, PartitionState
+from calmon.cluster.topics import PartitionState, Range
 from calmon.config import Config
 from calmon.state.agentstate import AgentState
 from calmon.state.counters import Counters
@@ -49,7 +50,7 @@ class Rejects:
         self.source = source
 
     def flush(self) -> None:
-        """Nothing to do: the rejects are written to the real sink only once the range is won."""
+        """Nothing to do: the worker writes the rejects to the real sink once the range is applied."""
 
     def unacknowledged(self) -> int:
         """Nothing is acknowledged here: the range's rejects reach the real sink when the range completes."""
@@ -108,8 +109,6 @@ class PartitionIngest:
         self.records: list[bytes] = []
         self.origins: list[str] = []
         self.meta: list[RecordMeta] | None = None
-        #: a winning intent (not ours, or ours from before a restart) whose records are still being read
-        self.replay: Intent | None = None
         #: monotonic time the oldest buffered record arrived
         self.since: float | None = None
 
@@ -133,13 +132,16 @@ class PartitionIngest:
     def buffered(self) -> int:
         return len(self.offsets)
 
-    def covers(self, end: int) -> bool:
-        """Whether the records of ``[next, end)`` are all buffered (the last one, ``end - 1``, was read)."""
-        return bool(self.offsets) and self.offsets[-1] >= end - 1
+    def cut(self, size: int) -> int:
+        """The end of the next range: one past the ``size``-th buffered record, or past the last one.
 
-    def end(self) -> int:
-        """One past the last buffered offset."""
-        return self.offsets[-1] + 1
+        Examples
+        --------
+        >>> p = PartitionIngest.__new__(PartitionIngest); p.offsets = [4, 5, 7, 8]
+        >>> p.cut(2), p.cut(10)
+        (6, 9)
+        """
+        return self.offsets[min(size, len(self.offsets)) - 1] + 1
 
     def take(self, end: int) -> Batch:
         """The buffered records before ``end`` as one batch (the rest stays buffered)."""
@@ -154,17 +156,17 @@ class PartitionIngest:
         return batch
 
     # -- applying a range ------------------------------------------------------------------------
-    def apply(self, batch: Batch, intent: Intent) -> Applied:
-        """Decode, join and bin the range of ``intent`` (``batch``: its records) into fresh rings; advance."""
+    def apply(self, batch: Batch, rng: Range) -> Applied:
+        """Decode, join and bin the range ``rng`` (``batch``: its records) into fresh rings; advance."""
         st = self.st
         st.models, st.counters = {}, Counters()
         rejects = Rejects()
-        now = intent.now
+        now = rng.now
         Ingestor(st, rejects, lambda: now).ingest(batch, None)
-        deltas = extract_deltas(self.key, intent.start, intent.end, st.joiner.watermark, st.models, st.counters,
+        deltas = extract_deltas(self.key, rng.start, rng.end, st.joiner.watermark, st.models, st.counters,
                                 self.pairs.take())
         counters = st.counters
         st.models, st.counters = {}, Counters()
-        self.next = intent.end
-        state = PartitionState(self.key, intent.end, st.joiner.to_dict(), st.decoder.state(), intent.writer)
+        self.next = rng.end
+        state = PartitionState(self.key, rng.end, st.joiner.to_dict(), st.decoder.state(), rng.writer)
         return Applied(deltas, rejects, counters, state)

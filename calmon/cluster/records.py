@@ -1,6 +1,6 @@
 """Internal-topic records are input too: every bad one is counted by reason, logged once, and skipped.
 
-The ingest stage reads its intents and states back, the evaluators read deltas and snapshots, and
+The ingest stage reads its states back, the evaluators read deltas and snapshots, and
 any of those topics can hold a record that is not what a calmon worker wrote: a partial write, a
 record from another release, a hand-made or forged one.  Such a record must never crash a worker
 (a crash loop on the whole group: every new owner reads the same record) nor poison the
@@ -26,7 +26,7 @@ __all__ = ["REASONS", "KINDS", "MAX_RECORD", "BadRecord", "BadRecords", "decode_
 log = logging.getLogger("calmon.cluster")
 
 #: The internal topics a worker reads (the ``topic`` label).
-KINDS = ("intent", "state", "delta", "snapshot")
+KINDS = ("state", "delta", "snapshot")
 #: Why a record was skipped (the ``reason`` label; bounded, so the metric's cardinality is too):
 #:
 #: * ``too_large``: over :data:`MAX_RECORD` bytes (no calmon writer produces it);

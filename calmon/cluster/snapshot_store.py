@@ -29,9 +29,9 @@ from typing import Any
 import msgspec
 
 from calmon.cluster.frames import is_frame, pack_frame, unpack_frame
-from calmon.cluster.intents import Producer
 from calmon.cluster.records import BadRecord, BadRecords
 from calmon.cluster.snapshots import MANIFEST_KEY, MAX_SNAPSHOT, Manifest, ModelSnapshot, SnapshotError
+from calmon.cluster.topics import Producer
 from connectors.kafka.admin import scan_topic
 
 log = logging.getLogger("calmon.cluster")

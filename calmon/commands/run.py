@@ -135,7 +135,7 @@ def run_stage(args: argparse.Namespace, cfg: Any) -> int:
     from calmon.agent.runtime import StartupError
     from calmon.cluster.evaluate import evaluate_agent
     from calmon.cluster.ingest import IngestWorker
-    from calmon.cluster.intents import ClusterError
+    from calmon.cluster.topics import ClusterError
     if not cfg.cluster.bootstrap_servers:
         print(f"calmon run: configuration error: cluster.bootstrap_servers: required by --role {args.role}",
               file=sys.stderr)

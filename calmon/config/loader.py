@@ -189,9 +189,12 @@ def _build(tp: Any, value: Any, path: str) -> Any:
         _check(isinstance(value, dict), path, f"must be a mapping, got {type(value).__name__}")
         hints = typing.get_type_hints(tp)
         known = {f.name for f in dataclasses.fields(tp)}
+        removed: dict[str, str] = getattr(tp, "REMOVED", {})
         for key in value:
             if key not in known:
                 where = f"{path}.{key}" if path else str(key)
+                if key in removed:  # a key of an earlier release: say why it went, not just "unknown"
+                    raise ConfigError(where, removed[key])
                 raise ConfigError(where, f"unknown key (known keys: {', '.join(sorted(known))})")
         kwargs = {k: _build(hints[k], v, f"{path}.{k}" if path else k) for k, v in value.items()}
         obj = typing.cast(Any, tp)(**kwargs)

@@ -6,7 +6,7 @@ import dataclasses
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from calmon.calibration.limits import RefreshLimits
 
@@ -597,14 +597,18 @@ class ChangesConfig:
 class ClusterConfig:
     """The partitioned agent: ``calmon run --role ingest|evaluate`` (see ``docs/cluster.md``)."""
 
+    #: Keys of earlier releases that are refused with their reason (the loader's one-line error names them).
+    REMOVED: ClassVar[dict[str, str]] = {
+        "intents_topic": "removed: the ingest stage now uses Kafka transactions (one per range, fenced per input "
+                         "partition; docs/cluster.md), so there are no intents; delete this key, and the topic once "
+                         "every worker runs this release (old and new workers must not run together)"}
+
     #: Kafka bootstrap servers of the internal topics (required by ``--role ingest`` and ``--role evaluate``).
     bootstrap_servers: str = ""
     #: Statistic deltas, keyed by model (the evaluators' input).
     deltas_topic: str = "calmon-deltas"
     #: The ingest stage's per-partition state (offset, join buffers), keyed by input partition; compact it.
     state_topic: str = "calmon-ingest-state"
-    #: Write-ahead intents of the ingest stage (first writer wins); delete retention, not compaction.
-    intents_topic: str = "calmon-ingest-intents"
     #: Evaluator snapshots (one record per model, in the partition of its deltas), read on assignment; compact it.
     snapshots_topic: str = "calmon-evaluator-snapshots"
     #: Seconds between two evaluator snapshots of the changed models (0 = off: restores replay the deltas).
@@ -620,12 +624,11 @@ class ClusterConfig:
 
     def validate(self, path: str) -> None:
         topics = {"deltas_topic": self.deltas_topic, "state_topic": self.state_topic,
-                  "intents_topic": self.intents_topic, "snapshots_topic": self.snapshots_topic}
+                  "snapshots_topic": self.snapshots_topic}
         for key, name in topics.items():
             _check(bool(re.fullmatch(r"[A-Za-z0-9._-]{1,249}", name)), f"{path}.{key}",
                    f"must be a Kafka topic name ([A-Za-z0-9._-], 1-249 characters), got {name!r}")
-        _check(len(set(topics.values())) == 4, path, f"deltas_topic, state_topic, intents_topic and "
-               f"snapshots_topic must differ, "
+        _check(len(set(topics.values())) == 3, path, "deltas_topic, state_topic and snapshots_topic must differ, "
                f"got {sorted(topics.values())}")
         for key in ("ingest_group", "evaluate_group"):
             _check(bool(str(getattr(self, key)).strip()), f"{path}.{key}", "must not be empty")

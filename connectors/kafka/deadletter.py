@@ -145,26 +145,48 @@ class KafkaDeadLetterSink:
 
         ``meta`` (one per record, optional): each dead letter keeps the record's key and headers.
         """
+        for letter in self.letters(records, reasons, source, origins, meta):
+            if not self._replayed(letter.origin):
+                self._buffer.append(letter)
+        if len(self._buffer) > self.buffer_limit:
+            drop = len(self._buffer) - self.buffer_limit
+            self.stats.dropped += drop
+            del self._buffer[:drop]
+        self._send()
+
+    @staticmethod
+    def letters(
+        records: list[bytes],
+        reasons: list[str],
+        source: str,
+        origins: list[str] | None = None,
+        meta: list[RecordMeta] | None = None,
+    ) -> list[DeadLetter]:
+        """The dead letters of rejected ``records`` as :meth:`write` would send them (value, headers, key), not
+        queued: for a writer that produces them itself (the ingest stage of the scale-out sends them in the
+        Kafka transaction of their range, ``docs/cluster.md``).
+
+        Examples
+        --------
+        >>> [d] = KafkaDeadLetterSink.letters([b"x"], ["not_json"], "events", ["events/0@4"])
+        >>> d.value, d.headers
+        (b'x', [('calmon-reason', b'not_json'), ('calmon-source', b'events'), ('calmon-origin', b'events/0@4')])
+        """
         n = len(records)
         if len(reasons) != n or (origins is not None and len(origins) != n) or (meta is not None and len(meta) != n):
             raise ValueError("records, reasons (and origins, meta) must have the same length")
         src = source.encode()
+        out = []
         for i, rec in enumerate(records):
             origin = origins[i] if origins is not None else None
-            if self._replayed(origin):
-                continue
             m = meta[i] if meta is not None else None
             # a record's own calmon-* headers (an older dead letter read back) would shadow this rejection's
             headers = [h for h in m.headers if h[0] not in _OWN_HEADERS] if m is not None else []
             headers += [(REASON_HEADER, str(reasons[i]).encode()), (SOURCE_HEADER, src)]
             if origin is not None:
                 headers.append((ORIGIN_HEADER, origin.encode()))
-            self._buffer.append(DeadLetter(bytes(rec), headers, origin, None if m is None else m.key))
-        if len(self._buffer) > self.buffer_limit:
-            drop = len(self._buffer) - self.buffer_limit
-            self.stats.dropped += drop
-            del self._buffer[:drop]
-        self._send()
+            out.append(DeadLetter(bytes(rec), headers, origin, None if m is None else m.key))
+        return out
 
     def flush(self, *, force: bool = False) -> None:
         """Send queued dead letters and wait for their acknowledgement (failed ones stay queued).

@@ -25,6 +25,8 @@ from connectors.kafka.clients import (
     KafkaConfigError,
     header_tuple,
 )
+from connectors.kafka.committed import Stats
+from connectors.kafka.groupwatch import GroupWatch
 from connectors.kafka.positions import TP
 from connectors.kafka.settings import check_client, client_keys
 
@@ -129,6 +131,11 @@ class KafkaPythonConsumer:
         self._consumer: Any = None
         #: ``poll`` returns ``(offset, value)`` tuples (:mod:`connectors.kafka.valuerecords`), not ConsumerRecords.
         self.raw_values = False
+        #: with ``isolation_level: read_committed``: what the client-side filtering of aborted transactions did
+        #: (:mod:`connectors.kafka.committed`)
+        self.txn_stats = Stats()
+        #: the group's formation as this member sees it, and its repairs (:mod:`connectors.kafka.groupwatch`)
+        self.group_watch = GroupWatch(10.0)
 
     @staticmethod
     def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -169,7 +176,12 @@ class KafkaPythonConsumer:
                 self._consumer = KafkaConsumer(**cfg)
             except (TypeError, ValueError, KafkaConfigurationError) as exc:
                 raise KafkaConfigError(str(exc)) from exc
-        if not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
+        if cfg.get("isolation_level") == "read_committed":  # aborted transactions dropped by their markers
+            from connectors.kafka.committed import install as install_committed
+
+            done = install_committed(self._consumer, values=not self.settings.metadata, stats=self.txn_stats)
+            self.raw_values = done is not None and not self.settings.metadata
+        elif not self.settings.metadata:  # metadata needs kafka-python's ConsumerRecords (key, timestamp, headers)
             from connectors.kafka.valuerecords import install
 
             self.raw_values = install(self._consumer)
@@ -179,6 +191,84 @@ class KafkaPythonConsumer:
         except KafkaClientError:
             self.close(0.5)
             raise
+        if self.settings.group_id is not None:
+            self.group_watch.session_timeout = float(self._consumer.config["session_timeout_ms"]) / 1000
+            self._watch_group()
+
+    def _watch_group(self) -> None:
+        """Report the coordinator's JoinGroup and SyncGroup outcomes to :attr:`group_watch` (it runs them on its IO
+        thread; on a kafka-python without these internals nothing is watched and nothing repaired)."""
+        from kafka.errors import RebalanceInProgressError
+
+        coordinator: Any = getattr(self._consumer, "_coordinator", None)
+        watch = self.group_watch
+        join = getattr(coordinator, "_process_join_group_response", None)
+        sync = getattr(coordinator, "_process_sync_group_response", None)
+        if join is None or sync is None:
+            log.debug("kafka consumer %s: no group watch (kafka-python internals differ)", self.settings.name)
+            return
+
+        def joined(response: Any, send_time: float) -> Any:
+            out = join(response, send_time)  # raises unless the member joined
+            watch.joined(str(response.member_id), str(response.leader), int(response.generation_id))
+            return out
+
+        def synced(response: Any, send_time: float) -> Any:
+            try:
+                out = sync(response, send_time)
+            except RebalanceInProgressError:
+                watch.refused()
+                raise
+            watch.stable()
+            return out
+
+        coordinator._process_join_group_response = joined
+        coordinator._process_sync_group_response = synced
+
+    def _repair_group(self) -> None:
+        """One repair when :attr:`group_watch` says the group has not formed for too long
+        (:mod:`connectors.kafka.groupwatch`): logged once per repair, counted, never raised."""
+        leader = self.group_watch.due()
+        if leader is None:
+            return
+        w = self.group_watch
+        log.warning("kafka consumer %s: group %s has not formed for %.0f s (%d SyncGroups refused, generation %d, "
+                    "leader %s named by the broker but not forming it); expiring that leader with one JoinGroup "
+                    "under its id (a broker that keeps a leader which left a forming group: Tansu 0.6)",
+                    self.settings.name, self.settings.group_id, w.bound, w.refusals, w.generation, leader)
+        w.repaired(leader)
+        try:
+            self.expire_leader(leader, 5.0)
+        except KafkaClientError as exc:
+            log.warning("kafka consumer %s: the repair of group %s failed (tried again in %.0f s): %s",
+                        self.settings.name, self.settings.group_id, w.bound, exc)
+
+    def expire_leader(self, leader: str, timeout: float) -> int:
+        """Send one bare JoinGroup with ``leader`` as the member id and return its error code.
+
+        The broker registers the id as a member again if it had dropped it; no heartbeat and no SyncGroup
+        follow, so it expires one session timeout later -- and a coordinator that clears the leadership of an
+        expired leader (Tansu does) lets the next member that joins form the group.  Nothing is assigned to the
+        id meanwhile: the group cannot form around it.
+        """
+        from kafka.protocol.consumer.group import JoinGroupRequest
+
+        coordinator = self._consumer._coordinator
+        if coordinator.coordinator_id is None:
+            raise KafkaClientError("group coordinator unknown")
+        request = JoinGroupRequest(
+            group_id=coordinator.group_id, session_timeout_ms=coordinator.config["session_timeout_ms"],
+            rebalance_timeout_ms=coordinator.config["max_poll_interval_ms"], member_id=leader,
+            group_instance_id=None, protocol_type=coordinator.protocol_type(),
+            protocols=coordinator.group_protocols(), max_version=7)
+
+        async def send() -> Any:
+            future = coordinator._manager.send(request, node_id=coordinator.coordinator_id)
+            return await coordinator._manager.wait_for(future, int(timeout * 1000))
+
+        with mapped("expire leader"):
+            response = coordinator._net.run(send)
+        return int(response.error_code)
 
     def _subscribe(self, handler: ConsumerEvents) -> None:
         s = self.settings
@@ -202,6 +292,8 @@ class KafkaPythonConsumer:
         """
         with mapped("poll"):
             polled = self._consumer.poll(timeout_ms=int(timeout * 1000), max_records=int(max_records))
+        if not polled and self.settings.group_id is not None:
+            self._repair_group()  # (a member that receives records is in a formed group)
         out = Fetched(metas=[] if self.settings.metadata else None)
         if self.raw_values:
             for ktp, pairs in polled.items():
@@ -282,6 +374,24 @@ class KafkaPythonConsumer:
         except IllegalStateError:  # revoked meanwhile
             return None
         return None if hw is None else int(hw)
+
+    def fetched(self) -> dict[TP, int]:
+        """The fetch position of each assigned partition (past transaction markers and dropped aborted records,
+        unlike the position of the last record returned); empty while records are held for a marker
+        (:mod:`connectors.kafka.committed`).  No network call."""
+        from connectors.kafka.committed import held
+
+        consumer = self._consumer
+        if consumer is None or held(consumer):
+            return {}
+        out: dict[TP, int] = {}
+        try:
+            for ktp, state in list(consumer._subscription.assignment.items()):
+                if state.position is not None:
+                    out[TP(ktp.topic, ktp.partition)] = int(state.position.offset)
+        except AttributeError:  # internals of another kafka-python version
+            return {}
+        return out
 
     def beginning_offset(self, tp: TP, timeout: float) -> int:
         with mapped("beginning_offsets"):

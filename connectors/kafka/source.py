@@ -24,7 +24,9 @@ from connectors.kafka.clients import (
     KafkaClientError,
     KafkaConfigError,
 )
+from connectors.kafka.committed import Stats
 from connectors.kafka.confluent import ConfluentConsumer
+from connectors.kafka.groupwatch import GroupWatch
 from connectors.kafka.kafkapython import KafkaPythonConsumer
 from connectors.kafka.partitions import PartitionBook, Taken
 from connectors.kafka.positions import TP, key_tp, validate_position
@@ -132,6 +134,11 @@ class KafkaSource:
         self.metadata = metadata
         self.on_revoke = on_revoke
         self.stats = SourceCounters()
+        #: records of aborted transactions dropped by their markers (``read_committed``, kafka-python:
+        #: :mod:`connectors.kafka.committed`)
+        self.txn_stats = Stats()
+        #: the consumer group's formation and its repairs (kafka-python: :mod:`connectors.kafka.groupwatch`)
+        self.group_watch = GroupWatch(10.0)
         self._book = PartitionBook()  # shared with the client's rebalance callbacks
         self._consumer: ConsumerClient | None = None
         self._backoff = Backoff(float(backoff_initial), float(backoff_max))
@@ -251,6 +258,14 @@ class KafkaSource:
         self.stats.commits += 1
         return True
 
+    def fetched(self) -> dict[str, int]:
+        """``"topic/partition"`` -> the client's fetch position, past control records and records of aborted
+        transactions (which :meth:`position` does not count, being one past the last record returned); empty when
+        the client library does not tell (confluent-kafka) or records are held for a transaction marker."""
+        consumer = self._consumer
+        fetched = getattr(consumer, "fetched", None)
+        return {} if fetched is None else {tp.key: off for tp, off in fetched().items()}
+
     def lag(self) -> dict[str, int]:
         """Records behind the high watermark per assigned ``"topic/partition"`` (no network call).
 
@@ -277,6 +292,7 @@ class KafkaSource:
             "lag": lag,
             "lag_total": int(sum(lag.values())),
             "consecutive_failures": self._backoff.failures,
+            "group_repairs": self.group_watch.repairs,
             **asdict(self.stats),
         }
 
@@ -339,6 +355,9 @@ class KafkaSource:
             time.sleep(min(wait, timeout))
             return None
         consumer = self.ADAPTER(self._settings())
+        if isinstance(consumer, KafkaPythonConsumer):  # one count of aborted records and repairs across reconnects
+            consumer.txn_stats = self.txn_stats
+            consumer.group_watch = self.group_watch
         self._consumer = consumer  # before start(): assignment callbacks pause through it
         try:
             consumer.start(self, timeout)

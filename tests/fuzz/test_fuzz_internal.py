@@ -1,6 +1,6 @@
 """Fuzz: records of the scale-out's internal topics (issue #31, builds 3 and 8).
 
-Hypothesis mutates genuine intent, state, delta and snapshot records -- a value replaced anywhere in the document by
+Hypothesis mutates genuine state, delta and snapshot records -- a value replaced anywhere in the document by
 a value of another type, a key dropped or added, bytes flipped, the record truncated -- and feeds them to the
 readers at the seam. Invariants:
 
@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from test_cluster import config, partitioned_deltas, traffic  # noqa: E402
-from test_cluster_hostile import INTENT, KEY, evaluator, good_state  # noqa: E402
+from test_cluster_hostile import KEY, evaluator, good_state  # noqa: E402
 
 from calmon.cluster.deltas import Delta, DeltaError  # noqa: E402
 from calmon.cluster.frames import _PREFIX, PREFIX, is_frame  # noqa: E402
-from calmon.cluster.intents import Intent, PartitionState  # noqa: E402
 from calmon.cluster.records import REASONS, BadRecord  # noqa: E402
 from calmon.cluster.snapshots import ModelSnapshot, SnapshotError  # noqa: E402
+from calmon.cluster.topics import PartitionState  # noqa: E402
 from calmon.state.buckets import ModelWindows  # noqa: E402
 from connectors.base import Batch  # noqa: E402
 
@@ -49,7 +49,7 @@ def genuine() -> dict[str, bytes]:
     records, _ = traffic(400, models=3)
     delta = partitioned_deltas(config(), records)[0]
     snap = ModelSnapshot("m", 1, ModelWindows("m", 2, [(60, 2)], bins=64))
-    return {"intent": INTENT, "state": json.dumps(good_state()).encode(), "delta": delta.to_bytes(),
+    return {"state": json.dumps(good_state()).encode(), "delta": delta.to_bytes(),
             "delta_json": delta.to_bytes(2), "snapshot": snap.to_bytes()}
 
 
@@ -122,7 +122,6 @@ def forged(delta: bytes, model: str) -> bytes:
 
 
 READERS = {
-    "intent": (lambda b: Intent.from_bytes(b, KEY.encode()), (BadRecord,)),
     "state": (lambda b: PartitionState.from_bytes(b, KEY.encode()), (BadRecord,)),
     "delta": (Delta.from_bytes, (DeltaError,)),
     "delta_json": (Delta.from_bytes, (DeltaError,)),  # version 2, still read from topics written before v3
