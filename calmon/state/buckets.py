@@ -48,7 +48,7 @@ import numpy as np
 from calmon.state.windows import TieredRing, bucket_cells
 from calmon.stats import sparse
 from calmon.stats.grid import GridPart, ScoreGrid, cell_index, event_sums
-from calmon.stats.model import ModelPart, ModelStats, _generator, _seeded_state, top_label
+from calmon.stats.model import ModelPart, ModelStats, merge_rng, top_label
 from calmon.stats.packed import Packer, Unpacker
 from calmon.stats.reservoir import Reservoir
 
@@ -551,13 +551,9 @@ class BucketStats:
         if st.reservoir is not None and res is not None:
             # the count after the merge: what merge() seeds the reservoirs' merge with (ModelStats.merge)
             count = st.fine.count + sum(p[1].shape[1] for p in self._pending if p[3] is not None) + seen
-            sample = Reservoir.__new__(Reservoir)
-            sample.capacity, sample.width, sample.seen = res.capacity, res.width, seen
-            sample._seed, sample._owed, sample._gen, sample._state = 0, 0, None, None
-            sample._data = np.concatenate(rows) if rows else np.zeros((0, res.width))
-            gen = _generator()
-            gen.bit_generator.state = _seeded_state(count)  # gen is now default_rng(count)
-            st.reservoir = st.reservoir.merged(sample, gen)
+            sample = Reservoir.of_rows(res.capacity, res.width,
+                                       np.concatenate(rows) if rows else np.zeros((0, res.width)))
+            st.reservoir = st.reservoir.merged(sample, merge_rng(count))
         for pred, keys, sums, r in pending:
             self._pending.append((pred, keys, sums, None if r is None else empty))
             self._pending_cells += keys.size

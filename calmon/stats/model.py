@@ -45,6 +45,15 @@ def _generator() -> np.random.Generator:
     return gen
 
 
+def merge_rng(count: int) -> np.random.Generator:
+    """The generator a merge of reservoirs draws from: ``np.random.default_rng(count)``, ``count`` the merged
+    statistics' count after the merge (:meth:`ModelStats.summed`), as this thread's generator with its state set
+    (no seeding per merge).  Valid until the next call in this thread."""
+    gen = _generator()
+    gen.bit_generator.state = _seeded_state(count)
+    return gen
+
+
 def top_label(probs: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Top-label confidence and correctness (ties go to the lowest class index, as numpy's argmax)."""
     pred = probs.argmax(axis=1)
@@ -196,14 +205,10 @@ class ModelStats:
             out.classwise = self.classwise.summed([o.classwise for o in others if o.classwise is not None])
         out.reservoir = self.reservoir
         count = self.fine.count
-        gen: np.random.Generator | None = None
         for o in others:
             count += o.fine.count  # ``self.count`` after merging ``o``'s fine grid: the seed merge() uses
             if out.reservoir is not None and o.reservoir is not None:
-                if gen is None:
-                    gen = _generator()
-                gen.bit_generator.state = _seeded_state(count)  # gen is now default_rng(count)
-                out.reservoir = out.reservoir.merged(o.reservoir, gen)
+                out.reservoir = out.reservoir.merged(o.reservoir, merge_rng(count))
         if out.reservoir is self.reservoir and out.reservoir is not None:
             out.reservoir = out.reservoir.copy()
         out.levelset = None if self.levelset is None else self.levelset.copy()

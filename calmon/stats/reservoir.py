@@ -195,6 +195,27 @@ class Reservoir:
             out._gen.bit_generator.state = self._gen.bit_generator.state
         return out
 
+    @classmethod
+    def of_rows(cls, capacity: int, width: int, rows: np.ndarray) -> Reservoir:
+        """The reservoir of seed 0 that was offered exactly ``rows`` (at most ``capacity``), holding them: what
+        :meth:`update` leaves below its capacity, which keeps every row in order and draws nothing.
+
+        Examples
+        --------
+        >>> r = Reservoir.of_rows(4, 1, np.array([[1.0], [2.0]]))
+        >>> f = Reservoir(4, 1)
+        >>> f.update(np.array([[1.0], [2.0]]))
+        >>> r == f
+        True
+        """
+        if rows.ndim != 2 or rows.shape[1] != width or rows.shape[0] > capacity:
+            raise ValueError(f"of_rows: expected at most {capacity} rows of width {width}, got {rows.shape}")
+        out = cls.__new__(cls)  # no empty row array to allocate and drop
+        out.capacity, out.width, out.seen = capacity, width, rows.shape[0]
+        out._seed, out._owed, out._gen, out._state = 0, 0, None, None
+        out._data = rows
+        return out
+
     def sample_copy(self) -> Reservoir:
         """A copy of the sample alone (rows, count, capacity), for merging from (:meth:`merged` reads nothing
         else): its generator is a fresh one of seed 0, so updating it would not continue this stream."""
