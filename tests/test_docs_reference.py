@@ -118,7 +118,7 @@ def _cluster_family_names() -> set[str]:
     """Every ``calmon_cluster_*`` family ``calmon/cluster`` writes a HELP line for, read from the source.
 
     Literal names (``# HELP calmon_cluster_owned_partitions ...``) and the stems of the loops that format
-    ``calmon_cluster_{name}`` from a ``(name, help, value)`` table.
+    ``calmon_cluster_{name}`` from a ``(name, help, value)`` table (help a literal or a named constant).
     """
     names: set[str] = set()
     for path in (ROOT / "calmon" / "cluster").rglob("*.py"):
@@ -132,8 +132,11 @@ def _cluster_family_names() -> set[str]:
             if not m:
                 continue
             for node in ast.walk(fn):
+                # (name, help, value): the help a literal or a module constant (GROUP_REPAIRS_HELP, shared by stages)
                 if (isinstance(node, ast.Tuple) and len(node.elts) == 3
-                        and all(isinstance(e, ast.Constant) and isinstance(e.value, str) for e in node.elts[:2])):
+                        and isinstance(node.elts[0], ast.Constant) and isinstance(node.elts[0].value, str)
+                        and (isinstance(node.elts[1], ast.Name)
+                             or isinstance(node.elts[1], ast.Constant) and isinstance(node.elts[1].value, str))):
                     stem = node.elts[0].value  # type: ignore[attr-defined]
                     if re.fullmatch(r"[a-z0-9_]+", stem):
                         names.add(f"calmon_cluster_{stem}{m.group(1) or ''}")
