@@ -17,7 +17,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Annotated, Any
@@ -251,13 +251,7 @@ class TopicReader:
 
     def end_offsets(self, keys: list[str]) -> dict[str, int]:
         """The end offsets of partitions ``"topic/partition"`` of any topic, asked with this reader's consumer."""
-        from kafka import TopicPartition
-
-        tps = {}
-        for key in keys:
-            topic, _, part = key.rpartition("/")
-            if topic and part.isdigit():
-                tps[TopicPartition(topic, int(part))] = key
+        tps = _topic_partitions(keys)
         if not tps:
             return {}
         with _cluster_errors("read end offsets"):
@@ -268,13 +262,9 @@ class TopicReader:
         """The end of partitions ``"topic/partition"`` as a fetch reports it (its high watermark), each fetched from
         one record before ``floors[key]``: the exact end where :meth:`end_offsets` answers a floor (Tansu 0.6
         answers the base offset of the last batch + 1).  A short-lived consumer, outside any group."""
-        from kafka import KafkaConsumer, TopicPartition
+        from kafka import KafkaConsumer
 
-        tps = {}
-        for key in floors:
-            topic, _, part = key.rpartition("/")
-            if topic and part.isdigit():
-                tps[TopicPartition(topic, int(part))] = key
+        tps = _topic_partitions(floors)
         if not tps:
             return {}
         deadline = time.monotonic() + timeout
@@ -392,3 +382,15 @@ class StateStore:
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _topic_partitions(keys: Iterable[str]) -> dict[Any, str]:
+    """``TopicPartition -> key`` of the well-formed ``"topic/partition"`` keys (others are skipped)."""
+    from kafka import TopicPartition
+
+    tps = {}
+    for key in keys:
+        topic, _, part = key.rpartition("/")
+        if topic and part.isdigit():
+            tps[TopicPartition(topic, int(part))] = key
+    return tps
