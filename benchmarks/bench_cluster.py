@@ -16,9 +16,11 @@ One command prints a table (and the JSON of every figure):
    the ingest stage writes) and 3 without zlib (``v3raw``), and the delta bytes per input record at the given
    range size (``--range``, 20,000 by default).
 2. **scaling** (``--workers 1,2,4``): that many processes, each running the ingest stage's compute on its share
-   of ``--partitions`` (12) partitions at once; records per second per worker against one worker's.  No broker:
-   it measures whether the stage's own work scales across processes on this machine (it cannot beyond its cores:
-   ``os.cpu_count()`` is printed; see ``docs/cluster.md`` for the extrapolation to a cluster).
+   of ``--partitions`` (12) partitions at once; records per second per worker against one worker's, and records
+   per CPU-second per worker against one worker's with each worker's CPU / wall.  No broker: it measures whether
+   the stage's own work scales across processes on this machine.  Records per second cannot scale beyond its
+   cores (``os.cpu_count()`` is printed); records per CPU-second show what each worker costs when it has a core
+   of its own, the figure ``docs/cluster.md`` extrapolates to a cluster.
 3. **cluster** (``--cluster``, needs the Tansu broker): the end-to-end scenario of
    ``tests/test_cluster_kafka.py`` (3 ingest + 2 evaluators, one of each SIGKILLed) at ``--events``,
    reporting identical-or-not and the CPU seconds of every worker (from ``/proc``) and of the single-process
@@ -190,6 +192,8 @@ def scaling(args) -> dict:
     _write_records(path, records)
     counts = [int(w) for w in args.workers.split(",") if w]
     per_worker: dict[int, list[float]] = {w: [] for w in counts}
+    per_cpu: dict[int, list[float]] = {w: [] for w in counts}  # records per CPU-second per worker
+    busy: dict[int, list[float]] = {w: [] for w in counts}  # CPU / wall of a worker: 1 = never waited for a core
     load = [os.getloadavg()[0]]
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no state shared with this process
     try:
@@ -198,13 +202,20 @@ def scaling(args) -> dict:
                 with ctx.Pool(w) as pool:
                     done = pool.map(_worker, [(str(path), args.partitions, args.range, w, i) for i in range(w)])
                 per_worker[w].append(statistics.mean(n / wall for n, wall, _cpu in done))
+                per_cpu[w].append(statistics.mean(n / cpu for n, _wall, cpu in done))
+                busy[w].append(statistics.mean(cpu / wall for _n, wall, cpu in done))
             load.append(os.getloadavg()[0])
     finally:
         path.unlink()
         path.parent.rmdir()
-    one = per_worker[counts[0]]
+    one, one_cpu = per_worker[counts[0]], per_cpu[counts[0]]
     out: dict = {"cpus": os.cpu_count(), "scaling_load": [min(load), max(load)]}
     for w in counts:
+        out[f"workers_{w}_records_per_cpu_s_per_worker_best"] = max(per_cpu[w])
+        out[f"workers_{w}_records_per_cpu_s_per_worker_median"] = statistics.median(per_cpu[w])
+        out[f"workers_{w}_cpu_vs_one_best"] = max(per_cpu[w]) / max(one_cpu)
+        out[f"workers_{w}_cpu_vs_one_median"] = statistics.median(per_cpu[w]) / statistics.median(one_cpu)
+        out[f"workers_{w}_cpu_per_wall_median"] = statistics.median(busy[w])
         out[f"workers_{w}_records_per_s_per_worker_best"] = max(per_worker[w])
         out[f"workers_{w}_records_per_s_per_worker_median"] = statistics.median(per_worker[w])
         out[f"workers_{w}_vs_one_best"] = max(per_worker[w]) / max(one)
@@ -228,14 +239,17 @@ def table(res: dict) -> str:
     if "cpus" in res:
         lines += ["", f"scaling: ingest-stage processes at once on {res['cpus']} CPUs (no broker), load "
                       f"{res['scaling_load'][0]:.1f}-{res['scaling_load'][1]:.1f}",
-                  "", "| workers | records/s per worker best | median | vs one worker best | median |",
-                  "| ---: | ---: | ---: | ---: | ---: |"]
-        for w in sorted(int(k.split("_")[1]) for k in res if k.startswith("workers_") and k.endswith("_best")
-                        and "records" in k):
+                  "", "| workers | records/s per worker best | median | vs one worker best | median "
+                      "| records/CPU-s per worker best | median | vs one worker best | median | CPU/wall |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for w in sorted(int(k.split("_")[1]) for k in res if k.startswith("workers_")
+                        and k.endswith("_records_per_s_per_worker_best")):
             p = f"workers_{w}_"
             lines.append(f"| {w} | {res[p + 'records_per_s_per_worker_best']:,.0f} | "
                          f"{res[p + 'records_per_s_per_worker_median']:,.0f} | {res[p + 'vs_one_best']:.2f} | "
-                         f"{res[p + 'vs_one_median']:.2f} |")
+                         f"{res[p + 'vs_one_median']:.2f} | {res[p + 'records_per_cpu_s_per_worker_best']:,.0f} | "
+                         f"{res[p + 'records_per_cpu_s_per_worker_median']:,.0f} | {res[p + 'cpu_vs_one_best']:.2f} | "
+                         f"{res[p + 'cpu_vs_one_median']:.2f} | {res[p + 'cpu_per_wall_median']:.2f} |")
     return "\n".join(lines)
 
 
