@@ -223,6 +223,117 @@ def scaling(args) -> dict:
     return out
 
 
+def broker_scaling(args) -> dict:
+    """1, 2, 4, ... ``calmon run --role ingest`` workers on a ``--partitions``-partition topic of a real broker:
+    records per CPU-second per worker (the worker's whole process: the Kafka clients, transactions, the group)
+    against one worker's, interleaved rounds.
+
+    The traffic is produced first; each worker's CPU is counted from the moment it serves (its imports and
+    start-up left out) until the group has committed every partition's end, so the group's formation, the
+    restores and every range's transaction are in it. Records per second are printed too, and mean nothing
+    beyond this machine's cores.
+    """
+    import tempfile
+
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka_broker import KafkaBroker  # type: ignore[import-not-found, unused-ignore]
+    from test_cluster_kafka import (  # type: ignore[import-not-found, unused-ignore]
+        TOPIC,
+        Worker,
+        count_topic,
+        make_traffic,
+        produce,
+        wait_until,
+        write_config,
+    )
+
+    records, _ = make_traffic(args.events, seed=args.seed, partitions=args.partitions)
+    counts = [int(w) for w in args.broker_workers.split(",") if w]
+    per_cpu: dict[int, list[float]] = {w: [] for w in counts}
+    per_wall: dict[int, list[float]] = {w: [] for w in counts}
+    broker_cpu: dict[int, list[float]] = {w: [] for w in counts}
+    load = [os.getloadavg()[0]]
+
+    def committed(boot: str) -> dict[int, int | None]:
+        c = KafkaConsumer(bootstrap_servers=boot, group_id="calmon-ingest", enable_auto_commit=False)
+        try:
+            return {p: c.committed(TopicPartition(TOPIC, p), timeout_ms=3000) for p in range(args.partitions)}
+        finally:
+            c.close(autocommit=False)
+
+    def proc_cpu(pid: int) -> float:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    for _ in range(args.rounds):
+        for w in counts:
+            with tempfile.TemporaryDirectory(prefix="calmon-bench-scale-") as tmp, KafkaBroker() as broker:
+                boot = broker.bootstrap
+                broker.create_topic(TOPIC, partitions=args.partitions)
+                produce(boot, records)
+                want = count_topic(boot, TOPIC)
+                cfg = write_config(Path(tmp) / "cluster", source="kafka", bootstrap=boot, batch_size=args.range)
+                workers = []
+                try:
+                    for i in range(w):  # all started before any serves: one group formation, not w
+                        d = Path(tmp) / f"ingest{i}"
+                        d.mkdir()
+                        own = d / "calmon.yaml"
+                        own.write_text(cfg.read_text().replace(f"state_dir: {Path(tmp) / 'cluster' / 'state'}",
+                                                               f"state_dir: {d}"))
+                        workers.append(Worker(own, "ingest", f"ingest{i}"))
+                    cpu0 = []
+                    for wk in workers:
+                        wk.wait_serving()
+                        cpu0.append(wk.cpu())
+                    b0, t0 = proc_cpu(broker.proc.pid), time.perf_counter()  # type: ignore[union-attr]
+                    wait_until(lambda boot=boot, want=want: committed(boot) == want, 1800, "ingest to commit the end",
+                               workers)
+                    wall = time.perf_counter() - t0
+                    cpu = sum(wk.cpu() - c for wk, c in zip(workers, cpu0))
+                    pid = broker.proc.pid  # type: ignore[union-attr]
+                    broker_cpu[w].append((proc_cpu(pid) - b0) / len(records) * 1e6)
+                    for wk in workers:
+                        rc = wk.term()
+                        assert rc == 0, (wk.name, rc, wk.log.read_text()[-3000:])
+                finally:
+                    for wk in workers:
+                        if wk.alive():
+                            wk.kill()
+            per_cpu[w].append(len(records) / cpu)  # records / CPU-s of all workers = per worker with even shares
+            per_wall[w].append(len(records) / w / wall)
+            load.append(os.getloadavg()[0])
+    one_cpu, one_wall = per_cpu[counts[0]], per_wall[counts[0]]
+    out: dict = {"broker_scaling_records": len(records), "broker_scaling_load": [min(load), max(load)]}
+    for w in counts:
+        p = f"broker_workers_{w}_"
+        out[p + "records_per_cpu_s_per_worker_best"] = max(per_cpu[w])
+        out[p + "records_per_cpu_s_per_worker_median"] = statistics.median(per_cpu[w])
+        out[p + "cpu_vs_one_best"] = max(per_cpu[w]) / max(one_cpu)
+        out[p + "cpu_vs_one_median"] = statistics.median(per_cpu[w]) / statistics.median(one_cpu)
+        out[p + "records_per_s_per_worker_median"] = statistics.median(per_wall[w])
+        out[p + "vs_one_median"] = statistics.median(per_wall[w]) / statistics.median(one_wall)
+        out[p + "broker_us_per_record_median"] = statistics.median(broker_cpu[w])
+    return out
+
+
+def broker_table(res: dict) -> str:
+    """The broker scaling rows (:func:`broker_scaling`) as a Markdown table."""
+    lines = [f"ingest workers on a real broker (Tansu), {res['broker_scaling_records']} records, load "
+             f"{res['broker_scaling_load'][0]:.1f}-{res['broker_scaling_load'][1]:.1f}", "",
+             "| workers | records/CPU-s per worker best | median | vs one worker best | median "
+             "| records/s per worker median | vs one median | broker us/record |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for w in sorted(int(k.split("_")[2]) for k in res if k.startswith("broker_workers_")
+                    and k.endswith("_records_per_cpu_s_per_worker_best")):
+        p = f"broker_workers_{w}_"
+        lines.append(f"| {w} | {res[p + 'records_per_cpu_s_per_worker_best']:,.0f} | "
+                     f"{res[p + 'records_per_cpu_s_per_worker_median']:,.0f} | {res[p + 'cpu_vs_one_best']:.2f} | "
+                     f"{res[p + 'cpu_vs_one_median']:.2f} | {res[p + 'records_per_s_per_worker_median']:,.0f} | "
+                     f"{res[p + 'vs_one_median']:.2f} | {res[p + 'broker_us_per_record_median']:.2f} |")
+    return "\n".join(lines)
+
+
 def table(res: dict) -> str:
     """The figures as a Markdown table (ratios against the single process, min over rounds = best)."""
     lines = [f"records {res['records']}, {res['partitions']} partitions, ranges of {res['range']} records, "
@@ -296,8 +407,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=12)
     ap.add_argument("--range", type=int, default=20_000, help="records per range (ingest.batch_size)")
     ap.add_argument("--workers", default="1,2,4", help="ingest processes at once for the scaling rows ('' = none)")
+    ap.add_argument("--broker-workers", default="",
+                    help="ingest workers on a real broker for the broker scaling rows, e.g. 1,2,4 (needs Tansu)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--only-broker", action="store_true", help="only the broker scaling rows (--broker-workers)")
     ap.add_argument("--cluster", action="store_true", help="run the broker scenario instead")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -305,11 +419,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.cluster:
             print(json.dumps(cluster(args), indent=2), flush=True)
             return 0
+        if args.broker_workers and args.only_broker:
+            res = broker_scaling(args)
+            print(json.dumps(res, indent=2), flush=True)
+            print(broker_table(res), flush=True)
+            return 0
         res = compute(args)
         if args.workers:
             res.update(scaling(args))
+        if args.broker_workers:
+            res.update(broker_scaling(args))
         print(json.dumps(res, indent=2), flush=True)
         print(table(res), flush=True)
+        if args.broker_workers:
+            print(broker_table(res), flush=True)
         return 0
     given = sys.argv[1:] if argv is None else argv
     return subprocess.run(module_cmd("benchmarks.bench_cluster", "--child", *given), env=child_env(tests=True),

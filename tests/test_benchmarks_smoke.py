@@ -215,3 +215,13 @@ def test_bench_kafka(capfd: pytest.CaptureFixture[str]) -> None:
     out = _run(capfd, "bench_kafka", "--n", "300", "--partitions", "1", "--repeat", "1",
                "--runs", "raw,source,memory-agent,agent")
     _has(out, "median rec/s", "kafka-python raw", "kafka-python source", "rate ratio agent / memory-agent")
+
+
+@pytest.mark.integration
+def test_bench_cluster_broker_scaling(capfd: pytest.CaptureFixture[str]) -> None:
+    from tests.kafka_broker import require_broker
+
+    require_broker()
+    out = _run(capfd, "bench_cluster", "--events", "600", "--partitions", "4", "--range", "200", "--rounds", "1",
+               "--broker-workers", "1,2", "--only-broker")
+    _has(out, "ingest workers on a real broker (Tansu)", '"broker_workers_2_cpu_vs_one_best"', "| 2 |")
