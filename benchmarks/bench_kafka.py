@@ -308,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         "source-group, source-meta, confluent-raw, confluent-source, confluent-source-group, confluent-source-meta",
     )
     ap.add_argument("--plain", action="store_true", help="records without key and headers")
+    ap.add_argument("--json", action="store_true", help="print the agent ratios as one JSON line last")
     ap.add_argument("--stages", action="store_true",
                     help="time the agent runs' stages (client call, adapter, source, agent ingest; the reading "
                     "thread's CPU and the client threads') and print their split per record")
@@ -359,8 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         print_cpu(cpu)
         if args.stages:
             print_stages(split)
-        agent_ratios(rows)
+        ratios = agent_ratios(rows)
         meta_ratios(rows)
+        if args.json:  # one JSON line last, for benchmarks.bench_scaleout
+            print(json.dumps({"ratios": ratios, "loads": loads, "records": args.n, "partitions": args.partitions}))
     return 0
 
 
@@ -484,8 +487,10 @@ def meta_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
               f"over {len(ratios)} rounds")
 
 
-def agent_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
-    """Agent rate fed by each client / the same agent fed from memory, per interleaved round."""
+def agent_ratios(rows: dict[str, list[tuple[int, float]]]) -> dict[str, list[float]]:
+    """Agent rate fed by each client / the same agent fed from memory, per interleaved round (printed, and
+    returned as ``{run: sorted ratios}``)."""
+    out: dict[str, list[float]] = {}
     base = rows.get("memory-agent")
     for run in ("agent", "confluent-agent", "file-agent"):
         res = rows.get(run)
@@ -494,6 +499,8 @@ def agent_ratios(rows: dict[str, list[tuple[int, float]]]) -> None:
         ratios = sorted((g / d) / (gb / db) for (g, d), (gb, db) in zip(res, base, strict=True))
         print(f"rate ratio {run} / memory-agent: min {ratios[0]:.3f}, median {statistics.median(ratios):.3f} "
               f"over {len(ratios)} rounds")
+        out[run] = ratios
+    return out
 
 
 if __name__ == "__main__":

@@ -225,3 +225,11 @@ def test_bench_cluster_broker_scaling(capfd: pytest.CaptureFixture[str]) -> None
     out = _run(capfd, "bench_cluster", "--events", "600", "--partitions", "4", "--range", "200", "--rounds", "1",
                "--broker-workers", "1,2", "--only-broker")
     _has(out, "ingest workers on a real broker (Tansu)", '"broker_workers_2_cpu_vs_one_best"', "| 2 |")
+
+
+@pytest.mark.slow
+def test_bench_scaleout_summary(capfd: pytest.CaptureFixture[str]) -> None:
+    out = _run(capfd, "bench_scaleout", "--no-kafka", "--events", "300", "--rounds", "1", "--workers", "1,2",
+               "--broker-workers", "")
+    _has(out, "issue #33 goals", "| two stages together / single process (records per CPU-s) | >= 0.6 |",
+         "| 2 ingest processes, records per CPU-s per worker / one worker's | >= 0.8 |")
