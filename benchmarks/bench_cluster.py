@@ -324,14 +324,20 @@ def broker_table(res: dict) -> str:
              "| workers | records/CPU-s per worker best | median | vs one worker best | median "
              "| records/s per worker median | vs one median | broker us/record |",
              "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for w in sorted(int(k.split("_")[2]) for k in res if k.startswith("broker_workers_")
-                    and k.endswith("_records_per_cpu_s_per_worker_best")):
-        p = f"broker_workers_{w}_"
-        lines.append(f"| {w} | {res[p + 'records_per_cpu_s_per_worker_best']:,.0f} | "
-                     f"{res[p + 'records_per_cpu_s_per_worker_median']:,.0f} | {res[p + 'cpu_vs_one_best']:.2f} | "
-                     f"{res[p + 'cpu_vs_one_median']:.2f} | {res[p + 'records_per_s_per_worker_median']:,.0f} | "
-                     f"{res[p + 'vs_one_median']:.2f} | {res[p + 'broker_us_per_record_median']:.2f} |")
+    lines += _worker_rows(res, "broker_workers_", [
+        ("records_per_cpu_s_per_worker_best", ",.0f"), ("records_per_cpu_s_per_worker_median", ",.0f"),
+        ("cpu_vs_one_best", ".2f"), ("cpu_vs_one_median", ".2f"), ("records_per_s_per_worker_median", ",.0f"),
+        ("vs_one_median", ".2f"), ("broker_us_per_record_median", ".2f")])
     return "\n".join(lines)
+
+
+def _worker_rows(res: dict, prefix: str, cells: list[tuple[str, str]]) -> list[str]:
+    """A Markdown row per worker count of the keys ``<prefix><count>_<key>``: the count, then each ``(key, format
+    spec)`` of ``cells`` (the first key tells which counts were measured)."""
+    first = "_" + cells[0][0]
+    counts = sorted(int(k[len(prefix):].split("_")[0]) for k in res if k.startswith(prefix) and k.endswith(first))
+    return [f"| {w} | " + " | ".join(format(res[f"{prefix}{w}_{key}"], spec) for key, spec in cells) + " |"
+            for w in counts]
 
 
 def table(res: dict) -> str:
@@ -353,14 +359,11 @@ def table(res: dict) -> str:
                   "", "| workers | records/s per worker best | median | vs one worker best | median "
                       "| records/CPU-s per worker best | median | vs one worker best | median | CPU/wall |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-        for w in sorted(int(k.split("_")[1]) for k in res if k.startswith("workers_")
-                        and k.endswith("_records_per_s_per_worker_best")):
-            p = f"workers_{w}_"
-            lines.append(f"| {w} | {res[p + 'records_per_s_per_worker_best']:,.0f} | "
-                         f"{res[p + 'records_per_s_per_worker_median']:,.0f} | {res[p + 'vs_one_best']:.2f} | "
-                         f"{res[p + 'vs_one_median']:.2f} | {res[p + 'records_per_cpu_s_per_worker_best']:,.0f} | "
-                         f"{res[p + 'records_per_cpu_s_per_worker_median']:,.0f} | {res[p + 'cpu_vs_one_best']:.2f} | "
-                         f"{res[p + 'cpu_vs_one_median']:.2f} | {res[p + 'cpu_per_wall_median']:.2f} |")
+        lines += _worker_rows(res, "workers_", [
+            ("records_per_s_per_worker_best", ",.0f"), ("records_per_s_per_worker_median", ",.0f"),
+            ("vs_one_best", ".2f"), ("vs_one_median", ".2f"), ("records_per_cpu_s_per_worker_best", ",.0f"),
+            ("records_per_cpu_s_per_worker_median", ",.0f"), ("cpu_vs_one_best", ".2f"), ("cpu_vs_one_median", ".2f"),
+            ("cpu_per_wall_median", ".2f")])
     return "\n".join(lines)
 
 
