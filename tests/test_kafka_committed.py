@@ -267,3 +267,44 @@ def test_the_fetch_position_passes_an_aborted_tail_the_record_position_does_not(
         assert src.position() == {"tail/0": 1} and src.lag() == {"tail/0": 3} and src.fetched() == {"tail/0": 4}
     finally:
         src.close()
+
+
+@pytest.mark.integration
+def test_on_tansu_an_open_transaction_blocks_read_committed_until_the_next_owner_opens_its_id(broker):
+    """docs/cluster.md, "Requirements": Tansu 0.6 never times a transaction out, so a dead owner's open
+    transaction holds a ``read_committed`` reader back until the partition's next owner calls
+    ``init_transactions`` under the same transactional id (which aborts it)."""
+    from kafka import KafkaConsumer, KafkaProducer, TopicPartition
+
+    topic = "open-txn"
+    broker.create_topic(topic, partitions=1)
+    dead = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="calmon-ingest.open-txn/0",
+                         transaction_timeout_ms=1000)
+    dead.init_transactions()
+    dead.begin_transaction()
+    dead.send(topic, b"open").get(timeout=10)
+    plain = KafkaProducer(bootstrap_servers=broker.bootstrap)
+    plain.send(topic, b"after").get(timeout=10)
+    plain.close()
+    reader = KafkaConsumer(bootstrap_servers=broker.bootstrap, isolation_level="read_committed",
+                           enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    reader.assign([tp])
+    reader.seek(tp, 0)
+
+    def read_for(seconds: float) -> list[bytes]:
+        got: list[bytes] = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and b"after" not in got:
+            got += [r.value for rs in reader.poll(timeout_ms=200).values() for r in rs]
+        return got
+
+    try:
+        assert read_for(6.0) == []  # six times the transaction's timeout: still held back
+        heir = KafkaProducer(bootstrap_servers=broker.bootstrap, transactional_id="calmon-ingest.open-txn/0")
+        heir.init_transactions()  # aborts the open transaction
+        assert b"after" in read_for(60.0)
+        heir.close()
+    finally:
+        reader.close()
+        dead.close(timeout=1)
