@@ -289,8 +289,8 @@ class Delta:
     ...        np.array([0.9, 0.3]), None, 70.0)
     >>> d = extract_deltas("events/0", 0, 2, 70.0, {"m": mw}, Counters())[0]
     >>> e = Delta.from_bytes(d.to_bytes())
-    >>> (e.source, e.start, e.end, e.model, [(b.tier, b.start, b.bucket.count) for b in e.buckets])
-    ('events/0', 0, 2, 'm', [(0, 0.0, 1), (0, 60.0, 1)])
+    >>> (e.source, e.start, e.end, e.model, len(e.table), e.table.starts.tolist(), e.table.cells.seen.tolist())
+    ('events/0', 0, 2, 'm', 2, [0.0, 60.0], [1, 1])
     >>> target = ModelWindows("m", 2, [(60, 5), (600, 3)], bins=64, reservoir=8)
     >>> merge_delta(target, e); target.rings["all"].window_sum(None).count
     2
