@@ -122,6 +122,9 @@ def test_cell_table_is_each_bucket_as_its_own_read_would_sum_it(classes):
         assert seen == res.seen and len(rows) == len(res.rows)
         if seen <= res.capacity:
             assert np.array_equal(rows, res.rows)  # every row, in order
+    assert Delta.from_bytes(four.to_bytes()).to_bytes() == four.to_bytes()
+    with pytest.raises(ValueError, match="version 4 only"):  # no bucket objects to write another version from
+        four.to_bytes(3)
 
 
 def test_a_model_with_level_sets_is_written_in_format_3_and_refuses_a_table():

@@ -5,10 +5,16 @@ model: for each (segment, tier, bucket start) of the model's event-time rings, t
 :class:`~calmon.state.buckets.BucketStats` of exactly those events (its *packed* JSON document,
 :meth:`~calmon.state.buckets.BucketStats.to_packed`: the arrays in one zlib payload; no pickle), plus
 the partition's watermark after the range and the event counts.  On the topic it is a binary frame
-(version 3, :mod:`calmon.cluster.frames`): the small fields and an arrays table as JSON, then the changed
-cells of every bucket as raw little-endian arrays -- no base64, no JSON string per bucket, one optional
-zlib pass per record.  Versions 1 and 2 (JSON documents) are still read.  The ingest stage builds it by
-applying the range to *fresh* rings at the partition's watermark, so a bucket of tier ``t`` holds events
+(:mod:`calmon.cluster.frames`) of version 4: the small fields as JSON, then one :class:`DeltaTable` -- every
+bucket's occupied cells on the fold's combined cell axis (:func:`~calmon.state.buckets.axis`: fine, ECE,
+class-wise, reliability and prediction-side grids end to end) with their six int64 sums, its reservoir rows,
+and per bucket its segment, tier, start and where its cells and rows end -- as five raw little-endian arrays,
+whatever the number of buckets (no part per grid per bucket), zlib-compressed once.  The ingest stage builds the
+table of a model's range in one aggregation over (bucket, combined cell) (:func:`~calmon.state.buckets.cell_table`:
+a fresh bucket is still its folded events, so nothing is aggregated per bucket).  Version 3 (a binary frame with
+each grid of each bucket as parts of one arrays table) is written for a model with level sets, which a table
+does not carry, and read; versions 1 and 2 (JSON documents) are still read.  The ingest stage builds the deltas
+by applying the range to *fresh* rings at the partition's watermark, so a bucket of tier ``t`` holds events
 that were too old for every finer tier at that watermark.
 
 Merging is exact and order-free: the statistics are integer sums (fixed-point grids) merged by
@@ -18,8 +24,13 @@ move forward with the watermark, so a bucket placed at a lower watermark lies wh
 have put its events anyway: after every ring is advanced to the same watermark, rings built from
 deltas in any order equal the single-process agent's (reservoir *samples* aside: those depend on
 arrival order, their counts do not).  A decoded binary delta is merged without building a bucket per
-delta bucket: its cells are added from read-only views of the record's payload straight into the
-ring's buckets (:meth:`BucketStats.merge_part`), the same integers as merging a decoded bucket.
+delta bucket.  A version-4 table is checked whole (:meth:`DeltaTable.check`, then :func:`check_fits`) and each
+target bucket is handed its cells (:meth:`BucketStats.merge_cells`), which wait, with the rows of a bucket that
+kept every event, until the bucket is next read -- a bucket that gets a delta from every input partition between
+two evaluations sums them once, exact integers in any order; a delta bucket's sample of more events than its
+reservoir keeps is absorbed at once (:meth:`Reservoir.absorb <calmon.stats.reservoir.Reservoir.absorb>`).  A
+version-3 delta's cells are added from read-only views of the record's payload straight into the ring's buckets
+(:meth:`BucketStats.merge_part`), the same integers as merging a decoded bucket.
 """
 
 from __future__ import annotations
@@ -61,8 +72,9 @@ FRAME_VERSIONS = (3, 4)
 JSON_VERSIONS = (1, 2)
 #: Record kind of a delta frame.
 KIND = b"D"
-#: Whether a version-3 payload is zlib-compressed (level 1): about 3x fewer bytes on the topic for ~15% more CPU
-#: on each side (``python -m benchmarks.bench_cluster``); the broker's own ``compression.type`` may do it instead.
+#: Whether a binary payload is zlib-compressed (level 1): about 4x fewer bytes on the topic (version 4: 37.5
+#: against 161 bytes per input record) for CPU ``python -m benchmarks.bench_cluster`` cannot tell from its noise;
+#: the broker's own ``compression.type`` may do it instead.
 COMPRESS = True
 #: A time older than every tier's bounds: :meth:`TieredRing.add` puts a bucket given this time in the archive.
 _ARCHIVE_TIME = -1e300
@@ -312,19 +324,23 @@ class Delta:
     table: DeltaTable | None = None
 
     def to_dict(self) -> dict[str, Any]:
+        """The version-2 document (a delta decoded from a version-4 record has no bucket objects to write)."""
+        if self.table is not None:
+            raise ValueError("a decoded version-4 delta is written as version 4 only")
         return {"format": FORMAT, "version": JSON_VERSIONS[-1], "source": self.source, "start": self.start,
                 "end": self.end, "model": self.model, "classes": self.classes, "watermark": self.watermark,
                 "buckets": [b.to_dict() for b in self.buckets], "events": dict(self.events), "late": self.late}
 
     def to_bytes(self, version: int = VERSION, compress: bool | None = None) -> bytes:
-        """The record value on the deltas topic: a binary frame (version 3, see the module docstring; its payload
-        zlib-compressed if ``compress``, default :data:`COMPRESS`), or a JSON document of version 2 or 1 as older
-        ingest workers wrote them (tests and benchmarks of the upgrade)."""
+        """The record value on the deltas topic: a binary frame (version 4, the table; version 3 for a model with
+        level sets or when asked; see the module docstring; its payload zlib-compressed if ``compress``, default
+        :data:`COMPRESS`), or a JSON document of version 2 or 1 as older ingest workers wrote them (tests and
+        benchmarks of the upgrade)."""
         compress = COMPRESS if compress is None else compress
         if version == 4 and (self.table is not None or not self._levelsets()):
             return self._table_frame(compress)
         if self.table is not None:
-            raise ValueError(f"a decoded version-4 delta is written as version 4, not {version}")
+            raise ValueError(f"a decoded version-4 delta is written as version 4 only, not {version}")
         if version in FRAME_VERSIONS:  # (4: a model with level sets, which a table does not carry)
             return self._frame(compress)
         doc = self.to_dict()

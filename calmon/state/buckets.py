@@ -31,9 +31,11 @@ bucket holds nothing else until its first read (:meth:`BucketStats.blank`: at th
 buckets get two or three events and are never read before they roll into a coarser tier, where
 :meth:`BucketStats.absorb` hands their rows to the coarser bucket instead of materialising them).
 
-Merges are applied at once (:meth:`BucketStats.merge`). Deferring them until the next read (one pass per grid)
-saved CPU at thousands of models, but the partitioned agent's evaluators then differed from the single process
-in the prediction grid (``tests/test_cluster_kafka.py``, 2 runs of 2); it is left for a later change.
+Merges of buckets are applied at once (:meth:`BucketStats.merge`).  The cells of a delta bucket of the partitioned
+agent (:class:`CellTable`, built for all the buckets of a range at once by :func:`cell_table`) wait like folds:
+:meth:`BucketStats.merge_cells` keeps them as a :data:`CELLS` entry -- cells already aggregated, with explicit
+counts, summed as integers with the other pending entries at the next read -- so an evaluator's bucket that gets a
+delta from every input partition between two reads aggregates once.
 """
 
 from __future__ import annotations
