@@ -278,8 +278,11 @@ class DeltaTable:
             if int(t.cells.min()) < 0 or int(t.cells.max()) >= length:
                 raise ValueError(f"a cell is outside the combined axis of {length} cells")
             down = np.flatnonzero(t.cells[1:] <= t.cells[:-1]) + 1  # allowed only where a bucket starts
-            if down.size and not np.isin(down, cell_end).all():
-                raise ValueError("a bucket's cells are not sorted and unique")
+            if down.size:
+                starts = np.zeros(t.cells.size + 1, dtype=bool)
+                starts[cell_end] = True
+                if not starts[down].all():
+                    raise ValueError("a bucket's cells are not sorted and unique")
             if int(t.sums[0].min()) < 1:
                 raise ValueError("a cell's count is not positive")
         kept = np.diff(row_end, prepend=0)

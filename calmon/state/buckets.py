@@ -548,7 +548,8 @@ class BucketStats:
         Parameters
         ----------
         cells
-            Sorted unique combined cells (:func:`axis` of :meth:`layout`).
+            Sorted unique combined cells (:func:`axis` of :meth:`layout`).  The arrays may be read-only views of
+            a record's payload: they are kept as they are until the read, which only reads them.
         sums
             Their int64 sums ``(6, len(cells))``, counts included.
         rows, seen, capacity
@@ -557,7 +558,7 @@ class BucketStats:
         self._thaw()
         if not cells.size and not seen:
             return
-        kept: np.ndarray | None = rows
+        kept: np.ndarray | None = rows  # views are kept: a read copies what it sums, and is due within a round
         if rows.shape[0] < seen:  # a sample: absorbed now (order does not matter for a uniform sample)
             if self._packed is not None:
                 self._unpack()
@@ -572,9 +573,7 @@ class BucketStats:
                 sample.seen = seen
                 st.reservoir = res.merged(sample, np.random.default_rng(st.count))
             kept = None
-        else:
-            kept = rows.copy()  # (the caller's arrays may be views of a record's payload)
-        self._pending.append((CELLS, cells.reshape(1, -1).copy(), sums.copy(), kept))
+        self._pending.append((CELLS, cells.reshape(1, -1), sums, kept))
         self._pending_cells += cells.size
         if self._pending_cells >= PENDING_CELLS:
             self._flush()
@@ -862,8 +861,9 @@ def cell_table(buckets: Sequence[BucketStats], layout: Layout, capacity: int, wi
     range's) is not aggregated on its own: the folds of every such bucket are gathered by kind and summed at
     once, by one sort over (bucket, combined cell) -- the aggregation its first read would do, for all of them
     in one pass.  Its rows are the table's rows while they fit its reservoir (a fresh reservoir below its
-    capacity keeps every row it is offered); a bucket with more, or one read or merged into already, is read
-    (its grids' cells and its reservoir's sample).  Level sets are not carried (a model with level sets is
+    capacity keeps every row it is offered), else a uniform sample of ``capacity`` of them (from one generator per
+    table, seeded by its content: the same range gives the same delta); a bucket read or merged into already
+    is read (its grids' cells and its reservoir's sample).  Level sets are not carried (a model with level sets is
     written in another format).
     """
     n_axis = axis(layout)[-1]
@@ -874,6 +874,7 @@ def cell_table(buckets: Sequence[BucketStats], layout: Layout, capacity: int, wi
     row_end = np.zeros(len(buckets), dtype=np.int64)
     seen = np.zeros(len(buckets), dtype=np.int64)
     kept = 0
+    draw: np.random.Generator | None = None
     for i, b in enumerate(buckets):
         pending = b._pending
         rows = [p[3] for p in pending if p[3] is not None]
@@ -891,13 +892,12 @@ def cell_table(buckets: Sequence[BucketStats], layout: Layout, capacity: int, wi
         else:
             for kind, keys, sums, _ in pending:
                 groups.setdefault((kind, keys.shape[0], sums.ndim), []).append((i, keys, sums))
-            if capacity and n_rows > capacity:  # the sample its first read would draw (the pristine reservoir's)
-                pristine = proto._stats.reservoir
-                assert pristine is not None
-                res = pristine.copy()
-                res.update(np.concatenate(rows))
-                rows_out.append(res.rows)
-                kept += res.rows.shape[0]
+            if capacity and n_rows > capacity:  # a uniform sample, from one generator per table (not per bucket)
+                # seeded by the content: a range processed again gives the same delta, another range other draws
+                draw = draw or np.random.default_rng((n_axis, len(buckets), i, n_rows))
+                pick = np.sort(draw.choice(n_rows, capacity, replace=False))
+                rows_out.append(np.concatenate(rows).take(pick, axis=0))
+                kept += capacity
                 seen[i] = n_rows
             elif capacity:
                 rows_out += rows
