@@ -195,7 +195,8 @@ def test_bench_cluster_compute(capfd: pytest.CaptureFixture[str]) -> None:
     out = _run(capfd, "bench_cluster", "--events", "300", "--partitions", "2", "--range", "200", "--rounds", "1",
                "--workers", "1,2")
     _has(out, '"delta_bytes_per_record_v3"', '"together_v3_vs_single_best"', '"evaluate_v2_records_per_cpu_s_best"',
-         "| together_v3 |", "| 2 |", '"workers_2_cpu_vs_one_best"')
+         '"delta_bytes_per_record_v4"', '"together_v4_vs_single_best"', "| together_v3 |", "| together_v4raw |",
+         "| 2 |", '"workers_2_cpu_vs_one_best"')
 
 
 @pytest.mark.slow

@@ -281,6 +281,31 @@ def test_a_delta_of_an_unknown_segment_is_refused_whole(tmp_path, deltas):
     ev.deltas.close()
 
 
+def test_a_damaged_or_unfit_format_4_delta_is_counted_by_reason_and_merges_nothing(tmp_path, deltas):
+    """Format 4 (one table of cells per record) through the evaluator's input: a forged segment name, grids of
+    other bins and a damaged table are each counted by reason, create no model and merge nothing; the genuine
+    record still merges."""
+    from test_delta_table import frame_of, reframe  # (tests/ is on the path, as for test_cluster_kafka)
+    ev = evaluator(tmp_path)
+    d = next(d for d in deltas if len(d.buckets) > 2)
+    good = d.to_bytes(4, compress=False)
+    assert good[4] == 4
+    header, arrays = frame_of(good)
+    index_ref, _starts, cells_ref, _sums, _rows = header["table"]
+    layout = header["layout"]
+    bad = [(reframe({**header, "segments": ["forged"] * len(header["segments"])}, arrays), "unknown_segment"),
+           (reframe({**header, "layout": [4096, *layout[1:]]}, arrays), "incompatible"),
+           (reframe(header, [a[::-1].copy() if i == cells_ref else a for i, a in enumerate(arrays)]), "invalid"),
+           (reframe(header, [a[:4].copy() if i == index_ref else a for i, a in enumerate(arrays)]), "schema")]
+    for i, (value, reason) in enumerate(bad):
+        ev.ingest(Batch([value], {}, "deltas", [f"calmon-deltas/0@{i}"]))
+        assert ev.state.models == {} and ev.bad.counts[("delta", reason)] == 1, (reason, ev.bad.counts)
+    ev.ingest(Batch([good], {}, "deltas", ["calmon-deltas/0@9"]))
+    assert set(ev.state.models) == {d.model} and ev.state.models[d.model].rings["all"].window_sum(None).count > 0
+    assert ev.bad_deltas == len(bad)
+    ev.deltas.close()
+
+
 # -- snapshots ---------------------------------------------------------------------------------------------------
 def test_a_bad_snapshot_record_gets_its_reason():
     good = ModelSnapshot("m", 1, ModelWindows("m", 2, [(60, 2)], bins=64)).to_bytes()

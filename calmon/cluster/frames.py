@@ -5,7 +5,7 @@ base64 pass and a JSON string per record on both sides.  A *frame* carries the a
 
     offset  size  field
     0       4     magic  b"\\x00CM" + kind (b"D": a delta); a JSON record never starts with a NUL byte
-    4       1     version of the record (3 for deltas)
+    4       1     version of the record (3 or 4 for deltas)
     5       1     flags: bit 0 = the payload is zlib-compressed
     6       2     reserved, 0
     8       4     header length h (bytes of UTF-8 JSON: the small fields and the arrays table)

@@ -31,9 +31,11 @@ bucket holds nothing else until its first read (:meth:`BucketStats.blank`: at th
 buckets get two or three events and are never read before they roll into a coarser tier, where
 :meth:`BucketStats.absorb` hands their rows to the coarser bucket instead of materialising them).
 
-Merges are applied at once (:meth:`BucketStats.merge`). Deferring them until the next read (one pass per grid)
-saved CPU at thousands of models, but the partitioned agent's evaluators then differed from the single process
-in the prediction grid (``tests/test_cluster_kafka.py``, 2 runs of 2); it is left for a later change.
+Merges of buckets are applied at once (:meth:`BucketStats.merge`).  The cells of a delta bucket of the partitioned
+agent (:class:`CellTable`, built for all the buckets of a range at once by :func:`cell_table`) wait like folds:
+:meth:`BucketStats.merge_cells` keeps them as a :data:`CELLS` entry -- cells already aggregated, with explicit
+counts, summed as integers with the other pending entries at the next read -- so an evaluator's bucket that gets a
+delta from every input partition between two reads aggregates once.
 """
 
 from __future__ import annotations
@@ -255,8 +257,15 @@ def _keys(grids: list[tuple[np.ndarray, int, int]], n: int) -> np.ndarray:
     return keys
 
 
-#: A fold waiting in a bucket: (:attr:`EventCells.pred`, keys, sums, reservoir rows or None).
-Pending = tuple[bool, np.ndarray, np.ndarray, np.ndarray | None]
+#: A pending entry's kind: :attr:`EventCells.pred` of a fold (``False``/``True``), or :data:`CELLS`.
+#: ``CELLS``: a delta bucket's cells merged by :meth:`BucketStats.merge_cells`, already aggregated: keys
+#: ``(1, n)`` sorted unique combined cells, sums ``(6, n)`` with explicit counts (not one event per column), rows
+#: the bucket's labeled events (every one of them) or None (a sample, absorbed into the reservoir already).
+CELLS = 2
+
+#: A fold (or merged cells) waiting in a bucket: (kind, keys, sums, reservoir rows or None); kind is
+#: :attr:`EventCells.pred` of a fold or :data:`CELLS`.
+Pending = tuple[int, np.ndarray, np.ndarray, np.ndarray | None]
 
 
 def expand_all(pending: Sequence[Pending]) -> tuple[np.ndarray, np.ndarray]:
@@ -265,7 +274,9 @@ def expand_all(pending: Sequence[Pending]) -> tuple[np.ndarray, np.ndarray]:
     tiles: list[np.ndarray] = []
     for pred, keys, sums, _ in pending:
         g = keys.shape[0]
-        if sums.ndim == 3:  # one set of sums per row of keys, in the order of keys.ravel()
+        if pred == CELLS:  # aggregated cells of a merged delta bucket: one column per cell already
+            tiles.append(sums)
+        elif sums.ndim == 3:  # one set of sums per row of keys, in the order of keys.ravel()
             tiles.append(sums.transpose(1, 0, 2).reshape(sums.shape[1], -1))
         elif pred:  # the labeled prediction-side row (the last) has no outcome terms
             tiles.extend([sums] * (g - 1))
@@ -277,7 +288,7 @@ def expand_all(pending: Sequence[Pending]) -> tuple[np.ndarray, np.ndarray]:
     return np.concatenate([keys.ravel() for _, keys, _, _ in pending]), np.concatenate(tiles, axis=1)
 
 
-def bincount_one(pred: bool, keys: np.ndarray, sums: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
+def bincount_one(pred: int, keys: np.ndarray, sums: np.ndarray, length: int) -> tuple[np.ndarray, np.ndarray]:
     """The cells and summed int64 fields of one fold's events (those of :func:`expand_all`) by bincount over
     the combined axis of ``length`` cells: the count (field 0, one per event) unweighted, each other field
     weighted by its float64 values written once per grid into one buffer (no int64 tile converted field by
@@ -394,6 +405,15 @@ class BucketStats:
         st = src.stats
         return st.fine.bins, st.ece.bins, st.classes, src._rel.bins
 
+    def sampling(self) -> tuple[int, int, bool]:
+        """(reservoir capacity (0: none), reservoir row width, whether it keeps level sets), as :func:`cell_table`
+        and the delta formats read them (a bucket not materialised yet stays so)."""
+        src = self if self._proto is None else self._proto
+        st = src.stats
+        res = st.reservoir
+        width = 2 if st.classes == 2 else st.classes + 1
+        return (0 if res is None else res.capacity), width, st.levelset is not None
+
     def update(self, score: np.ndarray | None = None, probs: np.ndarray | None = None,
                labels: np.ndarray | None = None, predictions: bool = False) -> None:
         """Add labeled events (binary ``score`` or multiclass ``probs``) with class ``labels``: the fold of
@@ -440,11 +460,14 @@ class BucketStats:
         pending, self._pending, self._pending_cells = self._pending, [], 0
         st = self._stats
         offsets = axis((st.fine.bins, st.ece.bins, st.classes, self._rel.bins))
-        if len(pending) == 1 and pending[0][1].size >= BINCOUNT_CELLS:
+        merged = any(p[0] == CELLS for p in pending)
+        if len(pending) == 1 and pending[0][1].size >= BINCOUNT_CELLS and not merged:
             cells, sums = bincount_one(*pending[0][:3], offsets[-1])
         else:
             cells, sums = expand_all(pending)
-            if cells.size >= BINCOUNT_CELLS:  # one bincount per field over the combined axis (exact below 2**53)
+            # one bincount per field over the combined axis (exact below 2**53: a batch's events; merged cells
+            # may hold any sums, so they are summed as integers)
+            if cells.size >= BINCOUNT_CELLS and not merged:
                 total = np.stack([np.bincount(cells, weights=v, minlength=offsets[-1]) for v in sums])
                 cells = np.flatnonzero(total[0])
                 sums = total[:, cells].astype(np.int64)
@@ -510,6 +533,60 @@ class BucketStats:
         self._rel.merge_part(part.rel)
         self._pred.merge_part(part.pred)
 
+    def merge_cells(self, cells: np.ndarray, sums: np.ndarray, rows: np.ndarray, seen: int, capacity: int) -> None:
+        """Add one bucket of a delta table (:class:`CellTable`): its aggregated cells and its reservoir sample,
+        the same statistics as :meth:`merge` of that bucket.
+
+        The cells wait as a :data:`CELLS` entry until the bucket is next read, summed with whatever else
+        arrived meanwhile in one pass (an evaluator's bucket gets a delta from every input partition between
+        two reads).  ``rows`` are every labeled event of the delta bucket when ``len(rows) == seen`` (then they
+        wait too, and the next read offers them to the reservoir as a fold's rows are: a uniform sample of the
+        union), else a uniform sample of ``seen`` events by a reservoir of ``capacity`` rows, merged now
+        (:meth:`Reservoir.absorb <calmon.stats.reservoir.Reservoir.absorb>`, or :meth:`Reservoir.merged
+        <calmon.stats.reservoir.Reservoir.merged>` if this bucket's capacity differs).
+
+        Parameters
+        ----------
+        cells
+            Sorted unique combined cells (:func:`axis` of :meth:`layout`).  The arrays may be read-only views of
+            a record's payload: they are kept as they are until the read, which only reads them.
+        sums
+            Their int64 sums ``(6, len(cells))``, counts included.
+        rows, seen, capacity
+            The delta bucket's reservoir rows, the labeled events they sample and its reservoir's capacity.
+        """
+        self._thaw()
+        if not cells.size and not seen:
+            return
+        kept: np.ndarray | None = rows  # views are kept: a read copies what it sums, and is due within a round
+        if rows.shape[0] < seen:  # a sample: absorbed now (order does not matter for a uniform sample)
+            if self._packed is not None:
+                self._unpack()
+            if self._proto is not None:
+                self._materialise()
+            st = self._stats
+            res = st.reservoir
+            if res is not None and res.capacity == capacity:
+                res.absorb(rows, seen)
+            elif res is not None:  # (stages configured with other reservoirs) the general merge, as merge_part's
+                sample = Reservoir.of_rows(capacity, res.width, rows.copy())
+                sample.seen = seen
+                st.reservoir = res.merged(sample, np.random.default_rng(st.count))
+            kept = None
+        self._pending.append((CELLS, cells.reshape(1, -1), sums, kept))
+        self._pending_cells += cells.size
+        if self._pending_cells >= PENDING_CELLS:
+            self._flush()
+
+    def axis_cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """Every grid's stored cells on the combined axis (:func:`axis`), ascending, and their int64 sums
+        ``(6, cells)``: the content :meth:`merge_cells` adds (pending folds aggregated first)."""
+        st = self.stats
+        offsets = axis(self.layout())
+        parts = [(c + offsets[k], v) for k, grid in enumerate((st.fine, st.ece, st.classwise, self._rel, self._pred))
+                 if grid is not None for c, v in (grid.cell_sums(),)]
+        return np.concatenate([c for c, _ in parts]), np.concatenate([v for _, v in parts], axis=1)
+
     def absorb(self, child: BucketStats) -> None:
         """:meth:`merge` of a bucket rolling into this coarser one (:meth:`TieredRing.advance
         <calmon.state.windows.TieredRing.advance>`), with the same result, bit for bit.
@@ -525,8 +602,9 @@ class BucketStats:
         :meth:`merge`.
         """
         proto = child._proto
-        if proto is None or child._packed is not None or proto._stats.levelset is not None:
-            self.merge(child)
+        if (proto is None or child._packed is not None or proto._stats.levelset is not None
+                or _has_cells(child._pending) or _has_cells(self._pending)):
+            self.merge(child)  # (merged cells count their events in their sums, not their columns)
             return
         pending = child._pending
         rows = [p[3] for p in pending if p[3] is not None]
@@ -743,6 +821,111 @@ class BucketStats:
         if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("version") != PACKED_VERSION:
             raise ValueError("not a packed calmon bucket document")
         self._decode(d)
+
+
+def _has_cells(pending: Sequence[Pending]) -> bool:
+    """Whether merged cells (:data:`CELLS`) wait among ``pending``."""
+    return any(p[0] == CELLS for p in pending)
+
+
+class CellTable(NamedTuple):
+    """The statistics of many buckets of one :data:`Layout` as one set of arrays: each bucket's sorted unique
+    cells on the combined axis (:func:`axis`) with their int64 sums, and its reservoir rows -- what a delta
+    record of format 4 carries (:mod:`calmon.cluster.deltas`), built by :func:`cell_table` without a Python
+    call per bucket's grid, merged by :meth:`BucketStats.merge_cells`.
+
+    Bucket ``i`` holds ``cells[cell_end[i - 1]:cell_end[i]]`` (``cell_end[-1]`` read as 0) with
+    ``sums[:, ...]`` of the same columns, and the rows ``rows[row_end[i - 1]:row_end[i]]`` sampling its
+    ``seen[i]`` labeled events (all of them when the two counts are equal).
+    """
+
+    cell_end: np.ndarray
+    cells: np.ndarray
+    sums: np.ndarray
+    row_end: np.ndarray
+    rows: np.ndarray
+    seen: np.ndarray
+
+    def bucket(self, i: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+        """Bucket ``i``'s cells, sums, rows and events seen (views)."""
+        a, b = (int(self.cell_end[i - 1]) if i else 0), int(self.cell_end[i])
+        r, q = (int(self.row_end[i - 1]) if i else 0), int(self.row_end[i])
+        return self.cells[a:b], self.sums[:, a:b], self.rows[r:q], int(self.seen[i])
+
+
+def cell_table(buckets: Sequence[BucketStats], layout: Layout, capacity: int, width: int) -> CellTable:
+    """The :class:`CellTable` of ``buckets`` (all of ``layout``, reservoirs of ``capacity`` rows of ``width``;
+    capacity 0: no reservoir), without changing what they hold.
+
+    A bucket that is only its folded events (:meth:`BucketStats.blank`, never read: a fresh ring's buckets, one
+    range's) is not aggregated on its own: the folds of every such bucket are gathered by kind and summed at
+    once, by one sort over (bucket, combined cell) -- the aggregation its first read would do, for all of them
+    in one pass.  Its rows are the table's rows while they fit its reservoir (a fresh reservoir below its
+    capacity keeps every row it is offered), else a uniform sample of ``capacity`` of them (from one generator per
+    table, seeded by its content: the same range gives the same delta); a bucket read or merged into already
+    is read (its grids' cells and its reservoir's sample).  Level sets are not carried (a model with level sets is
+    written in another format).
+    """
+    n_axis = axis(layout)[-1]
+    groups: dict[tuple[int, int, int], list[tuple[int, np.ndarray, np.ndarray]]] = {}
+    keys_out: list[np.ndarray] = []
+    vals_out: list[np.ndarray] = []
+    rows_out: list[np.ndarray] = []
+    row_end = np.zeros(len(buckets), dtype=np.int64)
+    seen = np.zeros(len(buckets), dtype=np.int64)
+    kept = 0
+    draw: np.random.Generator | None = None
+    for i, b in enumerate(buckets):
+        pending = b._pending
+        rows = [p[3] for p in pending if p[3] is not None]
+        n_rows = sum(r.shape[0] for r in rows)
+        proto = b._proto
+        if proto is None or b._packed is not None or _has_cells(pending):
+            cells, sums = b.axis_cells()  # read: its grids and its reservoir's sample
+            keys_out.append(cells + i * n_axis)
+            vals_out.append(sums)
+            res = b._stats.reservoir
+            if res is not None and capacity:
+                rows_out.append(res.rows)
+                kept += res.rows.shape[0]
+                seen[i] = res.seen
+        else:
+            for kind, keys, sums, _ in pending:
+                groups.setdefault((kind, keys.shape[0], sums.ndim), []).append((i, keys, sums))
+            if capacity and n_rows > capacity:  # a uniform sample, from one generator per table (not per bucket)
+                # seeded by the content: a range processed again gives the same delta, another range other draws
+                draw = draw or np.random.default_rng((n_axis, len(buckets), i, n_rows))
+                pick = np.sort(draw.choice(n_rows, capacity, replace=False))
+                rows_out.append(np.concatenate(rows).take(pick, axis=0))
+                kept += capacity
+                seen[i] = n_rows
+            elif capacity:
+                rows_out += rows
+                kept += n_rows
+                seen[i] = n_rows
+        row_end[i] = kept
+    for (kind, g, ndim), items in groups.items():
+        sizes = [k.shape[1] for _, k, _ in items]
+        bid = np.repeat(np.array([i for i, _, _ in items], dtype=np.int64) * n_axis, sizes)
+        keys = np.concatenate([k for _, k, _ in items], axis=1)
+        keys += bid  # (g, events): every row of an event in its bucket's span of the axis
+        sums = np.concatenate([v for _, _, v in items], axis=-1)
+        if ndim == 3:  # one set of sums per row of keys, in the order of keys.ravel()
+            vals = sums.transpose(1, 0, 2).reshape(sums.shape[1], -1)
+        else:
+            vals = np.tile(sums, g)
+            if kind == 1:  # (True) the labeled prediction-side row (the last) has no outcome terms
+                vals[:, (g - 1) * keys.shape[1]:] *= _NO_OUTCOME
+        keys_out.append(keys.ravel())
+        vals_out.append(vals)
+    if keys_out:
+        cells, sums = sparse.aggregate(np.concatenate(keys_out), np.concatenate(vals_out, axis=1))
+    else:
+        cells, sums = np.zeros(0, dtype=np.int64), np.zeros((6, 0), dtype=np.int64)
+    cell_end = np.searchsorted(cells, np.arange(1, len(buckets) + 1, dtype=np.int64) * n_axis)
+    cells = cells - np.repeat(np.arange(len(buckets), dtype=np.int64) * n_axis, np.diff(cell_end, prepend=0))
+    rows_all = np.concatenate(rows_out) if rows_out else np.zeros((0, width))
+    return CellTable(cell_end.astype(np.int64), cells, sums, row_end, rows_all.reshape(-1, width), seen)
 
 
 class ModelWindows:

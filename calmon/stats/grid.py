@@ -345,6 +345,18 @@ class ScoreGrid:
                 cells, vals = cells[keep], vals[:, keep]
         return cells, _floats(vals)
 
+    def cell_sums(self) -> tuple[np.ndarray, np.ndarray]:
+        """The stored cells (any field nonzero; flat indices, ascending) and their exact int64 sums ``(6, cells)``:
+        what :meth:`add_cells` with ``aggregated`` adds back (copies or immutable arrays).
+
+        >>> g = ScoreGrid(128); g.update(np.array([0.1, 0.9]), np.array([0, 1]))
+        >>> cells, sums = g.cell_sums(); cells.tolist(), sums[0].tolist()
+        ([12, 115], [1, 1])
+        """
+        if self._dense is not None:
+            return sparse.from_dense(self._dense)
+        return sparse.prune(self._cells, self._vals)
+
     # -- updates -----------------------------------------------------------------------------
     def update(self, z: np.ndarray, y: np.ndarray) -> None:
         """Add a batch of scores ``z`` in [0, 1] and outcomes ``y`` in {0, 1}.
