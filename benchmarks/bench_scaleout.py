@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from benchmarks._child import last_json, run_module
+from calmon.cluster.deltas import VERSION
 
 #: (row, goal): the issue's goals, as ratios.
 GOALS = {
@@ -54,10 +55,11 @@ def rows(kafka: dict[str, Any] | None, cluster: dict[str, Any]) -> list[tuple[st
             if r:
                 out.append((f"agent on Kafka, {label} / from memory", min(r), statistics.median(r),
                             f"{kafka['records']:,} records, {kafka['partitions']} partitions, min"))
-    if "together_v3_vs_single_best" in cluster:
-        out.append(("two stages together / single process (records per CPU-s)", cluster["together_v3_vs_single_best"],
-                    cluster["together_v3_vs_single_median"], f"{cluster['records']:,} records, ranges of "
-                    f"{cluster['range']:,}, best"))
+    written = f"together_v{VERSION}"  # the format the ingest stage writes
+    if f"{written}_vs_single_best" in cluster:
+        out.append(("two stages together / single process (records per CPU-s)", cluster[f"{written}_vs_single_best"],
+                    cluster[f"{written}_vs_single_median"], f"{cluster['records']:,} records, ranges of "
+                    f"{cluster['range']:,}, delta format {VERSION}, best"))
     for prefix, what in (("workers_", "ingest processes"), ("broker_workers_", "ingest workers on a broker")):
         counts = [int(k[len(prefix):].split("_")[0]) for k in cluster
                   if k.startswith(prefix) and k.endswith("_cpu_vs_one_best")]
