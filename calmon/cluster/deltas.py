@@ -39,7 +39,7 @@ import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 import numpy as np
@@ -389,22 +389,8 @@ class Delta:
         if len(data) > 4 and data[4] == 4:
             return cls._from_table_frame(data)
         docs: list[FrameHeaderDoc] = []
-
-        def expected(header: bytes) -> int:
-            try:
-                doc = msgspec.json.decode(header, type=FrameHeaderDoc)
-            except msgspec.ValidationError as exc:
-                raise BadRecord("schema", f"delta header: {exc}") from None
-            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-                raise BadRecord("not_json", f"delta header is not JSON: {exc}") from None
-            docs.append(doc)
-            words = 0
-            for _, dims in doc.arrays:  # (a loop: hundreds of arrays a record)
-                words += math.prod(dims)
-            return 8 * words
-
         try:
-            frame = unpack_frame(data, KIND, FRAME_VERSIONS, expected, "delta record")
+            frame = unpack_frame(data, KIND, FRAME_VERSIONS, _header_reader(FrameHeaderDoc, docs), "delta record")
             doc = docs[0]
             unpacker = Unpacker.of(doc.arrays, frame.payload)  # its (dtype, dims) pairs as they are
         except BadRecord as exc:
@@ -423,19 +409,8 @@ class Delta:
     @classmethod
     def _from_table_frame(cls, data: bytes) -> Delta:
         docs: list[TableHeaderDoc] = []
-
-        def expected(header: bytes) -> int:
-            try:
-                doc = msgspec.json.decode(header, type=TableHeaderDoc)
-            except msgspec.ValidationError as exc:
-                raise BadRecord("schema", f"delta header: {exc}") from None
-            except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
-                raise BadRecord("not_json", f"delta header is not JSON: {exc}") from None
-            docs.append(doc)
-            return 8 * sum(math.prod(dims) for _, dims in doc.arrays)
-
         try:
-            frame = unpack_frame(data, KIND, FRAME_VERSIONS, expected, "delta record")
+            frame = unpack_frame(data, KIND, FRAME_VERSIONS, _header_reader(TableHeaderDoc, docs), "delta record")
             doc = docs[0]
             unpacker = Unpacker.of(doc.arrays, frame.payload)
         except BadRecord as exc:
@@ -699,3 +674,26 @@ def _merge_table(windows: ModelWindows, table: DeltaTable, watermark: float) -> 
                 state.merge_cells(cells[a:b], sums[:, a:b], rows[r:row_end[i]], seen[i], capacity)
 
         windows.rings[name].add(at[mine], merge, watermark=watermark)
+
+
+_Header = TypeVar("_Header", FrameHeaderDoc, TableHeaderDoc)
+
+
+def _header_reader(doc_type: type[_Header], docs: list[_Header]) -> Callable[[bytes], int]:
+    """The ``expected`` callback of :func:`unpack_frame` for a delta: the header decoded as ``doc_type`` (appended
+    to ``docs``) and the payload bytes its ``arrays`` table declares; a header that is not JSON or not the schema
+    is a :class:`BadRecord` with its reason."""
+    def expected(header: bytes) -> int:
+        try:
+            doc = msgspec.json.decode(header, type=doc_type)
+        except msgspec.ValidationError as exc:
+            raise BadRecord("schema", f"delta header: {exc}") from None
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError) as exc:
+            raise BadRecord("not_json", f"delta header is not JSON: {exc}") from None
+        docs.append(doc)
+        words = 0
+        for _, dims in doc.arrays:  # (a loop: hundreds of arrays a record)
+            words += math.prod(dims)
+        return 8 * words
+
+    return expected
