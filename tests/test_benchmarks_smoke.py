@@ -101,6 +101,7 @@ def test_every_module_has_a_case() -> None:
     covered = {c[0] for c in CASES} | {"bench_agent", "bench_cluster", "bench_decode", "bench_estimates",
                                        "bench_fold", "bench_ingest", "bench_kafka", "bench_parquet",
                                        "bench_revisions", "bench_tcal_kernel", "bench_tcal_screen",
+                                       "bench_scaleout",  # test_bench_scaleout_summary below
                                        "bench_window_base", "compare_agent_state", "recal_tcal_tables",
                                        "bench_models",  # bench_models: tests/test_bench_models.py
                                        "bench_platform",  # tests/test_bench_platform.py

@@ -93,6 +93,27 @@ def test_a_seek_forgets_what_is_held(values):
     assert _read(cls, [(1, later)], values)[0] == [(1, b"a1")]
 
 
+@pytest.mark.parametrize("values", [True, False])
+def test_an_aborted_transaction_read_again_after_a_seek_is_dropped_again_and_counted_once(values):
+    """A partition read again from an earlier offset (the evaluator's restore repositions what the consumer had
+    started fetching) drops the aborted records again, but ``calmon_cluster_aborted_records_total`` counts each
+    aborted record once: it failed 1 run in 3 of
+    ``test_an_aborted_range_never_reaches_the_evaluator_even_where_the_broker_returns_it`` (6 for 3)."""
+    cls = _reader(values)
+    log = b"".join([
+        _batch_at(0, [b"b0", b"b1", b"b2"], pid=8),  # aborted
+        _batch_at(3, [ABORT], pid=8, control=True),
+        _batch_at(4, [b"a4"], pid=7),
+        _batch_at(5, [COMMIT], pid=7, control=True),
+    ])
+    assert _read(cls, [(0, log)], values)[0] == [(4, b"a4")]
+    assert _read(cls, [(0, log)], values)[0] == [(4, b"a4")]  # a seek back to 0: fetched from there again
+    assert cls.stats.aborted == 3
+    more = b"".join([_batch_at(6, [b"c6", b"c7"], pid=9), _batch_at(8, [ABORT], pid=9, control=True)])
+    assert _read(cls, [(0, log + more)], values)[0] == [(4, b"a4")]  # again, with two new aborted records
+    assert cls.stats.aborted == 5
+
+
 def test_held_keeps_offset_order_and_counts():
     h = Held()
     assert h.hold(1, ["x1"]) == []

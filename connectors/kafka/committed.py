@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,17 @@ class Stats:
     aborted: int = 0
     committed: int = 0
     held_max: int = 0
+    #: per partition, the offset after the last aborted record counted: a partition read again after a seek (a
+    #: restore, a rebalance) drops its aborted records again but counts them once
+    aborted_to: dict[Any, int] = field(default_factory=dict)
+
+    def count_aborted(self, tp: Any, first: int, last: int, n: int) -> None:
+        """Count ``n`` aborted records at offsets ``first`` .. ``last`` of ``tp``, less those counted already."""
+        done = self.aborted_to.get(tp, first)
+        if last < done:
+            return
+        self.aborted += n if first >= done else min(n, last + 1 - done)
+        self.aborted_to[tp] = last + 1
 
 
 @dataclass
@@ -90,6 +101,17 @@ class Held:
     queue: deque[list[Any]] = field(default_factory=deque)
     stats: Stats = field(default_factory=Stats)
     pending: int = 0
+    #: the partition, and a record's offset: aborted records are then counted once per offset
+    #: (:meth:`Stats.count_aborted`); without them every drop counts
+    tp: Any = None
+    offset_of: Callable[[Any], int] | None = None
+
+    def _drop(self, records: list[Any]) -> None:
+        """Count ``records`` (decided aborted) in :attr:`stats`."""
+        if self.offset_of is None or not records:
+            self.stats.aborted += len(records)
+            return
+        self.stats.count_aborted(self.tp, self.offset_of(records[0]), self.offset_of(records[-1]), len(records))
 
     def hold(self, producer_id: int, records: list[Any], epoch: int = 0) -> list[Any]:
         """Hold a transactional batch's records until ``producer_id`` 's marker.
@@ -102,7 +124,7 @@ class Held:
         stale = [e for e in self.queue if e[0] == producer_id and not e[1] and e[4] < epoch]
         for entry in stale:
             entry[1], entry[2] = True, False
-            self.stats.aborted += len(entry[3])
+            self._drop(entry[3])
         if records:
             self.queue.append([producer_id, False, False, records, epoch])
             self.pending += len(records)
@@ -133,7 +155,7 @@ class Held:
                 if keep:
                     self.stats.committed += len(entry[3])
                 else:
-                    self.stats.aborted += len(entry[3])
+                    self._drop(entry[3])
         return self._release()
 
     def _release(self) -> list[Any]:
@@ -153,6 +175,9 @@ def _define(base: Any, values: bool) -> Any:
     from kafka import errors
     from kafka.consumer.fetcher import ConsumerRecord, IsolationLevel
 
+    def _offset_of(record: Any) -> int:
+        return int(record[0] if values else record.offset)
+
     class CommittedRecords(base):
         """``PartitionRecords`` filtering aborted transactions by their markers (see the module docstring)."""
 
@@ -164,7 +189,7 @@ def _define(base: Any, values: bool) -> Any:
         def __init__(self, fetch_offset: int, tp: Any, records: Any, *args: Any, **kwargs: Any) -> None:
             held = self.holds.get(tp)
             if held is None or held.next != fetch_offset:  # a seek or a new assignment: start afresh
-                held = self.holds[tp] = Held(stats=self.stats)
+                held = self.holds[tp] = Held(stats=self.stats, tp=tp, offset_of=_offset_of)
             held.next = None
             self._held = held
             super().__init__(fetch_offset, tp, records, *args, **kwargs)
@@ -232,7 +257,8 @@ def _define(base: Any, values: bool) -> Any:
                                 batch = records.next_batch()
                                 continue
                             if self._is_batch_aborted(batch):  # the broker's list (Kafka) says so
-                                held.stats.aborted += batch.records_count
+                                held.stats.count_aborted(tp, batch.base_offset, batch.last_offset,
+                                                         batch.records_count)
                                 if not held.queue:
                                     self.next_fetch_offset = batch.next_offset
                                 batch = records.next_batch()
