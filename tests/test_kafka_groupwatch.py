@@ -115,8 +115,31 @@ def _wait(cond: Any, timeout: float, what: str) -> None:
 @pytest.mark.slow
 def test_a_group_whose_leader_left_while_it_formed_forms_again_by_itself():
     """On Tansu 0.6 the two members left spin at one generation with every SyncGroup refused until the watch of
-    one of them expires the departed leader; then they share the partitions (before #33.2's watch: for ever)."""
+    one of them expires the departed leader; then they share the partitions (before #33.2's watch: for ever).
+
+    The loop is a race the broker sometimes leaves by itself (a conflict of two writes of the group reloads it
+    without the departed leader): a group that formed without a repair proves nothing either way, so the scenario
+    runs again, up to :data:`ATTEMPTS` times, and fails if no attempt looped."""
     require_broker()
+    outcomes = []
+    for _ in range(ATTEMPTS):
+        formed, repairs = _leader_leaves_a_forming_group()
+        outcomes.append((round(formed, 1), repairs))
+        if repairs:
+            break
+    formed, repairs = outcomes[-1]
+    assert repairs >= 1, f"formed without a repair in every attempt {outcomes}: the broker no longer keeps a " \
+                         "departed leader?"
+    print(f"formed {formed:.1f} s after the leader left, {repairs} repair(s); attempts {outcomes}")
+
+
+#: Runs of the scenario before the broker is judged to have healed its group loop.
+ATTEMPTS = 3
+
+
+def _leader_leaves_a_forming_group() -> tuple[float, int]:
+    """Three members of a group on a fresh broker; the leader of the forming group leaves before it rejoins.
+    Returns the seconds until the two left share the partitions, and the repairs their watches made."""
     from connectors.kafka import KafkaSource
 
     client = {"session_timeout_ms": 10000, "heartbeat_interval_ms": 1000, "max_poll_interval_ms": 20000}
@@ -147,8 +170,7 @@ def test_a_group_whose_leader_left_while_it_formed_forms_again_by_itself():
             b.halt()
             c.halt()
         repairs = b.source.group_watch.repairs + c.source.group_watch.repairs
-        assert repairs >= 1, "formed without a repair: the broker no longer keeps a departed leader?"
         assert b.source.health()["group_repairs"] + c.source.health()["group_repairs"] == repairs
-        print(f"formed {formed:.1f} s after the leader left, {repairs} repair(s)")
         b.source.close()
         c.source.close()
+    return formed, repairs
