@@ -380,10 +380,14 @@ def broker_table(res: dict) -> str:
 def _worker_rows(res: dict, prefix: str, cells: list[tuple[str, str]]) -> list[str]:
     """A Markdown row per worker count of the keys ``<prefix><count>_<key>``: the count, then each ``(key, format
     spec)`` of ``cells`` (the first key tells which counts were measured)."""
-    first = "_" + cells[0][0]
-    counts = sorted(int(k[len(prefix):].split("_")[0]) for k in res if k.startswith(prefix) and k.endswith(first))
     return [f"| {w} | " + " | ".join(format(res[f"{prefix}{w}_{key}"], spec) for key, spec in cells) + " |"
-            for w in counts]
+            for w in worker_counts(res, prefix, cells[0][0])]
+
+
+def worker_counts(res: dict, prefix: str, key: str) -> list[int]:
+    """The worker counts measured under ``prefix`` (``workers_``, ``broker_workers_``): those with a
+    ``<prefix><count>_<key>`` figure, ascending."""
+    return sorted(int(k[len(prefix):].split("_")[0]) for k in res if k.startswith(prefix) and k.endswith("_" + key))
 
 
 def table(res: dict) -> str:

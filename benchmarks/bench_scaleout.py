@@ -27,6 +27,7 @@ import sys
 from typing import Any
 
 from benchmarks._child import last_json, run_module
+from benchmarks.bench_cluster import worker_counts
 from calmon.cluster.deltas import VERSION
 
 #: (row, goal): the issue's goals, as ratios.
@@ -61,8 +62,7 @@ def rows(kafka: dict[str, Any] | None, cluster: dict[str, Any]) -> list[tuple[st
                     cluster[f"{written}_vs_single_median"], f"{cluster['records']:,} records, ranges of "
                     f"{cluster['range']:,}, delta format {VERSION}, best"))
     for prefix, what in (("workers_", "ingest processes"), ("broker_workers_", "ingest workers on a broker")):
-        counts = [int(k[len(prefix):].split("_")[0]) for k in cluster
-                  if k.startswith(prefix) and k.endswith("_cpu_vs_one_best")]
+        counts = worker_counts(cluster, prefix, "cpu_vs_one_best")
         if len(counts) > 1:
             w = max(counts)
             p = f"{prefix}{w}_"
