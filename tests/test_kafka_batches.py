@@ -229,6 +229,9 @@ def _confluent_over(messages: list[Any]) -> tuple[Any, list[str]]:
         def consume(self, num_messages: int, timeout: float) -> list[Any]:
             return messages
 
+        def assignment(self) -> list[Any]:
+            return []
+
     class Events:
         def on_error(self, message: str, counted: bool) -> None:
             errors.append(message)
@@ -321,9 +324,10 @@ def test_confluent_prefetches_four_batches_unless_the_user_says_otherwise():
     from connectors.kafka.confluent import ConfluentConsumer
 
     plain = ConfluentConsumer(ConsumerSettings("h:1", ["a"], None, "s")).config()
-    assert plain["queued.min.messages"] == 4 * 65536
-    mine = ConfluentConsumer(ConsumerSettings("h:1", ["a"], None, "s", options={"queued.min.messages": 1000}))
-    assert mine.config()["queued.min.messages"] == 1000
+    assert plain["queued.min.messages"] == 4 * 65536 and plain["fetch.queue.backoff.ms"] == 20
+    mine = ConfluentConsumer(ConsumerSettings("h:1", ["a"], None, "s", options={"queued.min.messages": 1000,
+                                                                               "fetch.queue.backoff.ms": 500}))
+    assert mine.config()["queued.min.messages"] == 1000 and mine.config()["fetch.queue.backoff.ms"] == 500
 
 
 # ---------------------------------------------------------------------------------------------- with a broker

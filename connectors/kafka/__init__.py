@@ -8,6 +8,8 @@ Modules
   and calmon's Kafka exceptions;
 - :mod:`~connectors.kafka.origins`: runs of records of one partition and a batch's origins kept per run;
 - :mod:`~connectors.kafka.kafkapython`, :mod:`~connectors.kafka.confluent`: one adapter per library;
+- :mod:`~connectors.kafka.reader`: the confluent-kafka adapter in a reader process, one batch ahead (``reader``),
+  and :mod:`~connectors.kafka.wire`, its frames;
 - :mod:`~connectors.kafka.source`: :class:`KafkaSource` (and :class:`ConfluentKafkaSource`);
 - :mod:`~connectors.kafka.backoff`: the reconnect backoff;
 - :mod:`~connectors.kafka.deadletter`: :class:`KafkaDeadLetterSink`;

@@ -37,8 +37,10 @@ FORCED = frozenset({"bootstrap.servers", "group.id", "enable.auto.commit", "enab
 #: refetches a partition once its prefetched queue falls below this; its default (100,000) is under two batches of
 #: ``ingest.batch_size`` (65,536), so a consume of a batch often left the queue waiting on a fetch. Four batches
 #: keep it ahead (raw consume 1.5x on a quiet machine, docs/kafka.md); memory stays bounded by librdkafka's
-#: ``queued.max.messages.kbytes`` (64 MB), unchanged.
-DEFAULTS: dict[str, Any] = {"queued.min.messages": 4 * 65536}
+#: ``queued.max.messages.kbytes`` (64 MB), unchanged. ``fetch.queue.backoff.ms``: once a partition's queue holds
+#: that many, librdkafka waits this long before it looks again (its default, 1 s, left the queue of a reader that
+#: drains it in a fraction of that empty: raw consume 1.5-1.7x with 20 ms, docs/kafka.md).
+DEFAULTS: dict[str, Any] = {"queued.min.messages": 4 * 65536, "fetch.queue.backoff.ms": 20}
 
 
 def _errors() -> tuple[type[BaseException], ...]:
@@ -107,6 +109,10 @@ class ConfluentConsumer:
         # inside the assignment callback: where each new partition starts, and which were resumed
         self._starts: dict[TP, int] | None = None
         self._resumed: set[TP] = set()
+        # high watermarks read on the polling thread after each consume: librdkafka's consumer is not safe for
+        # concurrent calls (get_watermark_offsets from a health check while another thread is inside consume()
+        # deadlocked both), and lag is read from other threads (metrics, health)
+        self._highwater: dict[TP, int] = {}
 
     @staticmethod
     def check_options(options: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -217,6 +223,7 @@ class ConfluentConsumer:
             msgs = self._consumer.consume(num_messages=int(max_records), timeout=timeout)
         except _errors() as exc:
             raise KafkaClientError(repr(exc)) from exc
+        self._refresh_highwater()
         if msgs and any(map(Message.error, msgs)):  # rare: error events (not records) between the records
             msgs = self._drop_errors(msgs)
         if not msgs:
@@ -286,11 +293,25 @@ class ConfluentConsumer:
             raise KafkaClientError(repr(exc)) from exc
 
     def highwater(self, tp: TP) -> int | None:
+        """As of the latest poll (safe from any thread: no call into librdkafka)."""
+        return self._highwater.get(tp)
+
+    def _refresh_highwater(self) -> None:
+        """Read the assigned partitions' cached high watermarks (no network call), on the polling thread."""
+        consumer = self._consumer
         try:
-            _lo, hi = self._consumer.get_watermark_offsets(_ctp(tp), cached=True)
+            parts = consumer.assignment()
         except _errors():
-            return None
-        return int(hi) if hi is not None and hi >= 0 else None
+            return
+        out: dict[TP, int] = {}
+        for p in parts:
+            try:
+                _lo, hi = consumer.get_watermark_offsets(p, cached=True)
+            except _errors():
+                continue
+            if hi is not None and hi >= 0:
+                out[TP(p.topic, p.partition)] = int(hi)
+        self._highwater = out
 
     def beginning_offset(self, tp: TP, timeout: float) -> int:
         try:

@@ -17,9 +17,11 @@ ClientKind = Literal["consumer", "producer", "admin"]
 #: Options of a source that calmon interprets (everything else belongs to the client library).
 SOURCE_KEYS = frozenset(
     {"name", "group_id", "position_policy", "auto_offset_reset", "backoff_initial", "backoff_max", "origins",
-     "metadata", "on_revoke"}
+     "metadata", "on_revoke", "reader"}
 )
 LIBRARIES = ("kafka-python", "confluent")
+#: Where a source's client library runs (``reader``): see :class:`~connectors.kafka.source.KafkaSource`.
+READERS = ("auto", "process", "inline")
 #: kafka-python producer options calmon sets itself (dead letters and calibrators are raw bytes).
 FORCED_PRODUCER = frozenset({"bootstrap_servers", "key_serializer", "value_serializer"})
 

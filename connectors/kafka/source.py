@@ -8,6 +8,7 @@ exactly-once scheme and the fault model.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
@@ -30,7 +31,14 @@ from connectors.kafka.groupwatch import GroupWatch
 from connectors.kafka.kafkapython import KafkaPythonConsumer
 from connectors.kafka.partitions import PartitionBook, Taken
 from connectors.kafka.positions import TP, key_tp, validate_position
-from connectors.kafka.settings import check_source_options, confluent_installed, pick_library, split_source_config
+from connectors.kafka.reader import ReaderProcessConsumer
+from connectors.kafka.settings import (
+    READERS,
+    check_source_options,
+    confluent_installed,
+    pick_library,
+    split_source_config,
+)
 
 log = logging.getLogger("connectors.kafka")
 
@@ -89,6 +97,10 @@ class KafkaSource:
     on_revoke
         Optional callback ``fn(keys: list[str])`` told which partitions were revoked; it may run on the
         consumer's IO thread and must only set flags (e.g. "checkpoint soon").
+    reader
+        Where the client library runs: ``"process"``, a reader process one batch ahead of the agent
+        (:mod:`connectors.kafka.reader`; confluent-kafka only), ``"inline"``, on the agent's thread, or ``"auto"``
+        (default): a reader process for confluent-kafka on a machine with two cores or more, else inline.
 
     Examples
     --------
@@ -118,8 +130,14 @@ class KafkaSource:
         origins: bool = True,
         metadata: bool = False,
         on_revoke: Callable[[list[str]], None] | None = None,
+        reader: str = "auto",
     ) -> None:
         self.client = self.ADAPTER.check_options(client)
+        if reader not in READERS:
+            raise ValueError(f"reader must be one of {', '.join(READERS)}, got {reader!r}")
+        if reader == "process" and self.ADAPTER.library != "confluent":
+            raise ValueError("reader: process needs library: confluent (kafka-python's client runs inline)")
+        self.reader = reader
         self.topics = check_source_options(
             topics, bootstrap_servers, position_policy, auto_offset_reset, (backoff_initial, backoff_max)
         )
@@ -354,7 +372,7 @@ class KafkaSource:
         if wait > 0:
             time.sleep(min(wait, timeout))
             return None
-        consumer = self.ADAPTER(self._settings())
+        consumer = self._client_class()(self._settings())
         if isinstance(consumer, KafkaPythonConsumer):  # one count of aborted records and repairs across reconnects
             consumer.txn_stats = self.txn_stats
             consumer.group_watch = self.group_watch
@@ -372,6 +390,13 @@ class KafkaSource:
         log.info("kafka source %s: %s consumer started for %s (group %s)",
                  self.name, self.ADAPTER.library, self.topics, self.group_id)
         return consumer
+
+    def _client_class(self) -> ClientFactory:
+        """The adapter, or the reader process running it (``reader``)."""
+        if self.reader == "process" or (self.reader == "auto" and self.ADAPTER.library == "confluent"
+                                        and _cores() >= 2):
+            return ReaderProcessConsumer
+        return self.ADAPTER
 
     def _poll(self, consumer: ConsumerClient, max_records: int, timeout: float, start: float) -> Fetched:
         while True:
@@ -485,6 +510,12 @@ class KafkaSource:
                 self.stats.skipped_offsets += gap.first - gap.expected
                 log.info("kafka source %s: %s skipped offsets %d..%d (deleted, compacted or control records)",
                          self.name, gap.key, gap.expected, gap.first - 1)
+
+
+def _cores() -> int:
+    """Cores this process may run on."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
 class ConfluentKafkaSource(KafkaSource):
